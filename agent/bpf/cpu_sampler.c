@@ -1,0 +1,223 @@
+// CPU stack sampler: runs on a perf_event (software CPU clock) on every CPU, aggregates samples in the
+// kernel and notifies user space of processes it has not described yet.
+//
+// Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE,
+// INCLUDE_IDLE and STACKS_MAP_FLAGS with -D flags and mirrors every struct here with ctypes.
+//
+// Rules this file keeps:
+//  * No kernel struct is read through headers. The agent may run with headers of another kernel
+//    version (measured: 6.1 headers on a 6.18 kernel read task->tgid as garbage, silently). Only BPF
+//    helpers (pid/tgid, comm, cgroup id, stacks) feed the data.
+//  * Stacks are hashed by us (64-bit) and stored in a hash map, not BPF_STACK_TRACE: a stack-trace
+//    map's id is a hash bucket, so distinct stacks collide (-EEXIST) long before the map is full.
+//  * Two sets of maps (counts + stacks), picked by control[0]. User space flips the index, waits a
+//    grace period so in-flight programs finish, then drains and empties the idle set: no sample is lost
+//    or attributed to the wrong window across a drain.
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+
+// A stored stack: `len` return addresses, leaf first (as the kernel unwinds them).
+struct stack_trace {
+    u64 len;
+    u64 ip[MAX_DEPTH];
+};
+
+// What one aggregated sample is keyed by. Stack ids are our 64-bit hashes; 0 means "no stack"
+// (see the stats for why) and 1 means "a stack existed but could not be stored".
+struct sample_key {
+    u32 tgid;
+    u32 tid;
+    u64 cgroup_id;     // cgroup v2 inode of the task (same value for every task on v1-only nodes)
+    u64 user_stack;
+    u64 kernel_stack;
+    char comm[16];     // thread name at sample time
+};
+
+// Event to user space: describe this process now, while it is alive.
+struct process_event {
+    u32 tgid;
+    u32 kind;          // EVENT_NEW, EVENT_EXEC or EVENT_EXIT
+};
+
+#define EVENT_NEW  1   // first sample of this tgid since it was last described
+#define EVENT_EXEC 2   // a sampled process called exec: its mappings changed
+#define EVENT_EXIT 3   // a sampled process exited: user space keeps its description for one more drain
+
+// Per-CPU counters, cumulative since load; user space reads deltas. Indices mirror sampler.py STAT_*.
+#define STAT_SAMPLES             0
+#define STAT_USER_STACK_MISSING  1
+#define STAT_USER_STACK_ERROR    2
+#define STAT_KERNEL_STACK_ERROR  3
+#define STAT_STACK_TABLE_FULL    4
+#define STAT_COUNT_TABLE_FULL    5
+#define STAT_EVENTS_LOST         6
+#define STAT_IDLE_SKIPPED        7
+#define NSTATS                   8
+
+#define STACK_NONE 0
+#define STACK_LOST 1
+
+// control[0]: index (0 or 1) of the map set the sampler writes. Written only by user space.
+BPF_ARRAY(control, u32, 1);
+
+// counts{0,1}: sample_key -> number of samples this window. Written by the sampler, drained and
+// emptied by user space when the set is idle. Sized for the samples of one interval on this node.
+BPF_HASH(counts0, struct sample_key, u64, COUNTS_SIZE);
+BPF_HASH(counts1, struct sample_key, u64, COUNTS_SIZE);
+
+// stacks{0,1}: our stack hash -> the stack. Written by the sampler (insert-if-absent), drained and
+// emptied with the counts of the same set.
+BPF_F_TABLE("hash", u64, struct stack_trace, stacks0, STACKS_SIZE, STACKS_MAP_FLAGS);
+BPF_F_TABLE("hash", u64, struct stack_trace, stacks1, STACKS_SIZE, STACKS_MAP_FLAGS);
+
+// scratch: per-CPU buffer bpf_get_stack writes into (too large for the 512-byte BPF stack).
+BPF_PERCPU_ARRAY(scratch, struct stack_trace, 1);
+
+// stats: per-CPU counters (see STAT_*). Never cleared; user space computes deltas.
+BPF_PERCPU_ARRAY(stats, u64, NSTATS);
+
+// seen: tgid -> 1 for processes user space has been told about. Entries are removed at exit and
+// exec (so a reused or re-executed pid is described again); LRU bounds it if exits are missed.
+BPF_TABLE("lru_hash", u32, u8, seen, SEEN_SIZE);
+
+// events: new/exec/exit notifications, consumed by the agent's process table thread.
+BPF_RINGBUF_OUTPUT(events, 64);
+
+static __always_inline void count_stat(u32 idx) {
+    u64 *v = stats.lookup(&idx);
+    if (v)
+        (*v)++;   // per-CPU slot: no atomics needed
+}
+
+static __always_inline void notify(u32 tgid, u32 kind) {
+    struct process_event *e = events.ringbuf_reserve(sizeof(struct process_event));
+    if (!e) {
+        count_stat(STAT_EVENTS_LOST);
+        return;
+    }
+    e->tgid = tgid;
+    e->kind = kind;
+    events.ringbuf_submit(e, 0);
+}
+
+// 64-bit mix over the frames (splitmix-style finaliser per step). Distinct stacks colliding is
+// ~n^2/2^65: for a million stacks, one chance in 36 million.
+static __always_inline u64 hash_stack(struct stack_trace *st, u64 seed) {
+    u64 h = seed ^ (st->len * 0x9E3779B97F4A7C15ULL);
+    for (int i = 0; i < MAX_DEPTH; i++) {
+        if (i >= st->len)
+            break;
+        h ^= st->ip[i];
+        h *= 0xff51afd7ed558ccdULL;
+        h ^= h >> 33;
+    }
+    if (h <= STACK_LOST)
+        h += 2;   // keep 0 and 1 for "no stack" and "stack lost"
+    return h;
+}
+
+// Stores the stack in `st` into the stacks map of `set` (if it is not there yet) and returns its id.
+// (BCC cannot rewrite map calls inside macros, hence one branch per set.)
+static __always_inline u64 store_stack(u32 set, struct stack_trace *st, u64 seed) {
+    u64 h = hash_stack(st, seed);
+    int err;
+    if (set == 0) {
+        if (stacks0.lookup(&h))
+            return h;
+        err = stacks0.update(&h, st);
+    } else {
+        if (stacks1.lookup(&h))
+            return h;
+        err = stacks1.update(&h, st);
+    }
+    if (err == 0 || err == -EEXIST)
+        return h;
+    count_stat(STAT_STACK_TABLE_FULL);
+    return STACK_LOST;
+}
+
+static __always_inline void count_sample(u32 set, struct sample_key *key) {
+    u64 zero = 0;
+    u64 *c;
+    if (set == 0)
+        c = counts0.lookup_or_try_init(key, &zero);
+    else
+        c = counts1.lookup_or_try_init(key, &zero);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+    else
+        count_stat(STAT_COUNT_TABLE_FULL);
+}
+
+int on_cpu_sample(struct bpf_perf_event_data *ctx) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    u32 tid = (u32)pid_tgid;
+
+    if (tid == 0 && !INCLUDE_IDLE) {   // the per-CPU idle task (swapper)
+        count_stat(STAT_IDLE_SKIPPED);
+        return 0;
+    }
+    count_stat(STAT_SAMPLES);
+
+    u32 zero = 0;
+    u32 *active = control.lookup(&zero);
+    struct stack_trace *st = scratch.lookup(&zero);
+    if (!active || !st)
+        return 0;
+
+    struct sample_key key = {};
+    key.tgid = tgid;
+    key.tid = tid;
+    key.cgroup_id = bpf_get_current_cgroup_id();
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+
+    u32 set = *active;
+    int n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), BPF_F_USER_STACK);
+    if (n > 0) {
+        st->len = n / sizeof(u64);
+        key.user_stack = store_stack(set, st, 0x7573657273746b31ULL);
+    } else if (n == 0 || n == -EFAULT) {
+        count_stat(STAT_USER_STACK_MISSING);   // kernel threads, or a task without a user context
+    } else {
+        count_stat(STAT_USER_STACK_ERROR);
+    }
+    n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), 0);
+    if (n > 0) {
+        st->len = n / sizeof(u64);
+        key.kernel_stack = store_stack(set, st, 0x6b65726e656c6b31ULL);
+    } else if (n < 0) {
+        count_stat(STAT_KERNEL_STACK_ERROR);
+    }
+    count_sample(set, &key);
+
+    if (tgid != 0 && !seen.lookup(&tgid)) {
+        u8 one = 1;
+        seen.update(&tgid, &one);
+        notify(tgid, EVENT_NEW);
+    }
+    return 0;
+}
+
+// Both hooks are process-lifetime events (not per syscall), and they only speak about processes the
+// sampler has seen, so their cost is bounded by the sampled processes.
+TRACEPOINT_PROBE(sched, sched_process_exec) {
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (seen.lookup(&tgid)) {
+        seen.delete(&tgid);
+        notify(tgid, EVENT_EXEC);
+    }
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    if ((u32)pid_tgid != tgid)   // a thread, not the whole process
+        return 0;
+    if (seen.lookup(&tgid)) {
+        seen.delete(&tgid);
+        notify(tgid, EVENT_EXIT);
+    }
+    return 0;
+}

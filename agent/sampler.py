@@ -1,0 +1,280 @@
+"""The CPU stack sampler: loads agent/bpf/cpu_sampler.c with BCC, drains its maps into plain values."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.kernel import BpfUnavailable, load_bcc
+
+log = logging.getLogger(__name__)
+
+BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
+
+# Mirrors of cpu_sampler.c's constants and structs (keep in sync with the .c file).
+MAX_DEPTH = 127
+STACK_NONE = 0
+STACK_LOST = 1
+EVENT_NEW, EVENT_EXEC, EVENT_EXIT = 1, 2, 3
+STAT_NAMES = (
+    "samples",
+    "user_stack_missing",
+    "user_stack_errors",
+    "kernel_stack_errors",
+    "stack_table_full",
+    "count_table_full",
+    "events_lost",
+    "idle_skipped",
+)
+
+# Perf event constants (include/uapi/linux/perf_event.h).
+PERF_TYPE_SOFTWARE = 1
+PERF_COUNT_SW_CPU_CLOCK = 0
+
+# In-flight sampler programs finish in microseconds; this is how long a flip waits before the idle
+# set is read, generous so that a preempted (PREEMPT_RT) program also finishes.
+FLIP_GRACE_S = 0.02
+DRAIN_CHUNK = 1024
+
+
+class SampleKey(ct.Structure):
+    _fields_ = [
+        ("tgid", ct.c_uint32),
+        ("tid", ct.c_uint32),
+        ("cgroup_id", ct.c_uint64),
+        ("user_stack", ct.c_uint64),
+        ("kernel_stack", ct.c_uint64),
+        ("comm", ct.c_char * 16),
+    ]
+
+
+class StackTrace(ct.Structure):
+    _fields_ = [("len", ct.c_uint64), ("ip", ct.c_uint64 * MAX_DEPTH)]
+
+
+class ProcessEvent(ct.Structure):
+    _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32)]
+
+
+@dataclass(frozen=True)
+class SampleCount:
+    tgid: int
+    tid: int
+    cgroup_id: int
+    comm: str
+    user_stack: int      # stack id, STACK_NONE or STACK_LOST
+    kernel_stack: int
+    count: int
+
+
+@dataclass
+class Drain:
+    """Everything one drain produced: counts, the stacks they reference (leaf first), stat deltas."""
+
+    start_ns: int
+    end_ns: int
+    samples: list[SampleCount]
+    stacks: dict[int, tuple[int, ...]]
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    frequency_hz: int = 19
+    interval_s: float = 10.0
+    include_idle: bool = False
+    seen_size: int = 65536
+
+    def table_sizes(self, ncpus: int) -> tuple[int, int]:
+        """(counts entries, stacks entries) per map set, sized for one interval of this node.
+
+        A window holds at most ncpus x frequency x interval samples; each has up to two distinct stacks.
+        Preallocated (allocation from the perf event's IRQ context can fail otherwise), so the size is
+        kernel memory: ~1 KB per stack entry, x2 for the double buffer. Clamped to [4k, 64k].
+        """
+        per_window = int(ncpus * self.frequency_hz * self.interval_s * 1.25)
+        counts = min(max(_pow2(per_window), 4096), 65536)
+        stacks = min(max(_pow2(2 * per_window), 4096), 65536)
+        return counts, stacks
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class CpuSampler:
+    """Owns the BPF program; `drain()` returns one window of samples; thread-safe against itself."""
+
+    def __init__(self, config: SamplerConfig, on_process_event: Callable[[int, int], None] | None = None):
+        bcc = load_bcc()
+        self._config = config
+        self._lock = threading.Lock()
+        self.counts_size, self.stacks_size = config.table_sizes(os.cpu_count() or 1)
+        cflags = [
+            f"-DMAX_DEPTH={MAX_DEPTH}",
+            f"-DCOUNTS_SIZE={self.counts_size}",
+            f"-DSTACKS_SIZE={self.stacks_size}",
+            f"-DSEEN_SIZE={config.seen_size}",
+            f"-DINCLUDE_IDLE={1 if config.include_idle else 0}",
+            "-DSTACKS_MAP_FLAGS=0",
+        ]
+        try:
+            self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+        except Exception as exc:  # BCC raises bare Exception for compile and verifier failures
+            raise BpfUnavailable(f"the CPU sampler BPF program did not compile or load: {exc}") from exc
+        self._active = 0
+        self._set_active(0)
+        self._counts = (self._bpf["counts0"], self._bpf["counts1"])
+        self._stacks = (self._bpf["stacks0"], self._bpf["stacks1"])
+        self._stats_table = self._bpf["stats"]
+        self._last_stats = [0] * len(STAT_NAMES)
+        self._window_start_ns = time.time_ns()
+        self._events_cb = on_process_event
+        if on_process_event is not None:
+            self._bpf["events"].open_ring_buffer(self._on_event)
+        try:
+            self._bpf.attach_perf_event(
+                ev_type=PERF_TYPE_SOFTWARE,
+                ev_config=PERF_COUNT_SW_CPU_CLOCK,
+                fn_name=b"on_cpu_sample",
+                sample_freq=config.frequency_hz,
+            )
+        except Exception as exc:
+            raise BpfUnavailable(f"cannot attach to the CPU clock perf event: {exc}") from exc
+        _trim_heap()  # LLVM's compile leaves ~70 MB of freed heap mapped; give it back.
+
+    @property
+    def frequency_hz(self) -> int:
+        return self._config.frequency_hz
+
+    # -- process events --------------------------------------------------------------------------
+    def _on_event(self, _ctx: object, data: int, _size: int) -> None:
+        ev = ct.cast(data, ct.POINTER(ProcessEvent)).contents
+        assert self._events_cb is not None
+        self._events_cb(ev.tgid, ev.kind)
+
+    def poll_events(self, timeout_ms: int = 200) -> None:
+        """Deliver pending process events to the callback; call from one dedicated thread."""
+        self._bpf.ring_buffer_poll(timeout_ms)
+
+    # -- draining --------------------------------------------------------------------------------
+    def _set_active(self, index: int) -> None:
+        self._bpf["control"][ct.c_int(0)] = ct.c_uint32(index)
+
+    def drain(self) -> Drain:
+        """Flip to the other map set, then read and empty the one that was being written."""
+        with self._lock:
+            idle = self._active
+            self._active = 1 - idle
+            self._set_active(self._active)
+            end_ns = time.time_ns()
+            start_ns, self._window_start_ns = self._window_start_ns, end_ns
+            time.sleep(FLIP_GRACE_S)
+            samples = [
+                SampleCount(
+                    tgid=k.tgid,
+                    tid=k.tid,
+                    cgroup_id=k.cgroup_id,
+                    comm=k.comm.decode("utf-8", "replace"),
+                    user_stack=k.user_stack,
+                    kernel_stack=k.kernel_stack,
+                    count=v,
+                )
+                for k, v in _drain_map(self._counts[idle], SampleKey, ct.c_uint64)
+            ]
+            stacks = {
+                k: tuple(v.ip[: min(v.len, MAX_DEPTH)])
+                for k, v in _drain_map(self._stacks[idle], ct.c_uint64, StackTrace)
+            }
+            return Drain(start_ns, end_ns, samples, stacks, self._stat_deltas())
+
+    def _stat_deltas(self) -> dict[str, int]:
+        deltas = {}
+        for i, name in enumerate(STAT_NAMES):
+            total = sum(self._stats_table[ct.c_int(i)])
+            deltas[name] = total - self._last_stats[i]
+            self._last_stats[i] = total
+        return deltas
+
+    def close(self) -> None:
+        with self._lock:
+            self._bpf.cleanup()
+
+
+def _drain_map(table, key_type, value_type):  # noqa: ANN001 - a BCC table
+    """Look up and delete every entry with BPF_MAP_LOOKUP_AND_DELETE_BATCH, DRAIN_CHUNK at a time.
+
+    BCC's own helper allocates buffers for max_entries on every call (16 MB for a stack map); this keeps
+    a fixed small buffer. Falls back to per-key lookup/delete on kernels without batch ops (< 5.6).
+    """
+    from bcc.libbcc import lib as bcclib
+
+    keys = (key_type * DRAIN_CHUNK)()
+    values = (value_type * DRAIN_CHUNK)()
+    token = ct.c_uint32(0)  # hash maps resume from a bucket index
+    count = ct.c_uint32(0)
+    first = True
+    out: list = []
+    while True:
+        count.value = DRAIN_CHUNK
+        res = bcclib.bpf_lookup_and_delete_batch(
+            table.map_fd,
+            None if first else ct.byref(token),
+            ct.byref(token),
+            ct.byref(keys),
+            ct.byref(values),
+            ct.byref(count),
+        )
+        err = ct.get_errno()
+        for i in range(count.value):
+            out.append((_copy(keys[i]), _copy(values[i])))
+        first = False
+        if res != 0:
+            if err == errno.ENOENT:
+                break  # done
+            if err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP) and not out:
+                return _drain_map_slow(table)
+            raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
+        if count.value == 0:
+            break
+    return out
+
+
+def _copy(value):  # noqa: ANN001 - ctypes value
+    """ctypes array elements alias the buffer that the next chunk overwrites: copy them out.
+
+    (Elements of arrays of simple types already come back as Python ints.)
+    """
+    if isinstance(value, int):
+        return value
+    return type(value).from_buffer_copy(value)
+
+
+def _value(obj):  # noqa: ANN001 - BCC hands out c_uint64 wrappers here, not ints
+    return obj.value if isinstance(obj, ct._SimpleCData) else _copy(obj)
+
+
+def _drain_map_slow(table):  # noqa: ANN001
+    out = []
+    for k in list(table.keys()):
+        try:
+            v = table[k]
+        except KeyError:
+            continue
+        out.append((_value(k), _value(v)))
+        del table[k]
+    return out
+
+
+def _trim_heap() -> None:
+    try:
+        ct.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,269 @@
+"""Turn sampled kernel and user addresses into Frames, sharing one symbol table per ELF file across pids."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import stat
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
+from agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
+from agent.symbols.maps import Mapping, find
+
+UNKNOWN = "[unknown]"
+KERNEL_MODULE = "[kernel]"
+UNMAPPED_MODULE = "[unmapped]"
+
+# Rough cost of one memoised address (dict slot, Frame, its name string), for the byte budget.
+_MEMO_ENTRY_BYTES = 200
+_MEMO_MAX = 2048
+_KERNEL_MEMO_MAX = 8192
+
+FileKey = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One symbolized stack frame.
+
+    Unknown frames are never dropped: `function` reads "[unknown] (MODULE+0xOFFSET)", where OFFSET is the
+    offset into the mapped file for file-backed code (what `addr - start + offset` in /proc/PID/maps gives;
+    equal to the ELF address for most shared libraries), the offset into the region for anonymous and
+    special mappings ("[anon]", "[vdso]", ...), and the absolute address for "[kernel]" and "[unmapped]".
+    """
+
+    function: str
+    module: str
+    kernel: bool = False
+
+    @property
+    def is_unknown(self) -> bool:
+        return self.function.startswith(UNKNOWN)
+
+
+def unknown_frame(module: str, offset: int, kernel: bool = False) -> Frame:
+    """The frame shown when no symbol covers an address: "[unknown] (module+0xoffset)"."""
+    return Frame(f"{UNKNOWN} ({module}+0x{offset:x})", module, kernel)
+
+
+class _CachedFile:
+    """Symbols of one ELF file (or the record that loading it failed), shared by every pid mapping it."""
+
+    __slots__ = ("name", "table", "segments", "retry_at", "memo", "nbytes")
+
+    def __init__(self, name: str, table: SymbolTable | None, segments: tuple[Segment, ...], retry_at: float):
+        self.name = name
+        self.table = table
+        self.segments = segments
+        self.retry_at = retry_at
+        # Per-file memo keyed by ELF address, so it is valid for every process mapping the file.
+        self.memo: dict[int, Frame] = {}
+        self.nbytes = table.nbytes if table is not None else 0
+
+
+class Symbolizer:
+    """Kernel and user-space address symbolization with a bounded LRU of per-file symbol tables.
+
+    Tables are keyed by (dev_major, dev_minor, inode) of the mapped file, so libc is parsed once for the
+    whole host however many processes map it. Failures are cached for `retry_after_s` seconds. Not
+    thread-safe: one sampler thread owns it.
+    """
+
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        max_files: int = 512,
+        kallsyms_path: str = KALLSYMS_PATH,
+        max_bytes: int = 64 << 20,
+        debug_root: str = "/",
+        retry_after_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_files < 1 or max_bytes < 1:
+            raise ValueError("max_files and max_bytes must be positive")
+        self._proc_root = proc_root
+        self._max_files = max_files
+        self._max_bytes = max_bytes
+        self._kallsyms_path = kallsyms_path
+        self._debug_root = debug_root
+        self._retry_after_s = retry_after_s
+        self._clock = clock
+        self._files: OrderedDict[FileKey, _CachedFile] = OrderedDict()
+        self._bytes = 0
+        self._kernel: KernelSymbols | None = None
+        self._kernel_memo: dict[int, Frame] = {}
+        self._counts = dict.fromkeys(
+            ("lookups", "cache_hits", "memo_hits", "files_loaded", "load_failures", "files_evicted"), 0
+        )
+
+    # -- kernel -----------------------------------------------------------------------------------------
+
+    def _kernel_symbols(self) -> KernelSymbols:
+        if self._kernel is None:
+            try:
+                self._kernel = KernelSymbols(path=self._kallsyms_path)
+            except OSError:
+                self._kernel = KernelSymbols(text=b"")
+        return self._kernel
+
+    def reload_kernel_symbols(self) -> None:
+        """Re-read kallsyms on the next kernel lookup (call after modules are loaded or unloaded)."""
+        self._kernel = None
+        self._kernel_memo.clear()
+
+    def kernel_frames(self, addrs: Sequence[int], *, return_addresses: bool = False) -> list[Frame]:
+        """Frames for kernel stack addresses, innermost first. With return_addresses, every frame but the
+        first is looked up at addr-1 so a call that ends its function is not credited to the next one."""
+        ksyms = self._kernel_symbols()
+        memo = self._kernel_memo
+        frames = []
+        for i, addr in enumerate(addrs):
+            self._counts["lookups"] += 1
+            frame = memo.get(addr)
+            if frame is None:
+                hit = ksyms.lookup(addr - 1 if return_addresses and i else addr)
+                if hit is None:
+                    frame = unknown_frame(KERNEL_MODULE, addr, kernel=True)
+                else:
+                    name, module = hit
+                    where = KERNEL_MODULE if module is None else f"{KERNEL_MODULE} {module}"
+                    frame = Frame(name, where, True)
+                if len(memo) >= _KERNEL_MEMO_MAX:
+                    memo.clear()
+                memo[addr] = frame
+            else:
+                self._counts["memo_hits"] += 1
+            frames.append(frame)
+        return frames
+
+    # -- user space -------------------------------------------------------------------------------------
+
+    def user_frames(
+        self, pid: int, mappings: Sequence[Mapping], addrs: Sequence[int], *, return_addresses: bool = False
+    ) -> list[Frame]:
+        """Frames for user stack addresses of `pid`, using `mappings` captured while it ran (sorted by start,
+        as read_maps returns them). The process may have exited since. See kernel_frames for
+        return_addresses."""
+        frames = []
+        for i, addr in enumerate(addrs):
+            self._counts["lookups"] += 1
+            frames.append(self._user_frame(pid, mappings, addr, addr - 1 if return_addresses and i else addr))
+        return frames
+
+    def _user_frame(self, pid: int, mappings: Sequence[Mapping], addr: int, lookup_addr: int) -> Frame:
+        mapping = find(mappings, lookup_addr)
+        if mapping is None:
+            return unknown_frame(UNMAPPED_MODULE, addr)
+        if not mapping.is_file:
+            return unknown_frame(mapping.display_name, addr - mapping.start)
+        file_offset = addr - mapping.start + mapping.offset
+        cached = self._file(pid, mapping)
+        if cached.table is None:
+            return unknown_frame(mapping.display_name, file_offset)
+        vaddr = offset_to_vaddr(cached.segments, lookup_addr - mapping.start + mapping.offset)
+        if vaddr is None:
+            return unknown_frame(cached.name, file_offset)
+        frame = cached.memo.get(vaddr)
+        if frame is not None:
+            self._counts["memo_hits"] += 1
+            return frame
+        hit = cached.table.lookup(vaddr)
+        frame = Frame(hit[0], cached.name) if hit is not None else unknown_frame(cached.name, file_offset)
+        if len(cached.memo) >= _MEMO_MAX:
+            self._bytes -= len(cached.memo) * _MEMO_ENTRY_BYTES
+            cached.nbytes -= len(cached.memo) * _MEMO_ENTRY_BYTES
+            cached.memo.clear()
+        cached.memo[vaddr] = frame
+        self._bytes += _MEMO_ENTRY_BYTES
+        cached.nbytes += _MEMO_ENTRY_BYTES
+        return frame
+
+    def _file(self, pid: int, mapping: Mapping) -> _CachedFile:
+        key = (mapping.dev_major, mapping.dev_minor, mapping.inode)
+        cached = self._files.get(key)
+        if cached is not None and (cached.table is not None or self._clock() < cached.retry_at):
+            self._files.move_to_end(key)
+            self._counts["cache_hits"] += 1
+            return cached
+        if cached is not None:
+            self._drop(key)
+        cached = self._load(pid, mapping)
+        self._files[key] = cached
+        self._bytes += cached.nbytes
+        self._evict()
+        return cached
+
+    def _load(self, pid: int, mapping: Mapping) -> _CachedFile:
+        name = mapping.display_name
+        for path, check_inode in self._candidate_paths(pid, mapping):
+            try:
+                buf = _map_file(path, mapping.inode if check_inode else None)
+            except OSError:
+                continue
+            try:
+                with ElfFile(buf) as elf:
+                    table = load_symbols(elf, (f"{self._proc_root}/{pid}/root", self._debug_root))
+                    segments = elf.load_segments
+            except ElfError:
+                break  # the right file, but not one we can read symbols from; other paths name the same bytes
+            finally:
+                buf.close()
+            self._counts["files_loaded"] += 1
+            return _CachedFile(name, table, segments, 0.0)
+        self._counts["load_failures"] += 1
+        return _CachedFile(name, None, (), self._clock() + self._retry_after_s)
+
+    def _candidate_paths(self, pid: int, mapping: Mapping) -> list[tuple[str, bool]]:
+        # The process's own root first (containers see their own filesystem), then the exact mapped file
+        # via map_files (works for deleted files, only while the process lives), then the host path.
+        # Path-based opens may find a different file now, so they must match the inode; only the inode,
+        # because on overlayfs the device in maps names the underlying layer, not what stat() reports.
+        paths: list[tuple[str, bool]] = []
+        path = mapping.file_path
+        if path.startswith("/"):
+            paths.append((f"{self._proc_root}/{pid}/root{path}", True))
+        paths.append((f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}", False))
+        if path.startswith("/"):
+            paths.append((path, True))
+        return paths
+
+    def _drop(self, key: FileKey) -> None:
+        cached = self._files.pop(key)
+        self._bytes -= cached.nbytes
+
+    def _evict(self) -> None:
+        # The newest entry stays even if it alone exceeds max_bytes: it is about to be used.
+        while len(self._files) > 1 and (len(self._files) > self._max_files or self._bytes > self._max_bytes):
+            self._drop(next(iter(self._files)))
+            self._counts["files_evicted"] += 1
+
+    def stats(self) -> dict[str, int]:
+        """Counters: files cached/failed now, bytes held, lookups, cache and memo hits, loads, evictions."""
+        failed = sum(1 for c in self._files.values() if c.table is None)
+        out = {
+            "files_cached": len(self._files) - failed,
+            "files_failed": failed,
+            "bytes_held": self._bytes + (self._kernel.nbytes if self._kernel is not None else 0),
+        }
+        out.update(self._counts)
+        return out
+
+
+def _map_file(path: str, inode: int | None) -> mmap.mmap:
+    """mmap a regular file read-only, refusing it when `inode` is given and differs."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if inode is not None and st.st_ino != inode:
+            raise OSError(f"{path}: inode {st.st_ino} is not the mapped inode {inode}")
+        if st.st_size == 0:
+            raise OSError(f"{path}: empty file")
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)

@@ -1,0 +1,256 @@
+"""The profile model all renderers share: merged stacks, their call tree, and folded/JSON/top views."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FrameKey:
+    """One frame as the collector knows it; two frames are the same node only if all three fields match."""
+
+    function: str
+    module: str = ""
+    kernel: bool = False
+
+
+Stacks = Mapping[tuple[FrameKey, ...], int]
+"""Root-first stack -> sample count."""
+
+KERNEL_SUFFIX = "_[k]"
+# The frame that truncate() folds a parent's light children into. The module marks it as ours, so a real
+# function called "other" (which always has a module or none) is not silently merged with it in tooltips.
+OTHER = FrameKey(function="other", module="[truncated]")
+# Folded text cannot say "no frames"; an empty stack is written as this one frame so its samples survive.
+UNKNOWN_FRAME = "[unknown]"
+
+
+@dataclass
+class Node:
+    """A call-tree node: total = samples in its subtree, self_count = samples where it was the leaf."""
+
+    name: str
+    module: str
+    kernel: bool
+    total: int = 0
+    self_count: int = 0
+    children: dict[FrameKey, Node] = field(default_factory=dict)
+
+    @property
+    def key(self) -> FrameKey:
+        return FrameKey(self.name, self.module, self.kernel)
+
+
+def _checked_count(stack: tuple[FrameKey, ...], count: int) -> int:
+    if count < 0:
+        raise ValueError(f"negative sample count {count} for a stack of {len(stack)} frames")
+    return count
+
+
+def build_tree(stacks: Stacks, root_name: str = "all") -> Node:
+    """Merge root-first stacks into one call tree under a synthetic root; zero-count stacks add nothing."""
+    root = Node(name=root_name, module="", kernel=False)
+    for stack, count in stacks.items():
+        if not _checked_count(stack, count):
+            continue
+        root.total += count
+        node = root
+        for frame in stack:
+            child = node.children.get(frame)
+            if child is None:
+                child = Node(name=frame.function, module=frame.module, kernel=frame.kernel)
+                node.children[frame] = child
+            child.total += count
+            node = child
+        node.self_count += count
+    return root
+
+
+def folded_frame(frame: FrameKey) -> str:
+    """One frame as folded text.
+
+    ';' separates frames and '\\n' separates lines, so inside a name ';' becomes ',' and CR/LF become a
+    space; the count is split off at the last space, so other spaces are safe. An empty name becomes
+    "[unknown]" (an empty field would read as a missing frame). The module is not written: folded text
+    has no place for it, so frames that differ only by module merge.
+    """
+    name = frame.function.replace(";", ",").replace("\r", " ").replace("\n", " ") or UNKNOWN_FRAME
+    return name + KERNEL_SUFFIX if frame.kernel else name
+
+
+def to_folded(stacks: Stacks) -> str:
+    """Brendan Gregg's folded format, "a;b;c 42" per line, root first, sorted by stack text."""
+    lines: dict[str, int] = {}
+    for stack, count in stacks.items():
+        if not _checked_count(stack, count):
+            continue
+        text = ";".join(folded_frame(f) for f in stack) if stack else UNKNOWN_FRAME
+        # Distinct stacks can fold to the same text (module dropped, names escaped): their counts add up.
+        lines[text] = lines.get(text, 0) + count
+    return "".join(f"{text} {lines[text]}\n" for text in sorted(lines))
+
+
+def parse_folded(text: str) -> dict[tuple[FrameKey, ...], int]:
+    """Read folded lines back into stacks; a "_[k]" suffix marks a kernel frame. Blank lines are skipped."""
+    stacks: dict[tuple[FrameKey, ...], int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        stack_text, sep, count_text = line.rpartition(" ")
+        if not sep or not stack_text:
+            raise ValueError(f"folded line {lineno}: expected 'frame;frame;... COUNT', got {raw!r}")
+        try:
+            count = int(count_text)
+        except ValueError:
+            raise ValueError(f"folded line {lineno}: count {count_text!r} is not an integer") from None
+        frames = []
+        for name in stack_text.split(";"):
+            kernel = name.endswith(KERNEL_SUFFIX)
+            frames.append(FrameKey(name[: -len(KERNEL_SUFFIX)] if kernel else name, kernel=kernel))
+        stack = tuple(frames)
+        stacks[stack] = stacks.get(stack, 0) + _checked_count(stack, count)
+    return stacks
+
+
+def _sort_key(node: Node) -> tuple[int, str, str, bool]:
+    return (-node.total, node.name, node.module, node.kernel)
+
+
+def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int | None = None) -> dict:
+    """The tree as plain dicts for the web UI.
+
+    "total" is total_samples when given (the caller may know of samples not in these stacks), otherwise the
+    sum of the stacks; the root's "value" is always the sum of the stacks. Children are sorted by value
+    descending, then name.
+    """
+    tree = build_tree(stacks)
+
+    def as_dict(node: Node) -> dict:
+        return {
+            "name": node.name,
+            "module": node.module,
+            "kernel": node.kernel,
+            "value": node.total,
+            "self": node.self_count,
+            "children": [],
+        }
+
+    root = as_dict(tree)
+    # Iterative on purpose: deep stacks (long Python or recursive call chains) must not hit the recursion
+    # limit.
+    pending = [(tree, root)]
+    while pending:
+        node, out = pending.pop()
+        for child in sorted(node.children.values(), key=_sort_key):
+            child_out = as_dict(child)
+            out["children"].append(child_out)
+            pending.append((child, child_out))
+    return {
+        "total": tree.total if total_samples is None else total_samples,
+        "frequency_hz": frequency_hz,
+        "root": root,
+    }
+
+
+def _pct(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 2) if whole else 0.0
+
+
+def top_functions(stacks: Stacks, limit: int = 20) -> list[dict]:
+    """The heaviest functions: self = samples as the leaf, total = stacks it appears in (once per stack)."""
+    self_counts: dict[FrameKey, int] = {}
+    totals: dict[FrameKey, int] = {}
+    all_samples = 0
+    for stack, count in stacks.items():
+        if not _checked_count(stack, count):
+            continue
+        all_samples += count
+        if stack:
+            leaf = stack[-1]
+            self_counts[leaf] = self_counts.get(leaf, 0) + count
+        # A set, so a recursive function is counted once per stack rather than once per frame.
+        for frame in set(stack):
+            totals[frame] = totals.get(frame, 0) + count
+    ranked = sorted(
+        totals,
+        key=lambda f: (-self_counts.get(f, 0), -totals[f], f.function, f.module, f.kernel),
+    )
+    rows = []
+    for frame in ranked[: max(limit, 0)]:
+        own = self_counts.get(frame, 0)
+        rows.append(
+            {
+                "function": frame.function,
+                "module": frame.module,
+                "kernel": frame.kernel,
+                "self": own,
+                "total": totals[frame],
+                "self_pct": _pct(own, all_samples),
+                "total_pct": _pct(totals[frame], all_samples),
+            }
+        )
+    return rows
+
+
+def truncate(stacks: Stacks, max_nodes: int) -> dict[tuple[FrameKey, ...], int]:
+    """Keep the heaviest nodes so the tree has at most max_nodes nodes (the root not counted).
+
+    Nodes are kept heaviest first, always together with their parent (a child never outweighs its parent,
+    so this is a heaviest-first walk down the tree). Each kept node whose children were not all kept gets
+    one OTHER child holding their whole weight, and OTHER nodes count towards max_nodes. The sum of the
+    counts is unchanged.
+    """
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be at least 1, got {max_nodes}")
+    tree = build_tree(stacks)
+
+    # Nodes by id: Node is a mutable dataclass and so not hashable.
+    kept_children: dict[int, list[tuple[FrameKey, Node]]] = {id(tree): []}
+    unkept_left: dict[int, int] = {id(tree): len(tree.children)}
+    # Output size = kept nodes + one OTHER per kept node (root included) that still has unkept children.
+    with_other = 1 if tree.children else 0
+    kept = 0
+    frontier: list[tuple[int, int, Node, Node, FrameKey]] = []
+    order = 0  # tie-breaker so the heap never compares Nodes
+
+    def offer(parent: Node) -> None:
+        nonlocal order
+        for key, child in parent.children.items():
+            heapq.heappush(frontier, (-child.total, order, child, parent, key))
+            order += 1
+
+    offer(tree)
+    while frontier:
+        _, _, node, parent, key = frontier[0]
+        gains_other = 1 if node.children else 0
+        frees_other = 1 if unkept_left[id(parent)] == 1 else 0
+        if kept + 1 + with_other + gains_other - frees_other > max_nodes:
+            break
+        heapq.heappop(frontier)
+        kept += 1
+        with_other += gains_other - frees_other
+        unkept_left[id(parent)] -= 1
+        kept_children[id(parent)].append((key, node))
+        kept_children[id(node)] = []
+        unkept_left[id(node)] = len(node.children)
+        offer(node)
+
+    out: dict[tuple[FrameKey, ...], int] = {}
+
+    def add(stack: tuple[FrameKey, ...], count: int) -> None:
+        if count:
+            out[stack] = out.get(stack, 0) + count
+
+    walk: list[tuple[Node, tuple[FrameKey, ...]]] = [(tree, ())]
+    while walk:
+        node, path = walk.pop()
+        add(path, node.self_count)
+        kept_weight = 0
+        for key, child in kept_children[id(node)]:
+            kept_weight += child.total
+            walk.append((child, path + (key,)))
+        add(path + (OTHER,), node.total - node.self_count - kept_weight)
+    return out

@@ -1,0 +1,111 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentIdentity(_message.Message):
+    __slots__ = ("node", "agent_id", "boot_time_unix_ns", "version")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    BOOT_TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    agent_id: str
+    boot_time_unix_ns: int
+    version: str
+    def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    END_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_HZ_FIELD_NUMBER: _ClassVar[int]
+    STRINGS_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    agent: AgentIdentity
+    sequence: int
+    start_unix_ns: int
+    end_unix_ns: int
+    frequency_hz: int
+    strings: _containers.RepeatedScalarFieldContainer[str]
+    stacks: _containers.RepeatedCompositeFieldContainer[Stack]
+    processes: _containers.RepeatedCompositeFieldContainer[Process]
+    samples: _containers.RepeatedCompositeFieldContainer[Sample]
+    stats: SamplerStats
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ...) -> None: ...
+
+class Stack(_message.Message):
+    __slots__ = ("functions", "modules", "kernel_start")
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_START_FIELD_NUMBER: _ClassVar[int]
+    functions: _containers.RepeatedScalarFieldContainer[int]
+    modules: _containers.RepeatedScalarFieldContainer[int]
+    kernel_start: int
+    def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ...) -> None: ...
+
+class Label(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: int
+    value: int
+    def __init__(self, name: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+
+class Process(_message.Message):
+    __slots__ = ("pid", "start_time_ticks", "comm", "exe", "labels")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_TICKS_FIELD_NUMBER: _ClassVar[int]
+    COMM_FIELD_NUMBER: _ClassVar[int]
+    EXE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    start_time_ticks: int
+    comm: int
+    exe: int
+    labels: _containers.RepeatedCompositeFieldContainer[Label]
+    def __init__(self, pid: _Optional[int] = ..., start_time_ticks: _Optional[int] = ..., comm: _Optional[int] = ..., exe: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
+
+class Sample(_message.Message):
+    __slots__ = ("process", "tid", "stack", "count")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    TID_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    process: int
+    tid: int
+    stack: int
+    count: int
+    def __init__(self, process: _Optional[int] = ..., tid: _Optional[int] = ..., stack: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class SamplerStats(_message.Message):
+    __slots__ = ("samples", "user_stack_missing", "user_stack_errors", "kernel_stack_errors", "stack_table_full", "count_table_full", "unknown_process")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    USER_STACK_MISSING_FIELD_NUMBER: _ClassVar[int]
+    USER_STACK_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_STACK_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    STACK_TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_PROCESS_FIELD_NUMBER: _ClassVar[int]
+    samples: int
+    user_stack_missing: int
+    user_stack_errors: int
+    kernel_stack_errors: int
+    stack_table_full: int
+    count_table_full: int
+    unknown_process: int
+    def __init__(self, samples: _Optional[int] = ..., user_stack_missing: _Optional[int] = ..., user_stack_errors: _Optional[int] = ..., kernel_stack_errors: _Optional[int] = ..., stack_table_full: _Optional[int] = ..., count_table_full: _Optional[int] = ..., unknown_process: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("sequence",)
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    def __init__(self, sequence: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Installs what fleetprof needs on a fresh Debian machine; safe to run again (does only what is missing).
+#   scripts/setup.sh          runtime: BCC, kernel headers, the virtualenv with fleetprof in editable mode
+#   scripts/setup.sh --test   also what the test suite uses (dev Python deps, headless Chromium)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WANT_TEST=0
+[ "${1:-}" = "--test" ] && WANT_TEST=1
+PY=${PYTHON:-python3}
+VENV=.venv
+say() { printf 'setup: %s\n' "$*"; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    say "this step needs root (apt-get, /lib/modules); run it as root or with sudo"; exit 1
+  fi
+}
+
+# --- Debian packages ------------------------------------------------------------------------------
+APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf)
+[ $WANT_TEST = 1 ] && APT_PKGS+=(chromium)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+KREL=$(uname -r)
+if [ ! -e "/lib/modules/$KREL/build/include" ]; then
+  # No headers for the running kernel yet: the distribution's matching package if it exists,
+  # otherwise Debian's generic headers (linked below). BCC only needs them to compile BPF C.
+  if apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
+    missing+=("linux-headers-$KREL")
+  else
+    dpkg-query -W -f='${Status}' linux-headers-amd64 2>/dev/null | grep -q "install ok installed" \
+      || missing+=(linux-headers-amd64)
+  fi
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  need_root
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- kernel headers for BCC -----------------------------------------------------------------------
+if [ ! -e "/lib/modules/$KREL/build/include" ]; then
+  need_root
+  hdr=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+  common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1 || true)
+  if [ -z "$hdr" ] || [ -z "$common" ]; then
+    say "no kernel headers found under /usr/src; BPF programs cannot be compiled"; exit 1
+  fi
+  mkdir -p "/lib/modules/$KREL"
+  ln -sfn "$hdr" "/lib/modules/$KREL/build"
+  ln -sfn "$common" "/lib/modules/$KREL/source"
+  say "kernel $KREL has no matching headers package; linked $hdr (BPF code uses helpers only, never kernel structs)"
+fi
+
+# --- tracefs (tracepoints) ------------------------------------------------------------------------
+if [ ! -e /sys/kernel/tracing/events ] && [ -d /sys/kernel/tracing ]; then
+  mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || true
+fi
+if [ ! -e /sys/kernel/debug/tracing ] && [ -d /sys/kernel/debug ]; then
+  mount -t debugfs nodev /sys/kernel/debug 2>/dev/null || true
+fi
+
+# --- virtualenv ----------------------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+EXTRAS=""
+[ $WANT_TEST = 1 ] && EXTRAS="[test]"
+stamp="$VENV/.installed$EXTRAS"
+if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing fleetprof$EXTRAS (editable) into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".$EXTRAS"
+  touch "$stamp"
+fi
+
+# BCC's Python module comes from Debian (PyPI's `bcc` is an unrelated package). Link only the bcc
+# package into the venv so the rest of dist-packages stays out of it.
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+bcc_src=$(ls -d /usr/lib/python3/dist-packages/bcc 2>/dev/null || true)
+if [ -z "$bcc_src" ]; then
+  say "Debian's python3-bpfcc is not installed (no /usr/lib/python3/dist-packages/bcc)"; exit 1
+fi
+ln -sfn "$bcc_src" "$site/bcc"
+"$VENV/bin/python" -c 'import bcc' || { say "bcc does not import in $VENV"; exit 1; }
+say "ready: $VENV/bin/fleetprof"
