@@ -284,9 +284,17 @@ class SymbolTable:
 
     @classmethod
     def from_sections(
-        cls, sources: Iterable[tuple[bytes, bytes]], compress_above: int = COMPRESS_NAMES_ABOVE
+        cls,
+        sources: Iterable[tuple[bytes, bytes]],
+        compress_above: int = COMPRESS_NAMES_ABOVE,
+        section_ends: Sequence[int] = (),
     ) -> SymbolTable:
-        """Build from (symbol section bytes, its string table bytes) pairs, e.g. .symtab with .strtab."""
+        """Build from (symbol section bytes, its string table bytes) pairs, e.g. .symtab with .strtab.
+
+        `section_ends[shndx]` is the end address of section shndx. A zero-size symbol (`_init`, hand-written
+        assembly) otherwise covers everything up to the next symbol, and with only .dynsym that can be a
+        run of unexported static functions in another section: it is capped at its own section's end.
+        """
         cands: list[tuple[int, int, int, int]] = []
         tables: list[bytes] = []
         base = 0
@@ -298,6 +306,8 @@ class SymbolTable:
                 kind = info & 0xF
                 # Undefined symbols can carry a PLT address in non-PIE executables; they are not ours.
                 if (kind == STT_FUNC or kind == STT_GNU_IFUNC) and value and shndx != SHN_UNDEF and name:
+                    if size == 0 and shndx < len(section_ends) and section_ends[shndx] > value:
+                        size = section_ends[shndx] - value
                     append((value, rank[info >> 4], name + base, size))
             tables.append(strdata)
             base += len(strdata)
@@ -331,9 +341,10 @@ class SymbolTable:
     @classmethod
     def from_elf(cls, elf: ElfFile) -> SymbolTable:
         """Build from the file's .symtab if present, else .dynsym (merged with a MiniDebugInfo .symtab)."""
+        ends = [sec.addr + sec.size if sec.addr else 0 for sec in elf.sections]
         symtab = _symbol_source(elf, SHT_SYMTAB)
         if symtab is not None:
-            return cls.from_sections([symtab])
+            return cls.from_sections([symtab], section_ends=ends)
         sources = []
         dynsym = _symbol_source(elf, SHT_DYNSYM)
         if dynsym is not None:
@@ -341,7 +352,7 @@ class SymbolTable:
         mini = _mini_debuginfo_symtab(elf)
         if mini is not None:
             sources.append(mini)
-        return cls.from_sections(sources)
+        return cls.from_sections(sources, section_ends=ends)
 
     def __len__(self) -> int:
         return len(self._starts)

@@ -1,0 +1,81 @@
+"""Encodes one resolved window into the wire Batch: strings, stacks and processes interned once."""
+
+from __future__ import annotations
+
+from agent.resolver import Window
+from fleetprof.v1 import ingest_pb2 as pb
+
+
+class _Strings:
+    def __init__(self) -> None:
+        self.table: list[str] = [""]
+        self._ids: dict[str, int] = {"": 0}
+
+    def id(self, s: str) -> int:
+        i = self._ids.get(s)
+        if i is None:
+            i = self._ids[s] = len(self.table)
+            self.table.append(s)
+        return i
+
+
+def encode_window(window: Window, identity: pb.AgentIdentity, frequency_hz: int) -> pb.Batch:
+    """The Batch for `window`, without a sequence number (the shipper assigns it)."""
+    strings = _Strings()
+    stacks: dict[tuple, int] = {}
+    processes: dict[tuple[int, int], int] = {}
+    batch = pb.Batch(
+        agent=identity,
+        start_unix_ns=window.start_ns,
+        end_unix_ns=window.end_ns,
+        frequency_hz=frequency_hz,
+    )
+    counts: dict[tuple[int, int, int], int] = {}
+    for s in window.samples:
+        pkey = (s.process.pid, s.process.start_ticks)
+        pidx = processes.get(pkey)
+        if pidx is None:
+            pidx = processes[pkey] = len(batch.processes)
+            p = s.process
+            batch.processes.append(
+                pb.Process(
+                    pid=p.pid,
+                    start_time_ticks=p.start_ticks,
+                    comm=strings.id(p.comm),
+                    exe=strings.id(p.exe),
+                    labels=[
+                        pb.Label(name=strings.id(k), value=strings.id(v)) for k, v in sorted(p.labels().items())
+                    ],
+                )
+            )
+        skey = (s.frames, s.kernel_start)
+        sidx = stacks.get(skey)
+        if sidx is None:
+            sidx = stacks[skey] = len(batch.stacks)
+            batch.stacks.append(
+                pb.Stack(
+                    functions=[strings.id(f.function) for f in s.frames],
+                    modules=[strings.id(f.module) for f in s.frames],
+                    kernel_start=s.kernel_start,
+                )
+            )
+        # Two raw stacks can symbolize to the same frames: merge them here.
+        ckey = (pidx, s.tid, sidx)
+        counts[ckey] = counts.get(ckey, 0) + s.count
+    batch.samples.extend(
+        pb.Sample(process=p, tid=t, stack=st, count=c) for (p, t, st), c in counts.items()
+    )
+    batch.strings.extend(strings.table)
+    st = window.stats
+    batch.stats.CopyFrom(
+        pb.SamplerStats(
+            samples=st.get("samples", 0),
+            user_stack_missing=st.get("user_stack_missing", 0),
+            user_stack_errors=st.get("user_stack_errors", 0),
+            kernel_stack_errors=st.get("kernel_stack_errors", 0),
+            stack_table_full=st.get("stack_table_full", 0),
+            count_table_full=st.get("count_table_full", 0),
+            unknown_process=st.get("unknown_process", 0),
+        )
+    )
+    return batch

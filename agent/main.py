@@ -1,0 +1,171 @@
+"""The agent's run loop: sampler → resolver → batch → shipper, every interval, until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from agent.batch import encode_window
+from agent.metrics import AgentCounters, build_registry
+from agent.process.table import ProcessTable
+from agent.resolver import Resolver
+from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
+from agent.shipper import Shipper
+from agent.symbols.symbolizer import Symbolizer
+from fleetprof import __version__
+from fleetprof.httpserve import HttpServer, Request, Response, json_response
+from fleetprof.v1 import ingest_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    collector: str = "127.0.0.1:7470"
+    http: str = "127.0.0.1:7472"
+    frequency_hz: int = 19
+    interval_s: float = 10.0
+    node: str = ""
+    include_idle: bool = False
+    queue_batches: int = 64
+
+    def node_name(self) -> str:
+        return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def boot_time_ns() -> int:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return int(line.split()[1]) * 1_000_000_000
+    return 0
+
+
+def split_hostport(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{flag} must be HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+class Agent:
+    """Owns the pipeline's stages and threads. `run()` blocks until `stop()`."""
+
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.identity = pb.AgentIdentity(
+            node=config.node_name(),
+            agent_id=uuid.uuid4().hex,
+            boot_time_unix_ns=boot_time_ns(),
+            version=__version__,
+        )
+        self._stop = threading.Event()
+        self.processes = ProcessTable()
+        self.symbolizer = Symbolizer()
+        self.resolver = Resolver(self.processes, self.symbolizer)
+        self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
+        self.counters = AgentCounters()
+        self.registry, self._drain_hist = build_registry(self.counters, lambda: self.shipper.stats, self._gauges)
+        host, port = split_hostport(config.http, "--http")
+        self.http = HttpServer(host, port, {"/metrics": self._metrics, "/healthz": self._healthz})
+        self.sampler: CpuSampler | None = None
+        self._last_drain = time.monotonic()
+
+    def _gauges(self) -> dict:
+        sym = self.symbolizer.stats()
+        return {
+            "processes": (len(self.processes), "Processes described in the process table"),
+            "symbol_files": (sym.get("files_cached", 0), "ELF files with a cached symbol table"),
+            "symbol_bytes": (sym.get("bytes_held", 0), "Bytes held by cached symbol tables"),
+            "frequency_hertz": (self.config.frequency_hz, "Sampling frequency per CPU"),
+        }
+
+    def _metrics(self, _req: Request) -> Response:
+        return Response(generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _healthz(self, _req: Request) -> Response:
+        stale = time.monotonic() - self._last_drain > 3 * self.config.interval_s + 5
+        body = {
+            "status": "stalled" if stale else "ok",
+            "node": self.identity.node,
+            "collector_connected": self.shipper.connected,
+            "queued_batches": self.shipper.pending(),
+        }
+        return json_response(body, 503 if stale else 200)
+
+    def _on_process_event(self, pid: int, kind: int) -> None:
+        if kind in (EVENT_NEW, EVENT_EXEC):
+            self.processes.refresh(pid)
+        elif kind == EVENT_EXIT:
+            self.processes.mark_exited(pid)
+
+    def _poll_events(self) -> None:
+        assert self.sampler is not None
+        while not self._stop.is_set():
+            try:
+                self.sampler.poll_events(200)
+            except Exception:  # keep describing processes whatever one event did
+                log.exception("process event handling failed")
+
+    def drain_once(self) -> pb.Batch:
+        """One window: drain, resolve, encode and queue it for the collector."""
+        assert self.sampler is not None
+        t0 = time.perf_counter()
+        drain = self.sampler.drain()
+        window = self.resolver.resolve(drain)
+        self.processes.end_window()
+        batch = encode_window(window, self.identity, self.config.frequency_hz)
+        self.shipper.submit(batch)
+        self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
+        self._drain_hist.observe(time.perf_counter() - t0)
+        self._last_drain = time.monotonic()
+        return batch
+
+    def start(self) -> None:
+        """Load BPF (raises BpfUnavailable), then start HTTP, shipping and event threads."""
+        cfg = self.config
+        self.sampler = CpuSampler(
+            SamplerConfig(frequency_hz=cfg.frequency_hz, interval_s=cfg.interval_s, include_idle=cfg.include_idle),
+            on_process_event=self._on_process_event,
+        )
+        self.http.start()
+        self.shipper.start()
+        threading.Thread(target=self._poll_events, name="process-events", daemon=True).start()
+        log.info(
+            "agent on node %s sampling at %d Hz, shipping every %gs to %s; metrics on http://%s/metrics",
+            self.identity.node, cfg.frequency_hz, cfg.interval_s, cfg.collector, cfg.http,
+        )
+
+    def run(self) -> None:
+        self.start()
+        next_drain = time.monotonic() + self.config.interval_s
+        while not self._stop.wait(max(0.0, next_drain - time.monotonic())):
+            next_drain += self.config.interval_s
+            try:
+                self.drain_once()
+            except Exception:  # a bad window must not end profiling
+                self.counters.add_failure()
+                log.exception("drain failed")
+        self._shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _shutdown(self) -> None:
+        try:
+            if self.sampler is not None:
+                self.drain_once()  # the last partial window
+        except Exception:
+            log.exception("final drain failed")
+        self.shipper.stop(flush_timeout_s=5.0)
+        if self.sampler is not None:
+            self.sampler.close()
+        self.http.stop()

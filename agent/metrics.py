@@ -1,0 +1,101 @@
+"""The agent's self-metrics (Prometheus), read from plain snapshots on each scrape."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.shipper import ShipperStats
+
+
+class AgentCounters:
+    """Cumulative counters the drain loop adds to; scrapes read a consistent copy."""
+
+    STACK_OUTCOMES = (
+        "user_stack_missing",
+        "user_stack_errors",
+        "kernel_stack_errors",
+        "stack_table_full",
+        "count_table_full",
+        "unknown_process",
+        "events_lost",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.samples = 0
+        self.drains = 0
+        self.drain_failures = 0
+        self.outcomes = dict.fromkeys(self.STACK_OUTCOMES, 0)
+
+    def add_drain(self, stats: dict[str, int], samples: int) -> None:
+        with self._lock:
+            self.drains += 1
+            self.samples += samples
+            for k in self.STACK_OUTCOMES:
+                self.outcomes[k] += stats.get(k, 0)
+
+    def add_failure(self) -> None:
+        with self._lock:
+            self.drain_failures += 1
+
+    def snapshot(self) -> tuple[int, int, int, dict[str, int]]:
+        with self._lock:
+            return self.samples, self.drains, self.drain_failures, dict(self.outcomes)
+
+
+class _AgentCollector:
+    def __init__(self, counters: AgentCounters, shipper: Callable[[], ShipperStats], gauges: Callable[[], dict]):
+        self._counters = counters
+        self._shipper = shipper
+        self._gauges = gauges
+
+    def describe(self) -> list[Metric]:
+        return []  # keeps registration from running collect()
+
+    def collect(self) -> Iterator[Metric]:
+        samples, drains, failures, outcomes = self._counters.snapshot()
+        yield CounterMetricFamily("fleetprof_agent_samples", "CPU samples drained from the kernel", value=samples)
+        yield CounterMetricFamily("fleetprof_agent_drains", "Drains of the BPF maps", value=drains)
+        yield CounterMetricFamily("fleetprof_agent_drain_failures", "Drains that failed", value=failures)
+        m = CounterMetricFamily(
+            "fleetprof_agent_stack_outcomes",
+            "Samples whose stack was missing, failed or lost, by reason (user_stack_missing is normal for"
+            " kernel threads)",
+            labels=["reason"],
+        )
+        for k, v in outcomes.items():
+            m.add_metric([k], v)
+        yield m
+        s = self._shipper()
+        for name, value, help_ in (
+            ("batches_sent", s.batches_sent, "Batches written to the collector stream (resends included)"),
+            ("batches_acked", s.batches_acked, "Batches the collector acknowledged"),
+            ("batches_rejected", s.batches_rejected, "Batches the collector refused as invalid"),
+            ("batches_dropped", s.batches_dropped, "Batches dropped because the queue was full"),
+            ("send_errors", s.send_errors, "Broken or failed streams to the collector"),
+        ):
+            yield CounterMetricFamily(f"fleetprof_agent_{name}", help_, value=value)
+        yield GaugeMetricFamily("fleetprof_agent_queue_batches", "Batches waiting for an ack", value=s.queued)
+        yield GaugeMetricFamily("fleetprof_agent_queue_bytes", "Bytes waiting for an ack", value=s.queued_bytes)
+        for name, (value, help_) in self._gauges().items():
+            yield GaugeMetricFamily(f"fleetprof_agent_{name}", help_, value=value)
+
+
+def build_registry(
+    counters: AgentCounters, shipper: Callable[[], ShipperStats], gauges: Callable[[], dict]
+) -> tuple[CollectorRegistry, Histogram]:
+    """A registry of our own (no process-global state): agent metrics, own CPU and RSS, drain timing."""
+    reg = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+    reg.register(_AgentCollector(counters, shipper, gauges))
+    drain_hist = Histogram(
+        "fleetprof_agent_drain_duration_seconds",
+        "Time to drain, symbolize and encode one window",
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        registry=reg,
+    )
+    return reg, drain_hist

@@ -1,0 +1,123 @@
+"""What the agent knows of each sampled process: identity, cgroup attribution, executable mappings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from agent.process.cgroups import CgroupIdentity, read_cgroup
+from agent.symbols.maps import Mapping, read_maps
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process as captured while it was alive. Samples taken after it exits still resolve through it."""
+
+    pid: int
+    start_ticks: int           # /proc/PID/stat field 22: tells a reused pid apart
+    comm: str
+    exe: str
+    cgroup: CgroupIdentity
+    mappings: tuple[Mapping, ...] = field(repr=False)
+
+    def labels(self) -> dict[str, str]:
+        """Attribution labels known on the node (pod names come from the Kubernetes resolver)."""
+        out = {}
+        if self.cgroup.container_id:
+            out["container_id"] = self.cgroup.container_id
+        if self.cgroup.pod_uid:
+            out["pod_uid"] = self.cgroup.pod_uid
+        return out
+
+
+def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo:
+    """Capture a live process; raises ProcessLookupError when it is gone."""
+    base = f"{proc_root}/{pid}"
+    try:
+        with open(f"{base}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+        # comm may contain spaces and parentheses: the fields after it start after the last ')'.
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        start_ticks = int(fields[19])
+        try:
+            exe = os.readlink(f"{base}/exe")
+        except OSError:
+            exe = ""  # kernel threads, or a zombie
+        mappings = tuple(read_maps(pid, proc_root, exec_only=True))
+        cgroup = read_cgroup(pid, proc_root)
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ProcessLookupError(f"process {pid} is gone") from exc
+    return ProcessInfo(pid, start_ticks, comm, exe, cgroup, mappings)
+
+
+class ProcessTable:
+    """pid → ProcessInfo, fed by the sampler's new/exec/exit events and by lookups at drain time.
+
+    An exited process is kept until `end_window()` has been called twice after its exit, so the
+    drain that holds its last samples still symbolizes them. Bounded by `max_processes` (LRU).
+    """
+
+    def __init__(self, proc_root: str = "/proc", max_processes: int = 32768):
+        self._proc_root = proc_root
+        self._max = max_processes
+        self._lock = threading.Lock()
+        self._procs: OrderedDict[int, ProcessInfo] = OrderedDict()
+        self._exited: dict[int, int] = {}  # pid -> windows left before eviction
+        self.capture_failures = 0
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+    def refresh(self, pid: int) -> ProcessInfo | None:
+        """(Re)capture a process now; None if it is already gone."""
+        try:
+            info = read_process(pid, self._proc_root)
+        except ProcessLookupError:
+            return None
+        except (OSError, ValueError, IndexError) as exc:
+            self.capture_failures += 1
+            log.debug("cannot describe process %d: %s", pid, exc)
+            return None
+        with self._lock:
+            self._procs[pid] = info
+            self._procs.move_to_end(pid)
+            self._exited.pop(pid, None)
+            while len(self._procs) > self._max:
+                old, _ = self._procs.popitem(last=False)
+                self._exited.pop(old, None)
+        return info
+
+    def mark_exited(self, pid: int) -> None:
+        with self._lock:
+            if pid in self._procs:
+                self._exited[pid] = 2
+
+    def get(self, pid: int) -> ProcessInfo | None:
+        """The process as last captured, capturing it now if it was never seen (event lost)."""
+        with self._lock:
+            info = self._procs.get(pid)
+        if info is None:
+            info = self.refresh(pid)
+        return info
+
+    def remap(self, pid: int) -> ProcessInfo | None:
+        """Re-read a live process's mappings (an address fell outside them: a dlopen since)."""
+        with self._lock:
+            if pid in self._exited:
+                return self._procs.get(pid)
+        return self.refresh(pid) or self.get(pid)
+
+    def end_window(self) -> None:
+        """Called after each drain: forget processes that exited before the previous drain."""
+        with self._lock:
+            for pid in list(self._exited):
+                self._exited[pid] -= 1
+                if self._exited[pid] <= 0:
+                    del self._exited[pid]
+                    self._procs.pop(pid, None)

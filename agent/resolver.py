@@ -1,0 +1,123 @@
+"""Turns a raw drain (pids, stack ids, addresses) into attributed, symbolized samples (plain values)."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from agent.process.cgroups import CgroupIdentity
+from agent.process.table import ProcessInfo, ProcessTable
+from agent.sampler import STACK_LOST, STACK_NONE, Drain
+from agent.symbols.symbolizer import Frame, Symbolizer
+
+log = logging.getLogger(__name__)
+
+LOST_USER_STACK = Frame("[user stack lost: stack table full]", "[fleetprof]")
+LOST_KERNEL_STACK = Frame("[kernel stack lost: stack table full]", "[fleetprof]", kernel=True)
+NO_STACK = Frame("[no stack]", "[fleetprof]")
+UNMAPPED = "[unmapped]"
+
+
+@dataclass(frozen=True)
+class ResolvedSample:
+    process: ProcessInfo
+    tid: int
+    frames: tuple[Frame, ...]  # root first
+    kernel_start: int          # index of the first kernel frame (len(frames) if none)
+    count: int
+
+
+@dataclass
+class Window:
+    start_ns: int
+    end_ns: int
+    samples: list[ResolvedSample]
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+class _Lru(OrderedDict):
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def put(self, key, value) -> None:  # noqa: ANN001
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+class Resolver:
+    """Symbolizes each distinct stack once; caches per (process, stack id) across drains (bounded).
+
+    Stack ids are content hashes of the addresses, so the same id in the same process is the same
+    stack in every window: the cache makes steady-state drains nearly free.
+    """
+
+    def __init__(self, processes: ProcessTable, symbolizer: Symbolizer, cache_size: int = 32768):
+        self._processes = processes
+        self._symbolizer = symbolizer
+        self._user_cache = _Lru(cache_size)
+        self._kernel_cache = _Lru(cache_size)
+
+    def resolve(self, drain: Drain) -> Window:
+        samples: list[ResolvedSample] = []
+        unknown_process = 0
+        remapped: set[int] = set()
+        for s in drain.samples:
+            proc = self._processes.get(s.tgid)
+            if proc is None:
+                # Exited before we could describe it (short-lived, or an event was lost): keep the
+                # samples with what the kernel told us; user addresses cannot be symbolized.
+                unknown_process += s.count
+                proc = ProcessInfo(s.tgid, 0, s.comm, "", CgroupIdentity(path=""), ())
+            user = self._user(proc, s.user_stack, drain.stacks, remapped)
+            kernel = self._kernel(s.kernel_stack, drain.stacks)
+            frames = user + kernel
+            if not frames:
+                frames = (NO_STACK,)
+            samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count))
+        stats = dict(drain.stats)
+        stats["unknown_process"] = unknown_process
+        return Window(drain.start_ns, drain.end_ns, samples, stats)
+
+    def _user(
+        self, proc: ProcessInfo, stack_id: int, stacks: dict[int, tuple[int, ...]], remapped: set[int]
+    ) -> tuple[Frame, ...]:
+        if stack_id == STACK_NONE:
+            return ()
+        if stack_id == STACK_LOST:
+            return (LOST_USER_STACK,)
+        key = (proc.pid, proc.start_ticks, stack_id)
+        cached = self._user_cache.get(key)
+        if cached is not None:
+            return cached
+        addrs = stacks.get(stack_id)
+        if addrs is None:  # cannot happen with the double buffer; be explicit if it ever does
+            return (LOST_USER_STACK,)
+        frames = self._symbolizer.user_frames(proc.pid, proc.mappings, addrs, return_addresses=True)
+        if any(f.module == UNMAPPED for f in frames) and proc.pid not in remapped and proc.mappings:
+            # An address outside the captured mappings: the process mapped something new (dlopen).
+            remapped.add(proc.pid)
+            fresh = self._processes.remap(proc.pid)
+            if fresh is not None and fresh.mappings != proc.mappings:
+                frames = self._symbolizer.user_frames(proc.pid, fresh.mappings, addrs, return_addresses=True)
+        result = tuple(reversed(frames))
+        self._user_cache.put(key, result)
+        return result
+
+    def _kernel(self, stack_id: int, stacks: dict[int, tuple[int, ...]]) -> tuple[Frame, ...]:
+        if stack_id == STACK_NONE:
+            return ()
+        if stack_id == STACK_LOST:
+            return (LOST_KERNEL_STACK,)
+        cached = self._kernel_cache.get(stack_id)
+        if cached is not None:
+            return cached
+        addrs = stacks.get(stack_id)
+        if addrs is None:
+            return (LOST_KERNEL_STACK,)
+        result = tuple(reversed(self._symbolizer.kernel_frames(addrs, return_addresses=True)))
+        self._kernel_cache.put(stack_id, result)
+        return result

@@ -1,0 +1,183 @@
+"""Ships batches to the collector over a gRPC stream; keeps unacknowledged ones and resends them."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_BATCH_IN_ERROR = re.compile(r"\bbatch (\d+)\b")
+
+
+@dataclass
+class ShipperStats:
+    batches_sent: int = 0
+    batches_acked: int = 0
+    batches_rejected: int = 0   # the collector refused them as invalid: dropped, never resent
+    batches_dropped: int = 0    # the queue was full while the collector was unreachable
+    send_errors: int = 0
+    queued: int = 0
+    queued_bytes: int = 0
+
+
+class Shipper:
+    """A bounded queue of batches in flight, drained by one thread that keeps a Push stream open.
+
+    Every batch stays queued until the collector acknowledges its sequence number. After a broken
+    stream the thread reconnects (exponential backoff) and resends everything unacknowledged, in
+    order; the collector drops duplicates. When the queue exceeds its bounds the oldest batches are
+    dropped and counted: the agent never grows without limit while the collector is down.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        max_batches: int = 64,
+        max_bytes: int = 64 * 1024 * 1024,
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+    ):
+        self.target = target
+        self._max_batches = max_batches
+        self._max_bytes = max_bytes
+        self._backoff = backoff_s
+        self._pending: OrderedDict[int, pb.Batch] = OrderedDict()
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Condition()
+        self._seq = 0
+        self._stop = threading.Event()
+        self.stats = ShipperStats()
+        self.connected = False
+        self._thread = threading.Thread(target=self._run, name="shipper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: pb.Batch) -> int:
+        """Queue a batch (assigning its sequence number) and return the number."""
+        with self._lock:
+            self._seq += 1
+            batch.sequence = self._seq
+            self._pending[self._seq] = batch
+            self._sizes[self._seq] = batch.ByteSize()
+            while len(self._pending) > 1 and (
+                len(self._pending) > self._max_batches or sum(self._sizes.values()) > self._max_bytes
+            ):
+                old, _ = self._pending.popitem(last=False)
+                self._sizes.pop(old, None)
+                self.stats.batches_dropped += 1
+                log.warning("collector unreachable: dropped batch %d (queue bound reached)", old)
+            self._update_gauges()
+            self._lock.notify_all()
+            return self._seq
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued batch is acknowledged (or the timeout passes)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending, timeout=timeout_s)
+
+    def stop(self, flush_timeout_s: float = 5.0) -> None:
+        self.flush(flush_timeout_s)
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        self._thread.join(timeout=5)
+
+    def _update_gauges(self) -> None:
+        self.stats.queued = len(self._pending)
+        self.stats.queued_bytes = sum(self._sizes.values())
+
+    def _ack(self, seq: int) -> None:
+        with self._lock:
+            if self._pending.pop(seq, None) is not None:
+                self._sizes.pop(seq, None)
+                self.stats.batches_acked += 1
+            self._update_gauges()
+            self._lock.notify_all()
+
+    def _reject(self, seq: int) -> None:
+        with self._lock:
+            if self._pending.pop(seq, None) is not None:
+                self._sizes.pop(seq, None)
+                self.stats.batches_rejected += 1
+            self._update_gauges()
+            self._lock.notify_all()
+
+    # -- the sending thread ------------------------------------------------------------------------
+    def _requests(self, broken: threading.Event) -> Iterator[pb.Batch]:
+        """Everything pending (resend after a reconnect), then new batches as they are submitted."""
+        sent_upto = 0
+        while not broken.is_set() and not self._stop.is_set():
+            with self._lock:
+                nxt = next((s for s in self._pending if s > sent_upto), None)
+                if nxt is None:
+                    self._lock.wait(timeout=0.5)
+                    continue
+                batch = self._pending[nxt]
+            sent_upto = nxt
+            self.stats.batches_sent += 1
+            yield batch
+
+    def _run(self) -> None:
+        delay = self._backoff[0]
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", 30000),
+        ]
+        while not self._stop.is_set():
+            if not self._wait_for_work():
+                return
+            broken = threading.Event()
+            channel = grpc.insecure_channel(self.target, options=options)
+            try:
+                stub = pb_grpc.IngestStub(channel)
+                call = stub.Push(self._requests(broken), wait_for_ready=False)
+                for ack in call:
+                    if not self.connected:
+                        log.info("connected to collector %s", self.target)
+                    self.connected = True
+                    delay = self._backoff[0]
+                    self._ack(ack.sequence)
+            except grpc.RpcError as err:
+                code = err.code() if hasattr(err, "code") else None
+                detail = err.details() if hasattr(err, "details") else str(err)
+                self.stats.send_errors += 1
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    m = _BATCH_IN_ERROR.search(detail or "")
+                    if m:
+                        self._reject(int(m.group(1)))
+                    log.error("collector rejected a batch: %s", detail)
+                    delay = self._backoff[0]
+                elif code == grpc.StatusCode.CANCELLED and self._stop.is_set():
+                    return
+                else:
+                    if self.connected or self.stats.send_errors == 1:
+                        log.warning("collector %s unreachable (%s): %s; retrying", self.target, code, detail)
+                    self.connected = False
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, self._backoff[1])
+            finally:
+                broken.set()
+                channel.close()
+
+    def _wait_for_work(self) -> bool:
+        with self._lock:
+            while not self._pending and not self._stop.is_set():
+                self._lock.wait(timeout=1.0)
+            return not self._stop.is_set()
+

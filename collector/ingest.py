@@ -1,0 +1,199 @@
+"""gRPC ingest: validates each Batch, decodes it into store rows, drops duplicates, acknowledges."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from collector.render.tree import FrameKey
+from collector.store.base import Labels, ProfileRows, ProfileStore
+from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_COUNT = 1 << 40           # more samples than a node takes in years: a corrupt or negative count
+MAX_FREQUENCY_HZ = 100_000
+MAX_STACK_DEPTH = 4096
+MAX_LABEL_BYTES = 1024
+
+
+class BatchError(ValueError):
+    """A batch that cannot be ingested; the message names the batch and the problem."""
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    max_batch_bytes: int = 32 * 1024 * 1024
+    max_samples: int = 2_000_000
+    max_strings: int = 2_000_000
+
+
+@dataclass
+class IngestStats:
+    """Counters for self-metrics; updated under the servicer's lock."""
+
+    batches: int = 0
+    samples: int = 0
+    duplicates: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    sampler: dict[str, int] = field(default_factory=dict)  # SamplerStats fields summed over batches
+
+
+def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
+    """Raise BatchError naming the first problem; silent when the batch is sound."""
+    seq = batch.sequence
+
+    def fail(reason: str, problem: str) -> None:
+        err = BatchError(f"batch {seq}: {problem}")
+        err.reason = reason  # type: ignore[attr-defined]
+        raise err
+
+    size = batch.ByteSize()
+    if size > limits.max_batch_bytes:
+        fail("oversized", f"{size} bytes is over the collector's limit of {limits.max_batch_bytes} bytes")
+    if not batch.agent.node:
+        fail("no_node", "agent.node is empty: every batch must name its node")
+    if not batch.agent.agent_id:
+        fail("no_agent_id", "agent.agent_id is empty")
+    if seq == 0:
+        fail("no_sequence", "sequence must start at 1")
+    if batch.end_unix_ns < batch.start_unix_ns:
+        fail("bad_window", f"end_unix_ns {batch.end_unix_ns} is before start_unix_ns {batch.start_unix_ns}")
+    if not 0 < batch.frequency_hz <= MAX_FREQUENCY_HZ:
+        fail("bad_frequency", f"frequency_hz {batch.frequency_hz} is not in 1..{MAX_FREQUENCY_HZ}")
+    nstr = len(batch.strings)
+    if nstr > limits.max_strings:
+        fail("oversized", f"{nstr} strings is over the limit of {limits.max_strings}")
+    if len(batch.samples) > limits.max_samples:
+        fail("oversized", f"{len(batch.samples)} samples is over the limit of {limits.max_samples}")
+    if nstr and batch.strings[0] != "":
+        fail("bad_string_table", "strings[0] must be the empty string")
+
+    def check_str(i: int, where: str) -> None:
+        if i >= nstr:
+            fail("bad_string_id", f"{where} refers to string {i}, but the string table has {nstr} entries")
+
+    for si, st in enumerate(batch.stacks):
+        if len(st.modules) and len(st.modules) != len(st.functions):
+            fail("bad_stack", f"stack {si} has {len(st.functions)} functions but {len(st.modules)} modules")
+        if len(st.functions) > MAX_STACK_DEPTH:
+            fail("bad_stack", f"stack {si} is {len(st.functions)} frames deep (limit {MAX_STACK_DEPTH})")
+        if st.kernel_start > len(st.functions):
+            fail("bad_stack", f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames")
+        for f in st.functions:
+            check_str(f, f"stack {si}")
+        for m in st.modules:
+            check_str(m, f"stack {si} module")
+    for pi, p in enumerate(batch.processes):
+        check_str(p.comm, f"process {pi} comm")
+        check_str(p.exe, f"process {pi} exe")
+        for lb in p.labels:
+            check_str(lb.name, f"process {pi} label name")
+            check_str(lb.value, f"process {pi} label value")
+            if lb.name == 0:
+                fail("bad_label", f"process {pi} has a label with an empty name")
+    nproc, nstack = len(batch.processes), len(batch.stacks)
+    for i, s in enumerate(batch.samples):
+        if s.process >= nproc:
+            fail("bad_sample", f"sample {i} refers to process {s.process}, but there are {nproc}")
+        if s.stack >= nstack:
+            fail("bad_sample", f"sample {i} refers to stack {s.stack}, but there are {nstack}")
+        if s.count == 0 or s.count > MAX_COUNT:
+            fail("bad_count", f"sample {i} has count {s.count}: counts must be in 1..{MAX_COUNT}")
+
+
+def decode_batch(batch: pb.Batch) -> ProfileRows:
+    """Rows for the store. Assumes validate_batch passed."""
+    strings = batch.strings
+    node = batch.agent.node
+    stacks = []
+    for st in batch.stacks:
+        mods = st.modules or [0] * len(st.functions)
+        ks = st.kernel_start
+        stacks.append(
+            tuple(
+                FrameKey(strings[f], strings[m], i >= ks)
+                for i, (f, m) in enumerate(zip(st.functions, mods, strict=True))
+            )
+        )
+    procs: list[Labels] = []
+    for p in batch.processes:
+        labels = {"node": node, "pid": str(p.pid), "comm": strings[p.comm]}
+        for lb in p.labels:
+            value = strings[lb.value][:MAX_LABEL_BYTES]
+            if value:
+                labels[strings[lb.name]] = value
+        procs.append(tuple(sorted((k, v) for k, v in labels.items() if v)))
+    rows = [(procs[s.process], stacks[s.stack], s.count) for s in batch.samples]
+    return ProfileRows(batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows)
+
+
+class _SeenSequences:
+    """Per agent id, the sequences already ingested (bounded: agents send them in increasing order)."""
+
+    def __init__(self, window: int = 4096, max_agents: int = 100_000):
+        self._window = window
+        self._max_agents = max_agents
+        self._agents: OrderedDict[str, set[int]] = OrderedDict()
+
+    def seen(self, agent_id: str, seq: int) -> bool:
+        s = self._agents.get(agent_id)
+        return s is not None and seq in s
+
+    def add(self, agent_id: str, seq: int) -> None:
+        s = self._agents.setdefault(agent_id, set())
+        self._agents.move_to_end(agent_id)
+        s.add(seq)
+        if len(s) > 2 * self._window:
+            cutoff = max(s) - self._window
+            s.difference_update([x for x in s if x < cutoff])
+        while len(self._agents) > self._max_agents:
+            self._agents.popitem(last=False)
+
+
+class IngestService(pb_grpc.IngestServicer):
+    def __init__(self, store: ProfileStore, limits: IngestLimits | None = None):
+        self._store = store
+        self._limits = limits or IngestLimits()
+        self._lock = threading.Lock()
+        self._seen = _SeenSequences()
+        self.stats = IngestStats()
+
+    def ingest(self, batch: pb.Batch) -> bool:
+        """Validate and store one batch; False if it was a duplicate. Raises BatchError."""
+        try:
+            validate_batch(batch, self._limits)
+        except BatchError as err:
+            reason = getattr(err, "reason", "invalid")
+            with self._lock:
+                self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+            raise
+        agent_id = batch.agent.agent_id
+        with self._lock:
+            if self._seen.seen(agent_id, batch.sequence):
+                self.stats.duplicates += 1
+                return False
+        rows = decode_batch(batch)
+        self._store.write(rows)
+        with self._lock:
+            self._seen.add(agent_id, batch.sequence)
+            self.stats.batches += 1
+            self.stats.samples += sum(c for _, _, c in rows.rows)
+            for fd, value in batch.stats.ListFields():
+                self.stats.sampler[fd.name] = self.stats.sampler.get(fd.name, 0) + value
+        return True
+
+    def Push(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
+        for batch in request_iterator:
+            try:
+                self.ingest(batch)
+            except BatchError as err:
+                log.warning("rejected from %s: %s", context.peer(), err)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            yield pb.Ack(sequence=batch.sequence)

@@ -1,0 +1,114 @@
+"""The recent-window store: time buckets of (label set, stack) → samples, in memory, with interning."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+from collector.query.selector import Selector
+from collector.store.base import Labels, ProfileRows, Selection
+
+
+class _Interner:
+    """value ↔ small int, so buckets hold ints and each distinct stack/label set is stored once."""
+
+    def __init__(self) -> None:
+        self.values: list = []
+        self.ids: dict = {}
+
+    def id(self, value) -> int:  # noqa: ANN001
+        i = self.ids.get(value)
+        if i is None:
+            i = self.ids[value] = len(self.values)
+            self.values.append(value)
+        return i
+
+
+class MemoryStore:
+    """Keeps `retention_s` of data in `bucket_s` buckets. A window goes to the bucket of its midpoint.
+
+    Stacks and label sets are interned for the store's lifetime; buckets older than the retention are
+    dropped on write. Thread-safe: one lock, held briefly by writes and by the scan of a query.
+    """
+
+    def __init__(self, retention_s: float = 3600.0, bucket_s: float = 10.0, clock=time.time):  # noqa: ANN001
+        if retention_s < 15 * 60:
+            raise ValueError("the recent window must keep at least 15 minutes")
+        self.retention_s = retention_s
+        self.bucket_s = bucket_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._stacks = _Interner()
+        self._labels = _Interner()
+        # bucket start -> {(label id, stack id): samples}
+        self._buckets: dict[int, dict[tuple[int, int], int]] = {}
+        self._label_freq: dict[int, int] = {}  # label id -> frequency of its latest window
+        self._label_last_seen: dict[int, float] = {}
+
+    def _bucket_of(self, t: float) -> int:
+        return int(t // self.bucket_s * self.bucket_s)
+
+    def write(self, profile: ProfileRows) -> None:
+        bucket_key = self._bucket_of((profile.start + profile.end) / 2)
+        with self._lock:
+            bucket = self._buckets.get(bucket_key)
+            if bucket is None:
+                bucket = self._buckets[bucket_key] = defaultdict(int)
+            for labels, stack, count in profile.rows:
+                lid = self._labels.id(labels)
+                bucket[(lid, self._stacks.id(stack))] += count
+                self._label_freq[lid] = profile.frequency_hz
+                self._label_last_seen[lid] = profile.end
+            self._expire()
+
+    def _expire(self) -> None:
+        horizon = self._bucket_of(self._clock() - self.retention_s)
+        for key in [k for k in self._buckets if k < horizon]:
+            del self._buckets[key]
+
+    def _bucket_range(self, start: float, end: float) -> list[dict[tuple[int, int], int]]:
+        lo, hi = self._bucket_of(start), end
+        return [b for k, b in self._buckets.items() if lo <= k <= hi]
+
+    def select(self, selector: Selector, start: float, end: float) -> Selection:
+        merged: dict[int, int] = defaultdict(int)
+        freqs: dict[int, int] = defaultdict(int)
+        with self._lock:
+            match_cache: dict[int, bool] = {}
+            labels = self._labels.values
+            for bucket in self._bucket_range(start, end):
+                for (lid, sid), count in bucket.items():
+                    ok = match_cache.get(lid)
+                    if ok is None:
+                        ok = match_cache[lid] = selector.matches(dict(labels[lid]))
+                    if ok:
+                        merged[sid] += count
+                        freqs[self._label_freq.get(lid, 0)] += count
+            stacks = {self._stacks.values[sid]: n for sid, n in merged.items()}
+        freq = max(freqs, key=freqs.get) if freqs else None
+        return Selection(stacks, freq or None)
+
+    def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
+        with self._lock:
+            if start is None and end is None:
+                return list(self._labels.values)
+            lids = set()
+            for bucket in self._bucket_range(start or 0.0, end if end is not None else float("inf")):
+                lids.update(lid for lid, _ in bucket)
+            return [self._labels.values[i] for i in lids]
+
+    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
+        return sorted({k for labels in self._label_sets(start, end) for k, _ in labels})
+
+    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]:
+        return sorted({v for labels in self._label_sets(start, end) for k, v in labels if k == name})
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "buckets": len(self._buckets),
+                "stacks": len(self._stacks.values),
+                "label_sets": len(self._labels.values),
+                "entries": sum(len(b) for b in self._buckets.values()),
+            }

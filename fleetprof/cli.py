@@ -1,0 +1,278 @@
+"""The `fleetprof` command: collector, agent, demo, and the query commands top and flame."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fleetprof.client import QueryError, fetch, fetch_json
+
+DEFAULT_COLLECTOR_GRPC = "127.0.0.1:7470"
+DEFAULT_COLLECTOR_HTTP = "127.0.0.1:7471"
+DEFAULT_AGENT_HTTP = "127.0.0.1:7472"
+FLAME_FORMATS = {".svg": "svg", ".folded": "folded", ".txt": "folded", ".json": "json"}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {v}")
+    return v
+
+
+def _frequency(text: str) -> int:
+    v = _positive_int(text)
+    if v > 1000:
+        raise argparse.ArgumentTypeError(f"{v} Hz is above the 1000 Hz limit (the default is 19 Hz)")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0.5 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.5 and 3600 seconds, got {v:g}")
+    return v
+
+
+def _hostport(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text if host else f"127.0.0.1:{port}"
+
+
+def _add_query_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector HTTP URL")
+    p.add_argument("--query", default="{}", help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\'')
+    p.add_argument("--since", default=None, help="window ending now (or at --until), e.g. 5m, 1h (default 5m)")
+    p.add_argument("--from", dest="from_", default=None, help="start: unix seconds, RFC 3339, or now-15m")
+    p.add_argument("--until", default=None, help="end: unix seconds, RFC 3339, or now-5m (default now)")
+
+
+def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
+    since = args.since
+    if since is None and args.from_ is None:
+        since = "5m"
+    return {"query": args.query, "since": since, "from": args.from_, "until": args.until}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetprof", description="Always-on eBPF fleet profiler")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("collector", help="run the collector (gRPC ingest, store, HTTP API and UI)")
+    c.add_argument("--grpc", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="gRPC listen address")
+    c.add_argument("--http", type=_hostport, default=DEFAULT_COLLECTOR_HTTP, help="HTTP listen address")
+    c.add_argument("--retention", type=_seconds_or_duration, default=3600.0,
+                   help="how long the in-memory store keeps data (>= 15m; default 1h)")
+
+    a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
+    a.add_argument("--collector", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="collector gRPC HOST:PORT")
+    a.add_argument("--http", type=_hostport, default=DEFAULT_AGENT_HTTP, help="/metrics and /healthz address")
+    a.add_argument("--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)")
+    a.add_argument("--interval", type=_seconds, default=10.0, help="seconds between drains/batches (default 10)")
+    a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
+    a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
+
+    d = sub.add_parser("demo", help="collector + agent on this machine, then a first `top`")
+    d.add_argument("--frequency", type=_frequency, default=19)
+    d.add_argument("--interval", type=_seconds, default=5.0)
+    d.add_argument("--warmup", type=_seconds, default=15.0, help="seconds before the first top")
+
+    t = sub.add_parser("top", help="hottest functions (self and total) for a selection")
+    _add_query_args(t)
+    t.add_argument("--limit", type=_positive_int, default=20)
+
+    f = sub.add_parser("flame", help="write a flame graph (.svg, .folded/.txt, .json) or print folded stacks")
+    _add_query_args(f)
+    f.add_argument("-o", "--output", default=None, help="file to write; the extension picks the format")
+    return parser
+
+
+def _seconds_or_duration(text: str) -> float:
+    from collector.query.timerange import TimeRangeError, parse_duration
+
+    try:
+        v = parse_duration(text)
+    except TimeRangeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if v < 15 * 60:
+        raise argparse.ArgumentTypeError(f"must be at least 15m, got {text}")
+    return v
+
+
+# -- commands ------------------------------------------------------------------------------------
+def cmd_collector(args: argparse.Namespace) -> int:
+    from collector.main import Collector, CollectorConfig
+
+    try:
+        col = Collector(CollectorConfig(grpc=args.grpc, http=args.http, retention_s=args.retention))
+    except OSError as err:
+        print(f"fleetprof collector: {err}", file=sys.stderr)
+        return 1
+    col.start()
+    print(f"fleetprof collector: gRPC {args.grpc}, UI and API http://{args.http}/", flush=True)
+    _wait_for_signal(col.stop)
+    col.wait()
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from agent.kernel import BpfUnavailable
+    from agent.main import Agent, AgentConfig
+
+    config = AgentConfig(
+        collector=args.collector, http=args.http, frequency_hz=args.frequency,
+        interval_s=args.interval, node=args.node, include_idle=args.include_idle,
+    )
+    try:
+        agent = Agent(config)
+    except OSError as err:
+        print(f"fleetprof agent: cannot start: {err}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    try:
+        agent.run()
+    except BpfUnavailable as err:
+        print(f"fleetprof agent: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
+    signal.signal(signal.SIGTERM, lambda *_: on_stop())
+    signal.signal(signal.SIGINT, lambda *_: on_stop())
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    params = _range_params(args) | {"limit": str(args.limit)}
+    data = fetch_json(args.collector, "/api/v1/top", params)
+    print(format_top(data))
+    return 0
+
+
+def format_top(data: dict) -> str:
+    total = data["total"]
+    freq = data.get("frequency_hz")
+    span = f"{time.strftime('%H:%M:%S', time.localtime(data['from']))}–{time.strftime('%H:%M:%S', time.localtime(data['until']))}"
+    cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
+    lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
+    if not total:
+        lines.append("no samples in this range (is an agent running and pointed at this collector?)")
+        return "\n".join(lines)
+    lines.append(f"{'SELF%':>7} {'SELF':>8} {'TOTAL%':>7} {'TOTAL':>8}  FUNCTION")
+    for fn in data["functions"]:
+        name = fn["function"] + ("_[k]" if fn.get("kernel") else "")
+        module = f"  [{fn['module']}]" if fn.get("module") else ""
+        lines.append(
+            f"{fn['self_pct']:6.1f}% {fn['self']:>8} {fn['total_pct']:6.1f}% {fn['total']:>8}  {name}{module}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_flame(args: argparse.Namespace) -> int:
+    fmt = "folded"
+    if args.output:
+        fmt = FLAME_FORMATS.get(Path(args.output).suffix.lower())
+        if fmt is None:
+            print(
+                f"fleetprof flame: cannot tell the format of {args.output!r}: use one of "
+                + ", ".join(FLAME_FORMATS),
+                file=sys.stderr,
+            )
+            return 2
+    body = fetch(args.collector, "/api/v1/profile", _range_params(args) | {"format": fmt})
+    if args.output:
+        Path(args.output).write_bytes(body)
+        print(f"wrote {args.output} ({fmt}, {len(body)} bytes)")
+    else:
+        sys.stdout.write(body.decode())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Collector and agent as child processes of this one; Ctrl-C stops both."""
+    exe = [sys.executable, "-m", "fleetprof.cli"]
+    collector = subprocess.Popen(exe + ["collector"])
+    time.sleep(1.0)
+    if collector.poll() is not None:
+        print("fleetprof demo: the collector did not start (see above)", file=sys.stderr)
+        return 1
+    agent = subprocess.Popen(exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)])
+    children = [agent, collector]
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    url = f"http://{DEFAULT_COLLECTOR_HTTP}"
+    print(f"fleetprof demo: UI {url}/   API {url}/api/v1/top   agent metrics http://{DEFAULT_AGENT_HTTP}/metrics")
+    print(f"fleetprof demo: first `fleetprof top` in {args.warmup:g} s; Ctrl-C stops both", flush=True)
+    deadline = time.monotonic() + args.warmup
+    shown = False
+    rc = 0
+    while not stopping:
+        if any(p.poll() is not None for p in children):
+            print("fleetprof demo: a child process exited; stopping", file=sys.stderr)
+            rc = 1
+            break
+        if not shown and time.monotonic() >= deadline:
+            shown = True
+            try:
+                print(format_top(fetch_json(url, "/api/v1/top", {"since": "1m", "limit": "15"})), flush=True)
+                print(f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | open {url}/", flush=True)
+            except QueryError as err:
+                print(f"fleetprof demo: {err}", file=sys.stderr)
+        time.sleep(0.2)
+    for p in children:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in children:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    print("fleetprof demo: stopped")
+    return rc
+
+
+COMMANDS = {
+    "collector": cmd_collector,
+    "agent": cmd_agent,
+    "demo": cmd_demo,
+    "top": cmd_top,
+    "flame": cmd_flame,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return COMMANDS[args.command](args)
+    except QueryError as err:
+        print(f"fleetprof {args.command}: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
