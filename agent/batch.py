@@ -44,7 +44,8 @@ def encode_window(window: Window, identity: pb.AgentIdentity, frequency_hz: int)
                     comm=strings.id(p.comm),
                     exe=strings.id(p.exe),
                     labels=[
-                        pb.Label(name=strings.id(k), value=strings.id(v)) for k, v in sorted(p.labels().items())
+                        pb.Label(name=strings.id(k), value=strings.id(v))
+                        for k, v in sorted(p.labels().items())
                     ],
                 )
             )
@@ -62,9 +63,7 @@ def encode_window(window: Window, identity: pb.AgentIdentity, frequency_hz: int)
         # Two raw stacks can symbolize to the same frames: merge them here.
         ckey = (pidx, s.tid, sidx)
         counts[ckey] = counts.get(ckey, 0) + s.count
-    batch.samples.extend(
-        pb.Sample(process=p, tid=t, stack=st, count=c) for (p, t, st), c in counts.items()
-    )
+    batch.samples.extend(pb.Sample(process=p, tid=t, stack=st, count=c) for (p, t, st), c in counts.items())
     batch.strings.extend(strings.table)
     st = window.stats
     batch.stats.CopyFrom(

@@ -23,7 +23,10 @@ def missing_prerequisite(modules_root: str = "/lib/modules") -> str | None:
             f"kernel headers for {release} are missing: {build} does not exist "
             "(install them, or run scripts/setup.sh, which links Debian's linux-headers-amd64 there)"
         )
-    if not Path("/sys/kernel/tracing/events").exists() and not Path("/sys/kernel/debug/tracing/events").exists():
+    if (
+        not Path("/sys/kernel/tracing/events").exists()
+        and not Path("/sys/kernel/debug/tracing/events").exists()
+    ):
         return "tracefs is not mounted: run `mount -t tracefs nodev /sys/kernel/tracing`"
     return None
 

@@ -73,7 +73,9 @@ class Agent:
         self.resolver = Resolver(self.processes, self.symbolizer)
         self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
         self.counters = AgentCounters()
-        self.registry, self._drain_hist = build_registry(self.counters, lambda: self.shipper.stats, self._gauges)
+        self.registry, self._drain_hist = build_registry(
+            self.counters, lambda: self.shipper.stats, self._gauges
+        )
         host, port = split_hostport(config.http, "--http")
         self.http = HttpServer(host, port, {"/metrics": self._metrics, "/healthz": self._healthz})
         self.sampler: CpuSampler | None = None
@@ -133,7 +135,9 @@ class Agent:
         """Load BPF (raises BpfUnavailable), then start HTTP, shipping and event threads."""
         cfg = self.config
         self.sampler = CpuSampler(
-            SamplerConfig(frequency_hz=cfg.frequency_hz, interval_s=cfg.interval_s, include_idle=cfg.include_idle),
+            SamplerConfig(
+                frequency_hz=cfg.frequency_hz, interval_s=cfg.interval_s, include_idle=cfg.include_idle
+            ),
             on_process_event=self._on_process_event,
         )
         self.http.start()
@@ -141,7 +145,11 @@ class Agent:
         threading.Thread(target=self._poll_events, name="process-events", daemon=True).start()
         log.info(
             "agent on node %s sampling at %d Hz, shipping every %gs to %s; metrics on http://%s/metrics",
-            self.identity.node, cfg.frequency_hz, cfg.interval_s, cfg.collector, cfg.http,
+            self.identity.node,
+            cfg.frequency_hz,
+            cfg.interval_s,
+            cfg.collector,
+            cfg.http,
         )
 
     def run(self) -> None:

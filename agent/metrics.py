@@ -48,7 +48,9 @@ class AgentCounters:
 
 
 class _AgentCollector:
-    def __init__(self, counters: AgentCounters, shipper: Callable[[], ShipperStats], gauges: Callable[[], dict]):
+    def __init__(
+        self, counters: AgentCounters, shipper: Callable[[], ShipperStats], gauges: Callable[[], dict]
+    ):
         self._counters = counters
         self._shipper = shipper
         self._gauges = gauges
@@ -58,7 +60,9 @@ class _AgentCollector:
 
     def collect(self) -> Iterator[Metric]:
         samples, drains, failures, outcomes = self._counters.snapshot()
-        yield CounterMetricFamily("fleetprof_agent_samples", "CPU samples drained from the kernel", value=samples)
+        yield CounterMetricFamily(
+            "fleetprof_agent_samples", "CPU samples drained from the kernel", value=samples
+        )
         yield CounterMetricFamily("fleetprof_agent_drains", "Drains of the BPF maps", value=drains)
         yield CounterMetricFamily("fleetprof_agent_drain_failures", "Drains that failed", value=failures)
         m = CounterMetricFamily(
@@ -80,7 +84,9 @@ class _AgentCollector:
         ):
             yield CounterMetricFamily(f"fleetprof_agent_{name}", help_, value=value)
         yield GaugeMetricFamily("fleetprof_agent_queue_batches", "Batches waiting for an ack", value=s.queued)
-        yield GaugeMetricFamily("fleetprof_agent_queue_bytes", "Bytes waiting for an ack", value=s.queued_bytes)
+        yield GaugeMetricFamily(
+            "fleetprof_agent_queue_bytes", "Bytes waiting for an ack", value=s.queued_bytes
+        )
         for name, (value, help_) in self._gauges().items():
             yield GaugeMetricFamily(f"fleetprof_agent_{name}", help_, value=value)
 

@@ -24,7 +24,7 @@ class ResolvedSample:
     process: ProcessInfo
     tid: int
     frames: tuple[Frame, ...]  # root first
-    kernel_start: int          # index of the first kernel frame (len(frames) if none)
+    kernel_start: int  # index of the first kernel frame (len(frames) if none)
     count: int
 
 

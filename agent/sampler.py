@@ -69,7 +69,7 @@ class SampleCount:
     tid: int
     cgroup_id: int
     comm: str
-    user_stack: int      # stack id, STACK_NONE or STACK_LOST
+    user_stack: int  # stack id, STACK_NONE or STACK_LOST
     kernel_stack: int
     count: int
 

@@ -24,8 +24,8 @@ _BATCH_IN_ERROR = re.compile(r"\bbatch (\d+)\b")
 class ShipperStats:
     batches_sent: int = 0
     batches_acked: int = 0
-    batches_rejected: int = 0   # the collector refused them as invalid: dropped, never resent
-    batches_dropped: int = 0    # the queue was full while the collector was unreachable
+    batches_rejected: int = 0  # the collector refused them as invalid: dropped, never resent
+    batches_dropped: int = 0  # the queue was full while the collector was unreachable
     send_errors: int = 0
     queued: int = 0
     queued_bytes: int = 0
@@ -180,4 +180,3 @@ class Shipper:
             while not self._pending and not self._stop.is_set():
                 self._lock.wait(timeout=1.0)
             return not self._stop.is_set()
-

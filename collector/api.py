@@ -25,7 +25,9 @@ FORMATS = ("json", "folded", "svg")
 class QueryApi:
     """Handlers for /api/v1/*; each turns bad input into HTTP 400 with a message that names it."""
 
-    def __init__(self, store: ProfileStore, registry: CollectorRegistry, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, store: ProfileStore, registry: CollectorRegistry, clock: Callable[[], float] = time.time
+    ):
         self._store = store
         self._registry = registry
         self._clock = clock

@@ -17,7 +17,7 @@ from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-MAX_COUNT = 1 << 40           # more samples than a node takes in years: a corrupt or negative count
+MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_FREQUENCY_HZ = 100_000
 MAX_STACK_DEPTH = 4096
 MAX_LABEL_BYTES = 1024
@@ -85,7 +85,10 @@ def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
         if len(st.functions) > MAX_STACK_DEPTH:
             fail("bad_stack", f"stack {si} is {len(st.functions)} frames deep (limit {MAX_STACK_DEPTH})")
         if st.kernel_start > len(st.functions):
-            fail("bad_stack", f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames")
+            fail(
+                "bad_stack",
+                f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames",
+            )
         for f in st.functions:
             check_str(f, f"stack {si}")
         for m in st.modules:

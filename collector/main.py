@@ -45,18 +45,24 @@ class _IngestMetrics:
         yield CounterMetricFamily(
             "fleetprof_ingest_duplicate_batches", "Resent batches dropped as duplicates", value=s.duplicates
         )
-        rej = CounterMetricFamily("fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"])
+        rej = CounterMetricFamily(
+            "fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"]
+        )
         for reason, n in sorted(s.rejected.items()):
             rej.add_metric([reason], n)
         yield rej
         samp = CounterMetricFamily(
-            "fleetprof_agent_sampler_events", "Sampler outcomes reported by agents (SamplerStats)", labels=["outcome"]
+            "fleetprof_agent_sampler_events",
+            "Sampler outcomes reported by agents (SamplerStats)",
+            labels=["outcome"],
         )
         for name, n in sorted(s.sampler.items()):
             samp.add_metric([name], n)
         yield samp
         for name, value in self._store.stats().items():
-            yield GaugeMetricFamily(f"fleetprof_store_{name}", f"Store: number of {name.replace('_', ' ')}", value=value)
+            yield GaugeMetricFamily(
+                f"fleetprof_store_{name}", f"Store: number of {name.replace('_', ' ')}", value=value
+            )
 
 
 class Collector:

@@ -54,8 +54,12 @@ def _hostport(text: str) -> str:
 
 def _add_query_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector HTTP URL")
-    p.add_argument("--query", default="{}", help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\'')
-    p.add_argument("--since", default=None, help="window ending now (or at --until), e.g. 5m, 1h (default 5m)")
+    p.add_argument(
+        "--query", default="{}", help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\''
+    )
+    p.add_argument(
+        "--since", default=None, help="window ending now (or at --until), e.g. 5m, 1h (default 5m)"
+    )
     p.add_argument("--from", dest="from_", default=None, help="start: unix seconds, RFC 3339, or now-15m")
     p.add_argument("--until", default=None, help="end: unix seconds, RFC 3339, or now-5m (default now)")
 
@@ -75,14 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collector", help="run the collector (gRPC ingest, store, HTTP API and UI)")
     c.add_argument("--grpc", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="gRPC listen address")
     c.add_argument("--http", type=_hostport, default=DEFAULT_COLLECTOR_HTTP, help="HTTP listen address")
-    c.add_argument("--retention", type=_seconds_or_duration, default=3600.0,
-                   help="how long the in-memory store keeps data (>= 15m; default 1h)")
+    c.add_argument(
+        "--retention",
+        type=_seconds_or_duration,
+        default=3600.0,
+        help="how long the in-memory store keeps data (>= 15m; default 1h)",
+    )
 
     a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
-    a.add_argument("--collector", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="collector gRPC HOST:PORT")
+    a.add_argument(
+        "--collector", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="collector gRPC HOST:PORT"
+    )
     a.add_argument("--http", type=_hostport, default=DEFAULT_AGENT_HTTP, help="/metrics and /healthz address")
-    a.add_argument("--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)")
-    a.add_argument("--interval", type=_seconds, default=10.0, help="seconds between drains/batches (default 10)")
+    a.add_argument(
+        "--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)"
+    )
+    a.add_argument(
+        "--interval", type=_seconds, default=10.0, help="seconds between drains/batches (default 10)"
+    )
     a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
     a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
 
@@ -134,8 +148,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from agent.main import Agent, AgentConfig
 
     config = AgentConfig(
-        collector=args.collector, http=args.http, frequency_hz=args.frequency,
-        interval_s=args.interval, node=args.node, include_idle=args.include_idle,
+        collector=args.collector,
+        http=args.http,
+        frequency_hz=args.frequency,
+        interval_s=args.interval,
+        node=args.node,
+        include_idle=args.include_idle,
     )
     try:
         agent = Agent(config)
@@ -211,7 +229,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if collector.poll() is not None:
         print("fleetprof demo: the collector did not start (see above)", file=sys.stderr)
         return 1
-    agent = subprocess.Popen(exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)])
+    agent = subprocess.Popen(
+        exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)]
+    )
     children = [agent, collector]
     stopping = False
 
@@ -222,7 +242,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     url = f"http://{DEFAULT_COLLECTOR_HTTP}"
-    print(f"fleetprof demo: UI {url}/   API {url}/api/v1/top   agent metrics http://{DEFAULT_AGENT_HTTP}/metrics")
+    print(
+        f"fleetprof demo: UI {url}/   API {url}/api/v1/top   agent metrics http://{DEFAULT_AGENT_HTTP}/metrics"
+    )
     print(f"fleetprof demo: first `fleetprof top` in {args.warmup:g} s; Ctrl-C stops both", flush=True)
     deadline = time.monotonic() + args.warmup
     shown = False
@@ -236,7 +258,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             shown = True
             try:
                 print(format_top(fetch_json(url, "/api/v1/top", {"since": "1m", "limit": "15"})), flush=True)
-                print(f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | open {url}/", flush=True)
+                print(
+                    f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | open {url}/", flush=True
+                )
             except QueryError as err:
                 print(f"fleetprof demo: {err}", file=sys.stderr)
         time.sleep(0.2)

@@ -56,7 +56,9 @@ Handler = Callable[[Request], Response]
 class HttpServer:
     """Routes GET requests by exact path or by prefix (longest first); runs on a daemon thread."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Handler], prefixes: dict[str, Handler] | None = None):
+    def __init__(
+        self, host: str, port: int, routes: dict[str, Handler], prefixes: dict[str, Handler] | None = None
+    ):
         self._routes = routes
         self._prefixes = sorted((prefixes or {}).items(), key=lambda kv: -len(kv[0]))
         server = self

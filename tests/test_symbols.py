@@ -158,7 +158,7 @@ def test_libc_function_resolves_to_a_name_in_libc(builds, running):
 @needs_gcc
 def test_anonymous_address_is_unknown_with_region_offset(builds, running):
     r = running(builds["pie"])
-    addr = r.addrs["anon"] + 0x1a2
+    addr = r.addrs["anon"] + 0x1A2
     region = find(r.mappings, addr)
     assert region is not None and not region.is_file
     (frame,) = Symbolizer().user_frames(r.pid, r.mappings, [addr])
@@ -360,10 +360,10 @@ def test_address_past_a_sized_symbol_is_not_that_symbol_but_zero_size_reaches_th
             )
         ]
     )
-    assert table.lookup(0xfff) is None
-    assert table.lookup(0x100f) == ("sized", 0xF)
+    assert table.lookup(0xFFF) is None
+    assert table.lookup(0x100F) == ("sized", 0xF)
     assert table.lookup(0x1010) is None
-    assert table.lookup(0x2ffc) == ("unsized", 0xFFC)
+    assert table.lookup(0x2FFC) == ("unsized", 0xFFC)
     assert table.lookup(0x4004) is None  # objects are not functions
     assert len(table) == 3
 

@@ -19,7 +19,7 @@ class ProcessInfo:
     """A process as captured while it was alive. Samples taken after it exits still resolve through it."""
 
     pid: int
-    start_ticks: int           # /proc/PID/stat field 22: tells a reused pid apart
+    start_ticks: int  # /proc/PID/stat field 22: tells a reused pid apart
     comm: str
     exe: str
     cgroup: CgroupIdentity

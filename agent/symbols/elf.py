@@ -132,8 +132,22 @@ class ElfFile:
         size = len(buf)
         if size < _EHDR.size or bytes(buf[:4]) != b"\x7fELF":
             raise ElfError("not an ELF file")
-        (ident, e_type, _mach, _ver, _entry, phoff, shoff, _flags, _ehsize,
-         phentsize, phnum, shentsize, shnum, shstrndx) = _EHDR.unpack_from(buf, 0)
+        (
+            ident,
+            e_type,
+            _mach,
+            _ver,
+            _entry,
+            phoff,
+            shoff,
+            _flags,
+            _ehsize,
+            phentsize,
+            phnum,
+            shentsize,
+            shnum,
+            shstrndx,
+        ) = _EHDR.unpack_from(buf, 0)
         if ident[4] != 2 or ident[5] != 1:
             raise ElfError("only ELF64 little-endian files are supported")
         self.e_type: int = e_type

@@ -20,7 +20,7 @@ Stack = tuple[FrameKey, ...]
 class ProfileRows:
     """One ingested window: (labels, stack, count) rows at a time range, sampled at `frequency_hz`."""
 
-    start: float       # unix seconds
+    start: float  # unix seconds
     end: float
     frequency_hz: int
     rows: Sequence[tuple[Labels, Stack, int]]
