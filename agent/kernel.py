@@ -15,7 +15,9 @@ class BpfUnavailable(RuntimeError):
 def missing_prerequisite(modules_root: str = "/lib/modules") -> str | None:
     """The first missing prerequisite for compiling and loading BPF programs, as a sentence, or None."""
     if os.geteuid() != 0:
-        return "the agent must run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN) to load eBPF programs"
+        return (
+            "the agent must run as root (or with CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN) to load eBPF programs"
+        )
     release = platform.release()
     build = Path(modules_root) / release / "build"
     if not (build / "include").exists():

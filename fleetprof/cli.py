@@ -185,7 +185,10 @@ def cmd_top(args: argparse.Namespace) -> int:
 def format_top(data: dict) -> str:
     total = data["total"]
     freq = data.get("frequency_hz")
-    span = f"{time.strftime('%H:%M:%S', time.localtime(data['from']))}–{time.strftime('%H:%M:%S', time.localtime(data['until']))}"
+    def clock(t: float) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+
+    span = f"{clock(data['from'])}–{clock(data['until'])}"
     cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
     lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
     if not total:
