@@ -1,0 +1,207 @@
+"""Shared fixtures: a real collector in-process, a real agent (BPF) as a subprocess, compiled workloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from collector.main import Collector, CollectorConfig
+from collector.render.tree import parse_folded
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = Path(__file__).parent / "workloads"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="session")
+def workload_bin(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Compile tests/workloads/NAME.c with frame pointers (cached per session); returns the binary."""
+    out = tmp_path_factory.mktemp("workloads")
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            exe = out / name
+            subprocess.run(
+                ["gcc", "-O0", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(WORKLOADS / f"{name}.c")],
+                check=True,
+            )
+            built[name] = exe
+        return built[name]
+
+    return build
+
+
+@dataclass
+class RunningCollector:
+    collector: Collector
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.collector.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.collector.grpc_port}"
+
+    def folded(self, query: str, since: str = "10m") -> dict:
+        """Merged stacks for a selector, parsed back from the folded format the API serves."""
+        q = urllib.parse.urlencode({"query": query, "since": since, "format": "folded"})
+        return parse_folded(http_get(f"{self.url}/api/v1/profile?{q}").decode())
+
+    def json(self, path: str, **params: str) -> dict:
+        q = urllib.parse.urlencode(params)
+        return json.loads(http_get(f"{self.url}{path}?{q}"))
+
+
+def start_collector(**overrides: object) -> Collector:
+    cfg = CollectorConfig(grpc="127.0.0.1:0", http=f"127.0.0.1:{free_port()}", **overrides)
+    col = Collector(cfg)
+    col.start()
+    return col
+
+
+@pytest.fixture
+def collector() -> Iterator[RunningCollector]:
+    col = start_collector()
+    yield RunningCollector(col)
+    col.stop()
+
+
+@pytest.fixture(scope="module")
+def module_collector() -> Iterator[RunningCollector]:
+    col = start_collector()
+    yield RunningCollector(col)
+    col.stop()
+
+
+def require_bpf() -> None:
+    """eBPF tests fail (not skip) where BPF cannot run: CI must never pass without them."""
+    from agent.kernel import missing_prerequisite
+
+    problem = missing_prerequisite()
+    if problem:
+        pytest.fail(f"eBPF tests cannot run: {problem} (run `make test`, which sets this machine up)")
+
+
+@dataclass
+class RunningAgent:
+    proc: subprocess.Popen
+    http_port: int
+    frequency: int
+    interval: float
+
+    def metrics(self) -> str:
+        return http_get(f"http://127.0.0.1:{self.http_port}/metrics").decode()
+
+
+def start_agent(
+    collector_target: str, frequency: int = 99, interval: float = 1.0, *extra: str
+) -> RunningAgent:
+    require_bpf()
+    port = free_port()
+    log = open(os.environ.get("FLEETPROF_AGENT_LOG", os.devnull), "ab")  # noqa: SIM115 - lives with the process
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleetprof.cli",
+            "agent",
+            "--collector",
+            collector_target,
+            "--http",
+            f"127.0.0.1:{port}",
+            "--frequency",
+            str(frequency),
+            "--interval",
+            str(interval),
+            "--node",
+            "test-node",
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    agent = RunningAgent(proc, port, frequency, interval)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"agent exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+            )
+        try:
+            http_get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return True
+        except OSError:
+            return False
+
+    wait_until(up, 90, "the agent to load its BPF programs and serve /healthz")
+    return agent
+
+
+def stop_agent(agent: RunningAgent) -> None:
+    if agent.proc.poll() is None:
+        agent.proc.send_signal(signal.SIGTERM)
+        try:
+            agent.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            agent.proc.kill()
+            agent.proc.wait()
+    if agent.proc.stderr:
+        agent.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def agent(module_collector: RunningCollector) -> Iterator[RunningAgent]:
+    a = start_agent(module_collector.grpc_target)
+    yield a
+    stop_agent(a)
+
+
+def samples_of(stacks: dict) -> int:
+    return sum(stacks.values())
+
+
+def settled_profile(col: RunningCollector, query: str, interval: float, timeout: float = 30.0) -> dict:
+    """The profile for `query` once it stops growing (the agent's last window for it has arrived)."""
+    last: list = [None]
+
+    def stable() -> dict | None:
+        cur = col.folded(query)
+        prev, last[0] = last[0], cur
+        return cur if cur and cur == prev else None
+
+    return wait_until(stable, timeout, f"samples for {query} to settle", every=max(1.5, 1.5 * interval))

@@ -1,0 +1,46 @@
+/* CPU workload for the end-to-end tests: splits its time between two functions by a given share and
+ * measures the true split itself (thread CPU time around each call), printed as JSON on exit.
+ * usage: two_funcs SECONDS SHARE_A_PERCENT */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static volatile unsigned long sink;
+
+static long long cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+__attribute__((noinline)) void fp_hot_alpha(long n) {
+    for (long i = 0; i < n; i++) sink += i * i ^ (sink >> 3);
+}
+
+__attribute__((noinline)) void fp_cold_beta(long n) {
+    for (long i = 0; i < n; i++) sink += i * i ^ (sink >> 3);
+}
+
+__attribute__((noinline)) void fp_driver(double seconds, int share_a) {
+    long long a = 0, b = 0, start = cpu_ns();
+    const long chunk = 200000;
+    while (cpu_ns() - start < (long long)(seconds * 1e9)) {
+        long long t0 = cpu_ns();
+        fp_hot_alpha(chunk * share_a / 10);
+        long long t1 = cpu_ns();
+        fp_cold_beta(chunk * (100 - share_a) / 10);
+        long long t2 = cpu_ns();
+        a += t1 - t0;
+        b += t2 - t1;
+    }
+    printf("{\"alpha_ns\": %lld, \"beta_ns\": %lld, \"total_ns\": %lld}\n", a, b, cpu_ns() - start);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s SECONDS SHARE_A_PERCENT\n", argv[0]);
+        return 2;
+    }
+    fp_driver(atof(argv[1]), atoi(argv[2]));
+    return 0;
+}
