@@ -117,6 +117,10 @@ class Shipper:
             self._update_gauges()
             self._lock.notify_all()
 
+    def _largest_pending(self) -> int:
+        with self._lock:
+            return max(self._sizes, key=self._sizes.get, default=0)
+
     # -- the sending thread ------------------------------------------------------------------------
     def _requests(self, broken: threading.Event) -> Iterator[pb.Batch]:
         """Everything pending (resend after a reconnect), then new batches as they are submitted."""
@@ -163,6 +167,11 @@ class Shipper:
                         self._reject(int(m.group(1)))
                     log.error("collector rejected a batch: %s", detail)
                     delay = self._backoff[0]
+                elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    # Over the collector's transport limit: the message does not say which batch, and
+                    # resending it would fail forever. The largest pending one is the culprit.
+                    self._reject(self._largest_pending())
+                    log.error("collector refused an oversized batch: %s", detail)
                 elif code == grpc.StatusCode.CANCELLED and self._stop.is_set():
                     return
                 else:

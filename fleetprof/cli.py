@@ -185,6 +185,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 def format_top(data: dict) -> str:
     total = data["total"]
     freq = data.get("frequency_hz")
+
     def clock(t: float) -> str:
         return time.strftime("%H:%M:%S", time.localtime(t))
 

@@ -1,0 +1,762 @@
+"""What always-on profiling costs a CPU-bound node: fleetprof agent vs. `perf record` and bcc `profile`.
+
+Run as root from the repository root:
+
+    .venv/bin/python bench/overhead.py --quick          # ~3 minutes: 19 Hz, 3 pairs of 5 s runs
+    .venv/bin/python bench/overhead.py                  # ~15 minutes: 19/49/99 Hz, 5 pairs of 10 s runs
+
+Method
+------
+Workload: one process per CPU runs bench/workloads/spin.c (built here with gcc -O2 -fno-omit-frame-pointer):
+a fixed, deterministic hashing loop (main -> run_batch -> hash_record -> mix_block, so profilers walk real
+user stacks) for S seconds. Throughput is the sum over workers of records per second.
+
+Every condition is measured as interleaved A/B pairs: a baseline run with no profiler and a run with the
+profiler sampling, the order alternating from pair to pair (A B, B A, ...) so that slow drift of the machine
+cancels. Per pair, slowdown = (1 - profiled / baseline) x 100; the table quotes the median over pairs and the
+min / max. The profiler is started fresh for each profiled run and the timed window opens only once it
+samples, so BPF compiles and start-up stay outside it:
+  * fleetprof agent: /healthz answers (its HTTP server starts after BPF is attached) and the first drain is
+    done (the first window also reads every running process; later ones are the steady state). The agent
+    drains every --agent-interval seconds (default S/2, so each window holds about two drains: a stricter
+    test than the default 10 s interval, which drains less often). A collector runs on the same machine
+    throughout, because the agent ships to it.
+  * perf record / bcc profile: all their per-CPU perf events are open. They are stopped with SIGINT after
+    the window, as a user's Ctrl-C, and left to write their output outside the window.
+
+Profiler CPU is the sum of the run time of all the profiler's threads (/proc/PID/task/*/schedstat, in ns)
+over the timed windows, divided by the windows' wall time: "% of one core", and "% of node" (/ ncpus).
+Peak RSS is VmHWM (over the process's life, so for BCC-based tools it includes compiling the BPF program);
+steady RSS is VmRSS at the end of the last window.
+
+Second experiment (--rss-processes N): one agent at 99 Hz; N short-lived processes (spin burn, 30-60 ms of
+CPU each, so each is sampled a few times) are started in batches of ncpus; the agent's VmRSS, VmHWM,
+process-table size and symbol cache are read before and after, and RSS is checked against the budget.
+
+Reading the numbers
+-------------------
+The slowdown is everything the profiler costs the workload: the BPF program run in the interrupted task's
+context on every sample, plus the profiler's user-space work, which on a fully loaded node takes CPU from
+the workload. Here the collector shares the machine too (in a fleet it does not); its CPU during the windows
+is printed so its share can be taken out. These VMs are noisy: the "baseline spread" line (max - min of all
+baseline runs, relative to their median) is the noise floor, and a median slowdown inside it cannot be told
+apart from zero (negative values are noise). More --pairs and longer --seconds narrow it. Quote medians.
+
+Targets: slowdown <= 1% at 19 Hz; agent CPU <= 1% of one core per 10 CPUs, i.e. <= 0.1 x ncpus % of one
+core (the same as <= 0.1% of the node at any size); agent RSS <= 150 MB on a node with 1,000 processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+WORKLOAD_SOURCE = Path(__file__).parent / "workloads" / "spin.c"
+SLOWDOWN_TARGET_PCT = 1.0  # at 19 Hz
+CPU_TARGET_CORE_PCT_PER_CPU = 0.1  # 1% of one core per 10 CPUs
+RSS_BUDGET_MB = 150.0  # on a node with 1,000 processes
+SETTLE_S = 0.5  # after a profiler reports ready, before the window opens
+START_TIMEOUT_S = 90.0
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot go on; the message says why."""
+
+
+# -- processes this bench starts ------------------------------------------------------------------
+class Children:
+    """Every process the bench starts, each in its own session; `close()` stops whatever is still running."""
+
+    def __init__(self) -> None:
+        self._procs: list[subprocess.Popen] = []
+
+    def start(
+        self, argv: list[str], *, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) -> subprocess.Popen:
+        self._procs = [p for p in self._procs if p.poll() is None]
+        # A session of its own: the terminal's Ctrl-C reaches only us, and we stop children in order.
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, start_new_session=True)
+        self._procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> None:
+        """Signal `proc` and wait for it; SIGKILL its process group if it does not exit in time."""
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"  (pid {proc.pid} ignored signal {sig} for {timeout_s:g} s; killing it)", file=sys.stderr)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def close(self) -> None:
+        for proc in reversed(self._procs):
+            self.stop(proc, timeout_s=10.0)
+        self._procs.clear()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text exposition as {sample name with labels: value}."""
+    _, text = http_get(url)
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+# -- what a process uses --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    """One look at a process: run time per thread (ns, from schedstat), VmRSS and VmHWM (KiB)."""
+
+    thread_ns: dict[int, int]
+    rss_kb: int
+    hwm_kb: int
+
+
+def read_usage(pid: int) -> Usage:
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            threads[int(task.name)] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # the thread exited between listing and reading
+    status = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        status[key] = value.split()
+    return Usage(threads, int(status["VmRSS"][0]), int(status["VmHWM"][0]))
+
+
+def cpu_seconds(before: Usage, after: Usage) -> float:
+    """Run time between two looks; a thread that started and ended in between is missed (none do here)."""
+    return sum(ns - before.thread_ns.get(tid, 0) for tid, ns in after.thread_ns.items()) / 1e9
+
+
+# -- the workload ---------------------------------------------------------------------------------
+def build_workload(workdir: Path) -> Path:
+    if shutil.which("gcc") is None:
+        raise BenchError("gcc is needed to build the workload (apt-get install gcc)")
+    binary = workdir / "spin"
+    cmd = ["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(WORKLOAD_SOURCE)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BenchError(f"building the workload failed: {' '.join(cmd)}\n{done.stderr}")
+    return binary
+
+
+def run_workload(children: Children, binary: Path, ncpus: int, seconds: float) -> float:
+    """One worker per CPU for `seconds`; total records per second."""
+    workers = [
+        children.start([str(binary), "run", str(seconds)], stdout=subprocess.PIPE) for _ in range(ncpus)
+    ]
+    total = 0.0
+    for w in workers:
+        out, _ = w.communicate(timeout=seconds + 60)
+        if w.returncode != 0:
+            raise BenchError(f"a workload process failed (exit {w.returncode})")
+        records, elapsed_ns, _checksum = out.split()
+        total += int(records) / (int(elapsed_ns) / 1e9)
+    return total
+
+
+# -- profilers ------------------------------------------------------------------------------------
+class Profiler(Protocol):
+    pid: int
+
+    def start(self) -> None:
+        """Start it and return once it samples."""
+
+    def stop(self) -> None: ...
+
+
+def perf_event_fds(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == "anon_inode:[perf_event]"
+        except OSError:
+            pass
+    return count
+
+
+class Collector:
+    """`fleetprof collector` on free local ports, in-memory store; up for the whole bench."""
+
+    def __init__(self, children: Children, workdir: Path):
+        self._children = children
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self._log = workdir / "collector.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", self.grpc, "--http", self.http]
+        with open(self._log, "wb") as log:
+            self.proc = self._children.start(argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_health(self.proc, f"http://{self.http}/healthz", self._log, "collector")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def wait_for_health(proc: subprocess.Popen, url: str, log: Path, what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchError(f"the {what} exited with {proc.returncode} while starting:\n{log_tail(log)}")
+        try:
+            if http_get(url, timeout_s=1.0)[0] == 200:
+                return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.1)
+    raise BenchError(f"the {what} did not answer {url} within {START_TIMEOUT_S:g} s:\n{log_tail(log)}")
+
+
+class FleetprofAgent:
+    """`fleetprof agent` shipping to `collector`; ready once BPF is attached and the first drain is done."""
+
+    def __init__(
+        self, children: Children, collector: Collector, frequency: int, interval_s: float, workdir: Path
+    ):
+        self._children = children
+        self._collector = collector
+        self.frequency = frequency
+        self.interval_s = interval_s
+        self._log = workdir / f"agent-{frequency}hz.log"
+        self.metrics_url = ""
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        http = f"127.0.0.1:{free_port()}"
+        self.metrics_url = f"http://{http}/metrics"
+        argv = [
+            sys.executable, "-m", "fleetprof.cli", "agent", "--collector", self._collector.grpc,
+            "--http", http, "--frequency", str(self.frequency), "--interval", f"{self.interval_s:g}",
+            "--node", "bench",
+        ]  # fmt: skip
+        with open(self._log, "ab") as log:
+            self.proc = self._children.start(argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_health(self.proc, f"http://{http}/healthz", self._log, "agent")
+        deadline = time.monotonic() + 3 * self.interval_s + 30
+        while self.metrics().get("fleetprof_agent_drains_total", 0) < 1:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"the agent made no first drain:\n{log_tail(self._log)}")
+            time.sleep(0.1)
+        time.sleep(SETTLE_S)
+
+    def metrics(self) -> dict[str, float]:
+        return scrape(self.metrics_url)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self._children.stop(self.proc, signal.SIGTERM)
+            if self.proc.returncode not in (0, -signal.SIGTERM):
+                print(f"  (agent exited with {self.proc.returncode}; see {self._log})", file=sys.stderr)
+
+
+class CommandProfiler:
+    """A profiler run by hand (perf record, bcc profile): ready once its per-CPU perf events are open."""
+
+    def __init__(
+        self, children: Children, argv: list[str], ncpus: int, log: Path, output: Path | None = None
+    ):
+        self._children = children
+        self._argv = argv
+        self._ncpus = ncpus
+        self._log = log
+        self._output = output  # removed after each run
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        with open(self._log, "ab") as log:
+            self.proc = self._children.start(self._argv, stderr=log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while perf_event_fds(self.proc.pid) < self._ncpus:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{self._argv[0]} did not start sampling:\n{log_tail(self._log)}")
+            time.sleep(0.05)
+        time.sleep(SETTLE_S)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            # SIGINT as a user's Ctrl-C: perf writes its file, profile prints its stacks (symbolizing: slow).
+            self._children.stop(self.proc, signal.SIGINT, timeout_s=120.0)
+        if self._output is not None:
+            self._output.unlink(missing_ok=True)
+
+
+# -- experiment 1: A/B pairs ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    command: str  # what a reader would run, for the legend
+    make: Callable[[], Profiler]
+    agent_frequency: int | None = None  # set for fleetprof agent rows
+
+
+@dataclass
+class ConditionResult:
+    name: str
+    command: str
+    agent_frequency: int | None
+    baseline: list[float] = field(default_factory=list)  # records/s, one per pair
+    profiled: list[float] = field(default_factory=list)
+    window_s: float = 0.0
+    profiler_cpu_s: float = 0.0
+    collector_cpu_s: float | None = None
+    peak_rss_kb: int = 0
+    steady_rss_kb: int = 0
+
+    @property
+    def slowdowns(self) -> list[float]:
+        return [(1 - p / b) * 100 for b, p in zip(self.baseline, self.profiled, strict=True)]
+
+    @property
+    def median_slowdown(self) -> float:
+        return (1 - statistics.median(p / b for b, p in zip(self.baseline, self.profiled, strict=True))) * 100
+
+    def cpu_core_pct(self) -> float:
+        return 100 * self.profiler_cpu_s / self.window_s if self.window_s else 0.0
+
+
+def measure_condition(
+    children: Children,
+    cond: Condition,
+    binary: Path,
+    ncpus: int,
+    pairs: int,
+    seconds: float,
+    collector: Collector | None,
+) -> ConditionResult:
+    result = ConditionResult(cond.name, cond.command, cond.agent_frequency)
+    for i in range(pairs):
+        baseline = profiled = 0.0
+        for with_profiler in (False, True) if i % 2 == 0 else (True, False):
+            if not with_profiler:
+                baseline = run_workload(children, binary, ncpus, seconds)
+                continue
+            prof = cond.make()
+            try:
+                prof.start()
+                before = read_usage(prof.pid)
+                col_before = read_usage(collector.pid) if collector and cond.agent_frequency else None
+                t0 = time.monotonic()
+                profiled = run_workload(children, binary, ncpus, seconds)
+                result.window_s += time.monotonic() - t0
+                after = read_usage(prof.pid)
+                if col_before is not None and collector is not None:
+                    col_s = cpu_seconds(col_before, read_usage(collector.pid))
+                    result.collector_cpu_s = (result.collector_cpu_s or 0.0) + col_s
+            finally:
+                prof.stop()
+            result.profiler_cpu_s += cpu_seconds(before, after)
+            result.peak_rss_kb = max(result.peak_rss_kb, after.hwm_kb)
+            result.steady_rss_kb = after.rss_kb
+        result.baseline.append(baseline)
+        result.profiled.append(profiled)
+        print(
+            f"  {cond.name}: pair {i + 1}/{pairs}  baseline {baseline / 1e6:.3f} M/s  "
+            f"profiled {profiled / 1e6:.3f} M/s  slowdown {result.slowdowns[-1]:+.2f}%",
+            file=sys.stderr,
+            flush=True,
+        )
+    return result
+
+
+# -- experiment 2: agent memory with many short-lived processes ----------------------------------
+@dataclass
+class RssResult:
+    processes: int
+    frequency: int
+    interval_s: float
+    spawn_s: float = 0.0
+    rss_before_kb: int = 0
+    rss_after_kb: int = 0
+    hwm_before_kb: int = 0
+    hwm_after_kb: int = 0
+    rss_max_seen_kb: int = 0
+    table_before: float = 0.0
+    table_max: float = 0.0
+    table_after: float = 0.0
+    symbol_files: float = 0.0
+    symbol_bytes: float = 0.0
+    samples: float = 0.0  # drained during the experiment
+    agent_cpu_s: float = 0.0
+
+
+def measure_rss(
+    children: Children, binary: Path, ncpus: int, nprocs: int, collector: Collector, workdir: Path
+) -> RssResult:
+    res = RssResult(processes=nprocs, frequency=99, interval_s=2.0)
+    agent = FleetprofAgent(children, collector, res.frequency, res.interval_s, workdir)
+    try:
+        agent.start()
+        first = agent.metrics()
+        before = read_usage(agent.pid)
+        res.rss_before_kb, res.hwm_before_kb = before.rss_kb, before.hwm_kb
+        res.table_before = res.table_max = first.get("fleetprof_agent_processes", 0)
+
+        def look() -> None:
+            m = agent.metrics()
+            res.table_max = max(res.table_max, m.get("fleetprof_agent_processes", 0))
+            res.rss_max_seen_kb = max(res.rss_max_seen_kb, read_usage(agent.pid).rss_kb)
+
+        t0 = last_look = time.monotonic()
+        for start in range(0, nprocs, ncpus):
+            # 30-60 ms of CPU each: a few samples at 99 Hz, so every process reaches the resolver.
+            batch = [
+                children.start([str(binary), "burn", str(30 + (i * 7) % 31)])
+                for i in range(start, min(start + ncpus, nprocs))
+            ]
+            for p in batch:
+                p.wait(timeout=60)
+            if time.monotonic() - last_look > 0.5:
+                look()
+                last_look = time.monotonic()
+        res.spawn_s = time.monotonic() - t0
+        # Let the windows holding the last processes drain (and their exits be seen).
+        drains = agent.metrics().get("fleetprof_agent_drains_total", 0)
+        deadline = time.monotonic() + 4 * res.interval_s + 10
+        while agent.metrics().get("fleetprof_agent_drains_total", 0) < drains + 2:
+            if time.monotonic() > deadline:
+                raise BenchError("the agent stopped draining during the memory experiment")
+            look()
+            time.sleep(0.25)
+        look()
+        last = agent.metrics()
+        after = read_usage(agent.pid)
+        res.rss_after_kb, res.hwm_after_kb = after.rss_kb, after.hwm_kb
+        res.table_after = last.get("fleetprof_agent_processes", 0)
+        res.symbol_files = last.get("fleetprof_agent_symbol_files", 0)
+        res.symbol_bytes = last.get("fleetprof_agent_symbol_bytes", 0)
+        res.samples = last.get("fleetprof_agent_samples_total", 0) - first.get(
+            "fleetprof_agent_samples_total", 0
+        )
+        res.agent_cpu_s = cpu_seconds(before, after)
+    finally:
+        agent.stop()
+    return res
+
+
+# -- report ---------------------------------------------------------------------------------------
+def mb(kb: int) -> str:
+    return f"{kb / 1024:.0f}" if kb else "–"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "OVER"
+
+
+def format_report(
+    results: list[ConditionResult], rss: RssResult | None, args: argparse.Namespace, ncpus: int
+) -> str:
+    cpu_budget_core_pct = CPU_TARGET_CORE_PCT_PER_CPU * ncpus
+    out = [
+        "# Profiler overhead on a CPU-bound node",
+        "",
+        f"Machine: {ncpus} CPUs, kernel {platform.release()}, {cpu_model()}. "
+        f"Workload: {ncpus} x spin (one per CPU), {args.seconds:g} s per run; "
+        f"{args.pairs} A/B pairs per row, order alternated. Medians quoted. "
+        "This is a shared VM: expect noise (see baseline spread).",
+        "",
+    ]
+    if results:
+        out += [
+            "| condition | median slowdown % | min / max % | profiler CPU % of one core "
+            "| % of node | peak RSS MB | steady RSS MB |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in results:
+            sd = r.slowdowns
+            core = r.cpu_core_pct()
+            out.append(
+                f"| {r.name} | {r.median_slowdown:+.2f} | {min(sd):+.2f} / {max(sd):+.2f} | {core:.2f} "
+                f"| {core / ncpus:.3f} | {mb(r.peak_rss_kb)} | {mb(r.steady_rss_kb)} |"
+            )
+        baselines = [b for r in results for b in r.baseline]
+        med = statistics.median(baselines)
+        out += [
+            "",
+            f"Baseline spread (noise floor): {100 * (max(baselines) - min(baselines)) / med:.2f}% "
+            f"(max - min of {len(baselines)} baseline runs / median {med / 1e6:.3f} M records/s).",
+            "Peak RSS is VmHWM over the process's life (for BCC tools: includes compiling the BPF program); "
+            "steady RSS is VmRSS at the end of the last window.",
+            "",
+            "Conditions:",
+        ]
+        out += [f"- {r.name}: `{r.command}`" for r in results]
+        agents = [r for r in results if r.agent_frequency]
+        if agents:
+            col = ", ".join(
+                f"{r.agent_frequency} Hz {100 * (r.collector_cpu_s or 0) / r.window_s:.2f}%" for r in agents
+            )
+            out += [
+                "",
+                "Collector CPU during the agent windows (on this machine here, not in a fleet), "
+                f"% of one core: {col}.",
+                "",
+                "Targets:",
+            ]
+            for r in agents:
+                core = r.cpu_core_pct()
+                line = (
+                    f"- {r.agent_frequency} Hz: agent CPU {core:.2f}% of one core vs budget "
+                    f"{cpu_budget_core_pct:.2f}% (= {CPU_TARGET_CORE_PCT_PER_CPU} x {ncpus} CPUs, "
+                    f"i.e. 1% of one core per 10 CPUs) → {verdict(core <= cpu_budget_core_pct)}"
+                )
+                if r.agent_frequency == 19:
+                    line += (
+                        f"; slowdown {r.median_slowdown:+.2f}% vs ≤ {SLOWDOWN_TARGET_PCT:g}% → "
+                        f"{verdict(r.median_slowdown <= SLOWDOWN_TARGET_PCT)}"
+                    )
+                out.append(line)
+    if rss is not None:
+        out += ["", *format_rss(rss)]
+    return "\n".join(out)
+
+
+def format_rss(r: RssResult) -> list[str]:
+    lines = [
+        f"## Agent memory after {r.processes} short-lived processes "
+        f"({r.frequency} Hz, {r.interval_s:g} s drains)",
+        "",
+        f"{r.processes} x `spin burn 30..60ms` in batches of one per CPU took {r.spawn_s:.1f} s; "
+        f"the agent drained {r.samples:.0f} samples and used {r.agent_cpu_s:.2f} s of CPU meanwhile.",
+        "",
+        "| | before | after |",
+        "|---|---:|---:|",
+        f"| VmRSS MB | {mb(r.rss_before_kb)} | {mb(r.rss_after_kb)} (max seen {mb(r.rss_max_seen_kb)}) |",
+        f"| VmHWM MB (includes the BPF compile) | {mb(r.hwm_before_kb)} | {mb(r.hwm_after_kb)} |",
+        f"| fleetprof_agent_processes | {r.table_before:.0f} "
+        f"| {r.table_after:.0f} (max seen {r.table_max:.0f}) |",
+        f"| fleetprof_agent_symbol_files | | {r.symbol_files:.0f} |",
+        f"| fleetprof_agent_symbol_bytes | | {r.symbol_bytes / 1e6:.2f} MB |",
+        "",
+        f"Budget: RSS ≤ {RSS_BUDGET_MB:g} MB on a node with 1,000 processes. "
+        f"Steady VmRSS {r.rss_after_kb / 1024:.0f} MB → {verdict(r.rss_after_kb / 1024 <= RSS_BUDGET_MB)}; "
+        f"peak VmHWM {r.hwm_after_kb / 1024:.0f} MB → {verdict(r.hwm_after_kb / 1024 <= RSS_BUDGET_MB)}.",
+    ]
+    if r.processes < 1000:
+        lines.append(f"(Measured with {r.processes} processes, not 1,000: run with --rss-processes 1000.)")
+    return lines
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+# -- command line ---------------------------------------------------------------------------------
+ANCHORS = ("perf99", "profile99", "profile19")
+
+
+def build_conditions(
+    args: argparse.Namespace, children: Children, collector: Collector | None, ncpus: int, workdir: Path
+) -> list[Condition]:
+    conds = []
+    for hz in args.frequencies:
+        assert collector is not None
+
+        def make_agent(hz: int = hz) -> Profiler:
+            return FleetprofAgent(children, collector, hz, args.agent_interval, workdir)
+
+        conds.append(
+            Condition(
+                f"fleetprof agent {hz} Hz",
+                f"fleetprof agent --frequency {hz} --interval {args.agent_interval:g} (+ collector)",
+                make_agent,
+                agent_frequency=hz,
+            )
+        )
+    perf_data = workdir / "perf.data"
+    for anchor in args.anchors:
+        hz = int(anchor.removeprefix("perf").removeprefix("profile"))
+        if anchor.startswith("perf"):
+            # Same as `perf record -F 99 -g -a -- sleep S`, stopped by SIGINT instead of a sleep.
+            argv = [
+                "perf",
+                "record",
+                "-e",
+                "cpu-clock",
+                "-F",
+                str(hz),
+                "-g",
+                "-a",
+                "-q",
+                "-o",
+                str(perf_data),
+            ]
+            output: Path | None = perf_data
+            name, tool = f"perf record {hz} Hz", "perf"
+        else:
+            argv = ["profile-bpfcc", "-F", str(hz), "-f", "3600"]  # folded stacks to /dev/null on SIGINT
+            output, name, tool = None, f"bcc profile {hz} Hz", "profile-bpfcc"
+        if shutil.which(tool) is None:
+            print(f"skipping {name}: {tool} is not installed", file=sys.stderr)
+            continue
+
+        def make_cmd(argv: list[str] = argv, output: Path | None = output, tool: str = tool) -> Profiler:
+            return CommandProfiler(children, argv, ncpus, workdir / f"{tool}.log", output)
+
+        conds.append(Condition(name, " ".join(argv).replace(str(workdir), "$TMP") + " > /dev/null", make_cmd))
+    return conds
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="19 Hz only, 3 pairs of 5 s, 200 processes (~3 min)")
+    p.add_argument("--frequencies", help="agent frequencies, comma-separated (default 19,49,99; quick 19)")
+    p.add_argument("--pairs", type=int, help="A/B pairs per condition (default 5; quick 3)")
+    p.add_argument("--seconds", type=float, help="seconds per workload run (default 10; quick 5)")
+    p.add_argument("--agent-interval", type=float, help="agent drain interval in seconds (default seconds/2)")
+    p.add_argument(
+        "--anchors",
+        help=f"comparison profilers, comma-separated, from {','.join(ANCHORS)} or 'none' "
+        "(default all; quick perf99,profile99)",
+    )
+    p.add_argument(
+        "--rss-processes",
+        type=int,
+        help="short-lived processes for the memory experiment, 0 to skip (default 1000; quick 200)",
+    )
+    p.add_argument("--json", type=Path, help="also write the raw results here")
+    args = p.parse_args(argv)
+    q = args.quick
+    args.frequencies = [int(f) for f in (args.frequencies or ("19" if q else "19,49,99")).split(",") if f]
+    args.pairs = args.pairs or (3 if q else 5)
+    args.seconds = args.seconds or (5.0 if q else 10.0)
+    args.agent_interval = args.agent_interval or args.seconds / 2
+    anchors = args.anchors or ("perf99,profile99" if q else ",".join(ANCHORS))
+    args.anchors = [] if anchors == "none" else anchors.split(",")
+    if args.rss_processes is None:
+        args.rss_processes = 200 if q else 1000
+    unknown = set(args.anchors) - set(ANCHORS)
+    if unknown:
+        p.error(f"unknown anchors {sorted(unknown)}; choose from {', '.join(ANCHORS)}")
+    if args.pairs < 1 or args.seconds < 1 or args.agent_interval < 0.5:
+        p.error("need --pairs >= 1, --seconds >= 1 and --agent-interval >= 0.5")
+    return args
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print(
+            "overhead.py: run as root (the agent, perf -a and bcc profile load perf events and BPF)",
+            file=sys.stderr,
+        )
+        return 2
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # so `finally` stops the children on kill too
+    ncpus = os.cpu_count() or 1
+    children = Children()
+    results: list[ConditionResult] = []
+    rss = None
+    with tempfile.TemporaryDirectory(prefix="fleetprof-bench-") as tmp:
+        workdir = Path(tmp)
+        try:
+            binary = build_workload(workdir)
+            collector = None
+            if args.frequencies or args.rss_processes:
+                collector = Collector(children, workdir)
+                collector.start()
+            conds = build_conditions(args, children, collector, ncpus, workdir)
+            run_workload(children, binary, ncpus, 1.0)  # warm-up, not counted
+            for cond in conds:
+                print(f"{cond.name}: {args.pairs} pairs of {args.seconds:g} s", file=sys.stderr, flush=True)
+                results.append(
+                    measure_condition(children, cond, binary, ncpus, args.pairs, args.seconds, collector)
+                )
+            if args.rss_processes:
+                assert collector is not None
+                print(
+                    f"agent memory: {args.rss_processes} short-lived processes", file=sys.stderr, flush=True
+                )
+                rss = measure_rss(children, binary, ncpus, args.rss_processes, collector, workdir)
+        except KeyboardInterrupt:
+            print("\ninterrupted; stopping everything this bench started", file=sys.stderr)
+            return 130
+        except BenchError as err:
+            print(f"overhead.py: {err}", file=sys.stderr)
+            return 1
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+            children.close()
+    print(format_report(results, rss, args, ncpus))
+    if args.json:
+        raw = {
+            "ncpus": ncpus,
+            "kernel": platform.release(),
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "conditions": [asdict(r) | {"slowdowns": r.slowdowns} for r in results],
+            "rss": asdict(rss) if rss else None,
+        }
+        args.json.write_text(json.dumps(raw, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

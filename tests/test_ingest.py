@@ -1,0 +1,127 @@
+"""The collector's gRPC ingest over a real channel: bad batches are refused by name, the rest lands once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+import pytest
+from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+
+from tests.conftest import RunningCollector, samples_of
+
+
+def make_batch(seq: int = 1, agent_id: str | None = None, node: str = "node-a", count: int = 5) -> pb.Batch:
+    now = time.time_ns()
+    b = pb.Batch(
+        agent=pb.AgentIdentity(node=node, agent_id=agent_id or uuid.uuid4().hex, boot_time_unix_ns=1),
+        sequence=seq,
+        start_unix_ns=now - 10**9,
+        end_unix_ns=now,
+        frequency_hz=19,
+        strings=["", "main", "work", "app", "worker", "container_id", "abc123"],
+    )
+    b.stacks.append(pb.Stack(functions=[1, 2], modules=[3, 3], kernel_start=2))
+    b.processes.append(pb.Process(pid=42, comm=4, labels=[pb.Label(name=5, value=6)]))
+    b.samples.append(pb.Sample(process=0, tid=42, stack=0, count=count))
+    return b
+
+
+def push(target: str, batches: list[pb.Batch]) -> list[int]:
+    with grpc.insecure_channel(target) as ch:
+        return [a.sequence for a in pb_grpc.IngestStub(ch).Push(iter(batches), timeout=10)]
+
+
+def corrupt(mutate) -> pb.Batch:  # noqa: ANN001
+    b = make_batch()
+    mutate(b)
+    return b
+
+
+BAD_BATCHES = {
+    "empty node": (lambda b: setattr(b.agent, "node", ""), "agent.node is empty"),
+    "bad string id in stack": (lambda b: b.stacks[0].functions.__setitem__(1, 99), "refers to string 99"),
+    "bad string id in label": (
+        lambda b: setattr(b.processes[0].labels[0], "value", 50),
+        "refers to string 50",
+    ),
+    "sample -> missing stack": (lambda b: setattr(b.samples[0], "stack", 3), "refers to stack 3"),
+    "sample -> missing process": (lambda b: setattr(b.samples[0], "process", 7), "refers to process 7"),
+    "zero count": (lambda b: setattr(b.samples[0], "count", 0), "count 0"),
+    "negative count (two's complement)": (
+        lambda b: setattr(b.samples[0], "count", 2**64 - 1),
+        "counts must be",
+    ),
+    "modules out of step": (lambda b: b.stacks[0].modules.append(3), "2 functions but 3 modules"),
+    "first string not empty": (
+        lambda b: b.strings.__setitem__(0, "x"),
+        "strings[0] must be the empty string",
+    ),
+    "window backwards": (lambda b: setattr(b, "end_unix_ns", b.start_unix_ns - 1), "is before start_unix_ns"),
+    "no frequency": (lambda b: setattr(b, "frequency_hz", 0), "frequency_hz 0"),
+    "no sequence": (lambda b: setattr(b, "sequence", 0), "sequence must start at 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BATCHES))
+def test_malformed_batch_is_refused_with_invalid_argument_naming_the_problem(
+    case: str, collector: RunningCollector
+) -> None:
+    mutate, expected = BAD_BATCHES[case]
+    with pytest.raises(grpc.RpcError) as info:
+        push(collector.grpc_target, [corrupt(mutate)])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in info.value.details()
+    assert info.value.details().startswith("batch ")
+    # The collector keeps serving: a good batch right after is acknowledged and queryable.
+    assert push(collector.grpc_target, [make_batch(count=7)]) == [1]
+    assert samples_of(collector.folded('{comm="worker"}')) == 7
+    metrics = collector.collector.registry
+    assert metrics.get_sample_value("fleetprof_ingest_batches_total") == 1
+
+
+def test_oversized_batch_is_refused_with_invalid_argument() -> None:
+    from tests.conftest import start_collector
+
+    col = start_collector(max_batch_bytes=4096)
+    try:
+        big = make_batch()
+        big.strings.extend(f"function_{i:06d}" for i in range(300))
+        with pytest.raises(grpc.RpcError) as info:
+            push(f"127.0.0.1:{col.grpc_port}", [big])
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "over the collector's limit of 4096 bytes" in info.value.details()
+        assert (
+            col.registry.get_sample_value("fleetprof_ingest_rejected_batches_total", {"reason": "oversized"})
+            == 1
+        )
+    finally:
+        col.stop()
+
+
+def test_resent_batches_are_counted_once(collector: RunningCollector) -> None:
+    agent_id = uuid.uuid4().hex
+    b1, b2 = make_batch(1, agent_id, count=3), make_batch(2, agent_id, count=4)
+    assert push(collector.grpc_target, [b1, b2]) == [1, 2]
+    # A reconnecting agent resends what it did not see acknowledged: acked again, stored once.
+    assert push(collector.grpc_target, [b1, b2, make_batch(3, agent_id, count=5)]) == [1, 2, 3]
+    assert samples_of(collector.folded('{comm="worker"}')) == 12
+    assert collector.collector.registry.get_sample_value("fleetprof_ingest_duplicate_batches_total") == 2
+
+
+def test_same_sequence_from_another_agent_is_not_a_duplicate(collector: RunningCollector) -> None:
+    push(collector.grpc_target, [make_batch(1, "agent-one", count=2)])
+    push(collector.grpc_target, [make_batch(1, "agent-two", node="node-b", count=3)])
+    assert samples_of(collector.folded('{comm="worker"}')) == 5
+    assert samples_of(collector.folded('{node="node-b"}')) == 3
+
+
+def test_labels_from_the_batch_are_selectable(collector: RunningCollector) -> None:
+    push(collector.grpc_target, [make_batch(count=9)])
+    names = collector.json("/api/v1/labels")["labels"]
+    assert {"node", "pid", "comm", "container_id"} <= set(names)
+    assert collector.json("/api/v1/labels/container_id/values")["values"] == ["abc123"]
+    stacks = collector.folded('{container_id="abc123", pid="42"}')
+    assert [f.function for f in next(iter(stacks))] == ["main", "work"]

@@ -1,0 +1,112 @@
+"""The agent's shipper against a real collector: queue while it is down, resend, never duplicate."""
+
+from __future__ import annotations
+
+import uuid
+
+from collector.main import Collector, CollectorConfig
+from agent.shipper import Shipper
+from tests.conftest import RunningCollector, free_port, samples_of, wait_until
+from tests.test_ingest import make_batch
+
+
+def test_batches_queued_while_the_collector_is_down_arrive_exactly_once_after_it_starts() -> None:
+    grpc_port, http_port = free_port(), free_port()
+    shipper = Shipper(f"127.0.0.1:{grpc_port}", backoff_s=(0.05, 0.2))
+    shipper.start()
+    agent_id = uuid.uuid4().hex
+    try:
+        for i in range(5):
+            shipper.submit(make_batch(agent_id=agent_id, count=i + 1))  # shipper assigns 1..5
+        wait_until(lambda: shipper.stats.send_errors >= 2, 10, "the shipper to notice the collector is down")
+        assert shipper.pending() == 5
+
+        col = Collector(CollectorConfig(grpc=f"127.0.0.1:{grpc_port}", http=f"127.0.0.1:{http_port}"))
+        col.start()
+        try:
+            assert shipper.flush(15), "queued batches were not acknowledged after the collector started"
+            running = RunningCollector(col)
+            assert samples_of(running.folded('{comm="worker"}')) == 1 + 2 + 3 + 4 + 5
+            # New batches flow on the same stream.
+            shipper.submit(make_batch(agent_id=agent_id, count=100))
+            assert shipper.flush(10)
+            assert samples_of(running.folded('{comm="worker"}')) == 115
+            assert shipper.stats.batches_acked == 6
+        finally:
+            col.stop()
+    finally:
+        shipper.stop(flush_timeout_s=0)
+
+
+def test_collector_restart_mid_stream_loses_nothing_and_counts_nothing_twice() -> None:
+    grpc_port, http_port = free_port(), free_port()
+    cfg = CollectorConfig(grpc=f"127.0.0.1:{grpc_port}", http=f"127.0.0.1:{http_port}")
+    col = Collector(cfg)
+    col.start()
+    shipper = Shipper(f"127.0.0.1:{grpc_port}", backoff_s=(0.05, 0.2))
+    shipper.start()
+    agent_id = uuid.uuid4().hex
+    try:
+        shipper.submit(make_batch(agent_id=agent_id, count=10))
+        assert shipper.flush(10)
+        col.stop()
+        for _ in range(3):
+            shipper.submit(make_batch(agent_id=agent_id, count=1))
+        # A new collector (empty memory store) receives the three that were never acknowledged.
+        col = Collector(cfg)
+        col.start()
+        assert shipper.flush(15)
+        assert samples_of(RunningCollector(col).folded('{comm="worker"}')) == 3
+    finally:
+        shipper.stop(flush_timeout_s=0)
+        col.stop()
+
+
+def test_a_batch_the_collector_rejects_is_dropped_and_the_rest_still_arrive(
+    collector: RunningCollector,
+) -> None:
+    shipper = Shipper(collector.grpc_target, backoff_s=(0.05, 0.2))
+    shipper.start()
+    agent_id = uuid.uuid4().hex
+    try:
+        shipper.submit(make_batch(agent_id=agent_id, count=2))
+        bad = make_batch(agent_id=agent_id, count=3)
+        bad.samples[0].stack = 9  # refers to a stack that does not exist
+        shipper.submit(bad)
+        shipper.submit(make_batch(agent_id=agent_id, count=4))
+        assert shipper.flush(15)
+        assert shipper.stats.batches_rejected == 1
+        assert samples_of(collector.folded('{comm="worker"}')) == 6
+    finally:
+        shipper.stop(flush_timeout_s=0)
+
+
+def test_queue_is_bounded_while_the_collector_stays_down() -> None:
+    shipper = Shipper(f"127.0.0.1:{free_port()}", max_batches=3, backoff_s=(0.05, 0.1))
+    shipper.start()
+    try:
+        for _ in range(10):
+            shipper.submit(make_batch())
+        assert shipper.pending() == 3
+        assert shipper.stats.batches_dropped == 7
+    finally:
+        shipper.stop(flush_timeout_s=0)
+
+
+def test_a_batch_over_the_transport_limit_is_dropped_not_resent_forever() -> None:
+    from tests.conftest import start_collector
+
+    col = start_collector(max_batch_bytes=1024)  # gRPC's own limit is 4x: 4 KiB
+    shipper = Shipper(f"127.0.0.1:{col.grpc_port}", backoff_s=(0.05, 0.2))
+    shipper.start()
+    try:
+        huge = make_batch(count=1)
+        huge.strings.extend(f"f{i:08d}" for i in range(1000))
+        shipper.submit(huge)
+        shipper.submit(make_batch(count=2))
+        assert shipper.flush(15)
+        assert shipper.stats.batches_rejected == 1
+        assert samples_of(RunningCollector(col).folded('{comm="worker"}')) == 2
+    finally:
+        shipper.stop(flush_timeout_s=0)
+        col.stop()
