@@ -89,3 +89,9 @@ def test_agent_reports_its_health_and_sampler_outcomes(agent: RunningAgent) -> N
         assert f'fleetprof_agent_stack_outcomes_total{{reason="{reason}"}}' in text
     assert "process_resident_memory_bytes" in text
     assert "fleetprof_agent_batches_acked_total" in text
+
+
+def test_idle_task_is_excluded_by_default(agent: RunningAgent, module_collector: RunningCollector) -> None:
+    pids = module_collector.json("/api/v1/labels/pid/values")["values"]
+    assert pids, "no samples at all"
+    assert "0" not in pids, "the idle task (pid 0) was sampled"

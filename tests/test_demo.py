@@ -1,0 +1,52 @@
+"""`fleetprof demo` (what `make demo` runs): both start, a first top is printed, Ctrl-C stops both."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, http_get, require_bpf, wait_until
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+
+def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
+    require_bpf()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetprof.cli", "demo", "--warmup", "8", "--interval", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    )
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        wait_until(lambda: _healthy("http://127.0.0.1:7471/healthz"), 60, "the demo collector")
+        wait_until(lambda: _healthy("http://127.0.0.1:7472/healthz"), 90, "the demo agent")
+        time.sleep(10)  # past the warm-up: the first top has been printed
+        ui = http_get("http://127.0.0.1:7471/").decode()
+        assert 'id="flamegraph"' in ui
+    finally:
+        burner.kill()
+        proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "UI http://127.0.0.1:7471/" in out
+    assert "SELF%" in out and "FUNCTION" in out, out
+    assert "fleetprof demo: stopped" in out
+    assert "Traceback" not in out
+    # Both children are gone: their ports are free again.
+    for port in (7470, 7471, 7472):
+        assert not _healthy(f"http://127.0.0.1:{port}/healthz")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        http_get(url, timeout=1)
+        return True
+    except OSError:
+        return False
