@@ -105,7 +105,9 @@ class Agent:
 
     def _on_process_event(self, pid: int, kind: int) -> None:
         if kind in (EVENT_NEW, EVENT_EXEC):
-            self.processes.refresh(pid)
+            info = self.processes.refresh(pid)
+            if info is not None:
+                self.symbolizer.preload(pid, info.mappings)
         elif kind == EVENT_EXIT:
             self.processes.mark_exited(pid)
 

@@ -9,7 +9,8 @@ Method
 ------
 Workload: one process per CPU runs bench/workloads/spin.c (built here with gcc -O2 -fno-omit-frame-pointer):
 a fixed, deterministic hashing loop (main -> run_batch -> hash_record -> mix_block, so profilers walk real
-user stacks) for S seconds. Throughput is the sum over workers of records per second.
+user stacks) for S seconds. Throughput is the sum over workers of records per second of wall time. Each
+worker also reports its own CPU time, which gives a second, steadier measure: records per CPU-second.
 
 Every condition is measured as interleaved A/B pairs: a baseline run with no profiler and a run with the
 profiler sampling, the order alternating from pair to pair (A B, B A, ...) so that slow drift of the machine
@@ -35,12 +36,21 @@ process-table size and symbol cache are read before and after, and RSS is checke
 
 Reading the numbers
 -------------------
-The slowdown is everything the profiler costs the workload: the BPF program run in the interrupted task's
-context on every sample, plus the profiler's user-space work, which on a fully loaded node takes CPU from
-the workload. Here the collector shares the machine too (in a fleet it does not); its CPU during the windows
-is printed so its share can be taken out. These VMs are noisy: the "baseline spread" line (max - min of all
-baseline runs, relative to their median) is the noise floor, and a median slowdown inside it cannot be told
-apart from zero (negative values are noise). More --pairs and longer --seconds narrow it. Quote medians.
+"slowdown" (wall-clock throughput) is everything the profiler costs the workload: the BPF program run in
+the interrupted task's context on every sample, plus the profiler's user-space work, which on a fully
+loaded node takes CPU from the workload. It is also what anything else running on the machine disturbs.
+"in-task slowdown" (records per second of the workers' own CPU time) holds only the first part: this
+kernel charges interrupt time, and so the BPF program, to the interrupted task (no IRQ_TIME_ACCOUNTING),
+and it does not move when other processes take CPU from the workers. "in-task + own CPU" adds the
+profiler's CPU as % of the node: an estimate of the full cost built from parts that other load leaves
+alone. When the two columns agree, trust the first; when the report says other processes were running
+(the workers got less than 98% of the node in some baseline run), trust the second.
+
+Here the collector shares the machine too (in a fleet it does not); its CPU during the windows is printed
+so its share can be taken out of "slowdown". These VMs are noisy: "baseline spread" (max - min of all
+baseline runs, relative to their median) is the noise floor, and a median slowdown inside it cannot be
+told apart from zero (negative values are noise). More --pairs and longer --seconds narrow it. The agent's
+CPU also depends on what else runs: it describes every new process on the node. Quote medians.
 
 Targets: slowdown <= 1% at 19 Hz; agent CPU <= 1% of one core per 10 CPUs, i.e. <= 0.1 x ncpus % of one
 core (the same as <= 0.1% of the node at any size); agent RSS <= 150 MB on a node with 1,000 processes.
@@ -531,7 +541,7 @@ def verdict(ok: bool) -> str:
 
 
 def format_report(
-    results: list[ConditionResult], rss: RssResult | None, args: argparse.Namespace, ncpus: int
+    results: list[ConditionResult], rss: RssResult | None, args: argparse.Namespace, ncpus: int, busy: float
 ) -> str:
     cpu_budget_core_pct = CPU_TARGET_CORE_PCT_PER_CPU * ncpus
     out = [
@@ -541,6 +551,9 @@ def format_report(
         f"Workload: {ncpus} x spin (one per CPU), {args.seconds:g} s per run; "
         f"{args.pairs} A/B pairs per row, order alternated. Medians quoted. "
         "This is a shared VM: expect noise (see baseline spread).",
+        "",
+        f"Node busy before the bench started anything: {busy:.1%} of its CPU"
+        + (" — **other work was running; expect noisy wall-clock numbers**." if busy > 0.05 else "."),
         "",
     ]
     if results:
@@ -640,6 +653,21 @@ def format_rss(r: RssResult) -> list[str]:
     if r.processes < 1000:
         lines.append(f"(Measured with {r.processes} processes, not 1,000: run with --rss-processes 1000.)")
     return lines
+
+
+def node_busy_fraction(seconds: float = 2.0) -> float:
+    """Share of the node's CPU in use over `seconds` (from /proc/stat), before anything of ours runs."""
+
+    def ticks() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        total = sum(fields[:8])  # user .. steal; guest time is already inside user
+        return total - idle, total
+
+    busy0, total0 = ticks()
+    time.sleep(seconds)
+    busy1, total1 = ticks()
+    return (busy1 - busy0) / max(1, total1 - total0)
 
 
 def cpu_model() -> str:
@@ -758,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _raise_interrupt)  # so `finally` stops the children on kill too
     ncpus = os.cpu_count() or 1
+    busy = node_busy_fraction()
     children = Children()
     results: list[ConditionResult] = []
     rss = None
@@ -791,11 +820,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
             children.close()
-    print(format_report(results, rss, args, ncpus))
+    print(format_report(results, rss, args, ncpus, busy))
     if args.json:
         raw = {
             "ncpus": ncpus,
             "kernel": platform.release(),
+            "node_busy_before": busy,
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "conditions": [asdict(r) | {"slowdowns": r.slowdowns} for r in results],
             "rss": asdict(rss) if rss else None,

@@ -8,7 +8,16 @@ import subprocess
 
 import pytest
 
-from tests.conftest import RunningAgent, RunningCollector, samples_of, settled_profile
+from tests.conftest import (
+    RunningAgent,
+    RunningCollector,
+    samples_of,
+    settled_profile,
+    start_agent,
+    start_collector,
+    stop_agent,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -92,6 +101,36 @@ def test_agent_reports_its_health_and_sampler_outcomes(agent: RunningAgent) -> N
 
 
 def test_idle_task_is_excluded_by_default(agent: RunningAgent, module_collector: RunningCollector) -> None:
-    pids = module_collector.json("/api/v1/labels/pid/values")["values"]
-    assert pids, "no samples at all"
+    def pids() -> list[str]:
+        return module_collector.json("/api/v1/labels/pid/values")["values"]
+
+    wait_until(pids, 30, "any samples")
+    pids = pids()
     assert "0" not in pids, "the idle task (pid 0) was sampled"
+
+
+def test_process_in_its_own_mount_namespace_is_symbolized_after_it_exits(workload_bin) -> None:
+    """Like a container: its binary exists only in a private tmpfs of its own mount namespace, which is
+    gone when the process exits. With a 5 s interval and a 1 s run, every sample is drained after that."""
+    col = start_collector()
+    agent = start_agent(f"127.0.0.1:{col.grpc_port}", 99, 5.0)
+    try:
+        script = (
+            "set -e; mount -t tmpfs fp-ctr /mnt; "
+            f"cp {workload_bin('two_funcs')} /mnt/ctr_two_funcs; exec /mnt/ctr_two_funcs 1 75"
+        )
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE
+        )
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        assert not os.path.exists("/mnt/ctr_two_funcs"), "the test binary leaked into the host namespace"
+        # unshare exec()s sh, which exec()s the workload: the pid is the workload's.
+        running = RunningCollector(col)
+        stacks = settled_profile(running, f'{{pid="{proc.pid}"}}', agent.interval)
+        assert share_with(stacks, "fp_hot_alpha") > 0.5, stacks
+        top = running.json("/api/v1/top", query=f'{{pid="{proc.pid}"}}', since="10m", limit="3")
+        assert top["functions"][0]["module"] == "ctr_two_funcs"
+    finally:
+        stop_agent(agent)
+        col.stop()

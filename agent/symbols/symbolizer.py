@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -69,8 +70,8 @@ class Symbolizer:
     """Kernel and user-space address symbolization with a bounded LRU of per-file symbol tables.
 
     Tables are keyed by (dev_major, dev_minor, inode) of the mapped file, so libc is parsed once for the
-    whole host however many processes map it. Failures are cached for `retry_after_s` seconds. Not
-    thread-safe: one sampler thread owns it.
+    whole host however many processes map it. Failures are cached for `retry_after_s` seconds.
+    Thread-safe (one lock): the process-event thread preloads while the drain thread looks up.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Symbolizer:
         self._debug_root = debug_root
         self._retry_after_s = retry_after_s
         self._clock = clock
+        self._lock = threading.RLock()
         self._files: OrderedDict[FileKey, _CachedFile] = OrderedDict()
         self._bytes = 0
         self._kernel: KernelSymbols | None = None
@@ -118,6 +120,10 @@ class Symbolizer:
     def kernel_frames(self, addrs: Sequence[int], *, return_addresses: bool = False) -> list[Frame]:
         """Frames for kernel stack addresses, innermost first. With return_addresses, every frame but the
         first is looked up at addr-1 so a call that ends its function is not credited to the next one."""
+        with self._lock:
+            return self._kernel_frames(addrs, return_addresses)
+
+    def _kernel_frames(self, addrs: Sequence[int], return_addresses: bool) -> list[Frame]:
         ksyms = self._kernel_symbols()
         memo = self._kernel_memo
         frames = []
@@ -148,6 +154,20 @@ class Symbolizer:
         """Frames for user stack addresses of `pid`, using `mappings` captured while it ran (sorted by start,
         as read_maps returns them). The process may have exited since. See kernel_frames for
         return_addresses."""
+        with self._lock:
+            return self._user_frames(pid, mappings, addrs, return_addresses)
+
+    def preload(self, pid: int, mappings: Sequence[Mapping]) -> None:
+        """Load the symbol tables of a live process's mapped files now, so its samples still symbolize
+        after it exits (with it, its mount namespace and /proc/PID/root may be gone by the drain)."""
+        with self._lock:
+            for mapping in mappings:
+                if mapping.is_file and mapping.is_exec:
+                    self._file(pid, mapping)
+
+    def _user_frames(
+        self, pid: int, mappings: Sequence[Mapping], addrs: Sequence[int], return_addresses: bool
+    ) -> list[Frame]:
         frames = []
         for i, addr in enumerate(addrs):
             self._counts["lookups"] += 1
@@ -243,6 +263,10 @@ class Symbolizer:
 
     def stats(self) -> dict[str, int]:
         """Counters: files cached/failed now, bytes held, lookups, cache and memo hits, loads, evictions."""
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> dict[str, int]:
         failed = sum(1 for c in self._files.values() if c.table is None)
         out = {
             "files_cached": len(self._files) - failed,
