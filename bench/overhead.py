@@ -326,7 +326,9 @@ class FleetprofAgent:
         if self.proc is not None:
             self._children.stop(self.proc, signal.SIGTERM)
             if self.proc.returncode not in (0, -signal.SIGTERM):
-                print(f"  (agent exited with {self.proc.returncode}; see {self._log})", file=sys.stderr)
+                print(
+                    f"  (agent exited with {self.proc.returncode}:\n{log_tail(self._log)})", file=sys.stderr
+                )
 
 
 class CommandProfiler:

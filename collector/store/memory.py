@@ -32,6 +32,8 @@ class MemoryStore:
     dropped on write. Thread-safe: one lock, held briefly by writes and by the scan of a query.
     """
 
+    COMPACT_EVERY = 30  # expired buckets between interner compactions (5 minutes of 10 s buckets)
+
     def __init__(self, retention_s: float = 3600.0, bucket_s: float = 10.0, clock=time.time):  # noqa: ANN001
         if retention_s < 15 * 60:
             raise ValueError("the recent window must keep at least 15 minutes")
@@ -45,6 +47,7 @@ class MemoryStore:
         self._buckets: dict[int, dict[tuple[int, int], int]] = {}
         self._label_freq: dict[int, int] = {}  # label id -> frequency of its latest window
         self._label_last_seen: dict[int, float] = {}
+        self._expired_since_compaction = 0
 
     def _bucket_of(self, t: float) -> int:
         return int(t // self.bucket_s * self.bucket_s)
@@ -64,8 +67,31 @@ class MemoryStore:
 
     def _expire(self) -> None:
         horizon = self._bucket_of(self._clock() - self.retention_s)
-        for key in [k for k in self._buckets if k < horizon]:
+        expired = [k for k in self._buckets if k < horizon]
+        for key in expired:
             del self._buckets[key]
+        if expired:
+            self._expired_since_compaction += len(expired)
+            # Interned stacks and label sets outlive the buckets that used them (pids churn): rebuild the
+            # tables from what is still referenced, at most once per COMPACT_EVERY expired buckets.
+            if self._expired_since_compaction >= self.COMPACT_EVERY:
+                self._compact()
+
+    def _compact(self) -> None:
+        self._expired_since_compaction = 0
+        stacks, labels = _Interner(), _Interner()
+        old_stacks, old_labels = self._stacks.values, self._labels.values
+        label_freq, last_seen = {}, {}
+        for key, bucket in self._buckets.items():
+            fresh: dict[tuple[int, int], int] = defaultdict(int)
+            for (lid, sid), count in bucket.items():
+                new_lid = labels.id(old_labels[lid])
+                label_freq[new_lid] = self._label_freq.get(lid, 0)
+                last_seen[new_lid] = self._label_last_seen.get(lid, 0.0)
+                fresh[(new_lid, stacks.id(old_stacks[sid]))] += count
+            self._buckets[key] = fresh
+        self._stacks, self._labels = stacks, labels
+        self._label_freq, self._label_last_seen = label_freq, last_seen
 
     def _bucket_range(self, start: float, end: float) -> list[dict[tuple[int, int], int]]:
         lo, hi = self._bucket_of(start), end
