@@ -787,6 +787,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     signal.signal(signal.SIGTERM, _raise_interrupt)  # so `finally` stops the children on kill too
+    # Started in the background by a shell, we inherit SIGINT ignored, and so would every child: then
+    # profile-bpfcc (Python) ignores the SIGINT that stops it. A handler here resets children to default.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ncpus = os.cpu_count() or 1
     busy = node_busy_fraction()
     children = Children()

@@ -250,7 +250,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"fleetprof demo: UI {url}/   API {url}/api/v1/top   agent metrics http://{DEFAULT_AGENT_HTTP}/metrics"
     )
     print(f"fleetprof demo: first `fleetprof top` in {args.warmup:g} s; Ctrl-C stops both", flush=True)
-    deadline = time.monotonic() + args.warmup
+    first_top_at = time.monotonic() + args.warmup
+    give_up_at = first_top_at + 60  # the agent's BPF compile can take a while on a loaded machine
     shown = False
     rc = 0
     while not stopping:
@@ -258,15 +259,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print("fleetprof demo: a child process exited; stopping", file=sys.stderr)
             rc = 1
             break
-        if not shown and time.monotonic() >= deadline:
-            shown = True
+        now = time.monotonic()
+        if not shown and now >= first_top_at:
+            first_top_at = now + 1.0
             try:
-                print(format_top(fetch_json(url, "/api/v1/top", {"since": "1m", "limit": "15"})), flush=True)
-                print(
-                    f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | open {url}/", flush=True
-                )
+                data = fetch_json(url, "/api/v1/top", {"since": "1m", "limit": "15"})
             except QueryError as err:
-                print(f"fleetprof demo: {err}", file=sys.stderr)
+                data = None
+                if now >= give_up_at:
+                    shown = True
+                    print(f"fleetprof demo: {err}", file=sys.stderr)
+            if data is not None and (data["total"] > 0 or now >= give_up_at):
+                shown = True
+                print(format_top(data), flush=True)
+                print(f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | {url}/", flush=True)
         time.sleep(0.2)
     for p in children:
         if p.poll() is None:

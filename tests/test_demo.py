@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -23,11 +24,13 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
         text=True,
         cwd=REPO,
     )
+    started = time.monotonic()
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         wait_until(lambda: _healthy("http://127.0.0.1:7471/healthz"), 60, "the demo collector")
         wait_until(lambda: _healthy("http://127.0.0.1:7472/healthz"), 90, "the demo agent")
-        time.sleep(10)  # past the warm-up: the first top has been printed
+        wait_until(_has_samples, 90, "the demo's first samples")
+        time.sleep(max(0.0, 8 - (time.monotonic() - started)) + 2.5)  # past the warm-up and one retry
         ui = http_get("http://127.0.0.1:7471/").decode()
         assert 'id="flamegraph"' in ui
     finally:
@@ -42,6 +45,11 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
     # Both children are gone: their ports are free again.
     for port in (7470, 7471, 7472):
         assert not _healthy(f"http://127.0.0.1:{port}/healthz")
+
+
+def _has_samples() -> bool:
+    top = json.loads(http_get("http://127.0.0.1:7471/api/v1/top?since=1m"))
+    return top["total"] > 0
 
 
 def _healthy(url: str) -> bool:
