@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agent.attribution import Attributor
 from agent.resolver import Window
 from fleetprof.v1 import ingest_pb2 as pb
 
@@ -19,8 +20,11 @@ class _Strings:
         return i
 
 
-def encode_window(window: Window, identity: pb.AgentIdentity, frequency_hz: int) -> pb.Batch:
+def encode_window(
+    window: Window, identity: pb.AgentIdentity, frequency_hz: int, attributor: Attributor | None = None
+) -> pb.Batch:
     """The Batch for `window`, without a sequence number (the shipper assigns it)."""
+    attributor = attributor or Attributor()
     strings = _Strings()
     stacks: dict[tuple, int] = {}
     processes: dict[tuple[int, int], int] = {}
@@ -45,7 +49,7 @@ def encode_window(window: Window, identity: pb.AgentIdentity, frequency_hz: int)
                     exe=strings.id(p.exe),
                     labels=[
                         pb.Label(name=strings.id(k), value=strings.id(v))
-                        for k, v in sorted(p.labels().items())
+                        for k, v in sorted(attributor.labels(p).items())
                     ],
                 )
             )

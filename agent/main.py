@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from agent.attribution import Attributor
 from agent.batch import encode_window
+from agent.kube.config import KubeConfigError, load_config
+from agent.kube.podresources import DEFAULT_SOCKET, GpuOwners, PodResourcesClient
+from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
+from agent.kube.watcher import PodWatcher
 from agent.metrics import AgentCounters, build_registry
 from agent.process.table import ProcessTable
 from agent.resolver import Resolver
@@ -36,6 +41,10 @@ class AgentConfig:
     node: str = ""
     include_idle: bool = False
     queue_batches: int = 64
+    kubernetes: bool = True  # ask the API server for pod metadata when one is configured
+    kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
+    pod_labels: tuple[str, ...] = ()  # --pod-label specs; empty: DEFAULT_POD_LABELS
+    pod_resources_socket: str = DEFAULT_SOCKET
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -72,6 +81,12 @@ class Agent:
         self.symbolizer = Symbolizer()
         self.resolver = Resolver(self.processes, self.symbolizer)
         self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
+        self.pods = PodCache(
+            label_map=parse_label_map(config.pod_labels) if config.pod_labels else DEFAULT_POD_LABELS
+        )
+        self.attributor = Attributor(self.pods)
+        self.pod_watcher = self._pod_watcher()
+        self.gpu_owners = GpuOwners(PodResourcesClient(config.pod_resources_socket))
         self.counters = AgentCounters()
         self.registry, self._drain_hist = build_registry(
             self.counters, lambda: self.shipper.stats, self._gauges
@@ -81,6 +96,19 @@ class Agent:
         self.sampler: CpuSampler | None = None
         self._last_drain = time.monotonic()
 
+    def _pod_watcher(self) -> PodWatcher | None:
+        """Watch this node's pods when an API server is configured; without one, pods keep their UID only."""
+        if not self.config.kubernetes:
+            return None
+        try:
+            kube = load_config(self.config.kubeconfig)
+        except KubeConfigError as err:
+            if self.config.kubeconfig:
+                raise  # asked for explicitly: a broken kubeconfig is an error, not a fallback
+            log.info("no Kubernetes API server configured (%s): pods are labelled by UID only", err)
+            return None
+        return PodWatcher(kube, self.identity.node, self.pods)
+
     def _gauges(self) -> dict:
         sym = self.symbolizer.stats()
         return {
@@ -88,6 +116,15 @@ class Agent:
             "symbol_files": (sym.get("files_cached", 0), "ELF files with a cached symbol table"),
             "symbol_bytes": (sym.get("bytes_held", 0), "Bytes held by cached symbol tables"),
             "frequency_hertz": (self.config.frequency_hz, "Sampling frequency per CPU"),
+            "pods": (len(self.pods), "Pods of this node in the metadata cache"),
+            "kubernetes_synced": (
+                1 if self.pod_watcher is not None and self.pod_watcher.synced() else 0,
+                "1 when the pod list from the API server has been loaded",
+            ),
+            "gpu_owner_lookup_enabled": (
+                1 if self.gpu_owners.enabled else 0,
+                "1 when the kubelet PodResources socket answers (GPU → pod ownership)",
+            ),
         }
 
     def _metrics(self, _req: Request) -> Response:
@@ -126,7 +163,8 @@ class Agent:
         drain = self.sampler.drain()
         window = self.resolver.resolve(drain)
         self.processes.end_window()
-        batch = encode_window(window, self.identity, self.config.frequency_hz)
+        self.gpu_owners.refresh_if_stale(time.monotonic())
+        batch = encode_window(window, self.identity, self.config.frequency_hz, self.attributor)
         self.shipper.submit(batch)
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
         self._drain_hist.observe(time.perf_counter() - t0)
@@ -144,6 +182,8 @@ class Agent:
         )
         self.http.start()
         self.shipper.start()
+        if self.pod_watcher is not None:
+            self.pod_watcher.start()
         threading.Thread(target=self._poll_events, name="process-events", daemon=True).start()
         log.info(
             "agent on node %s sampling at %d Hz, shipping every %gs to %s; metrics on http://%s/metrics",
@@ -176,6 +216,8 @@ class Agent:
         except Exception:
             log.exception("final drain failed")
         self.shipper.stop(flush_timeout_s=5.0)
+        if self.pod_watcher is not None:
+            self.pod_watcher.stop()
         if self.sampler is not None:
             self.sampler.close()
         self.http.stop()

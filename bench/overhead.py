@@ -451,7 +451,8 @@ def measure_condition(
         print(
             f"  {cond.name}: pair {i + 1}/{pairs}  baseline {baseline.throughput / 1e6:.3f} M/s "
             f"(CPU share {baseline.cpu_share:.1%})  profiled {profiled.throughput / 1e6:.3f} M/s "
-            f"(CPU share {profiled.cpu_share:.1%})  slowdown {result.slowdowns[-1]:+.2f}%",
+            f"(CPU share {profiled.cpu_share:.1%})  slowdown {result.slowdowns[-1]:+.2f}%  "
+            f"in-task {(1 - profiled.per_cpu_second / baseline.per_cpu_second) * 100:+.2f}%",
             file=sys.stderr,
             flush=True,
         )
@@ -576,6 +577,7 @@ def format_report(
         baselines = [b for r in results for b in r.baseline]
         tput = [b.throughput for b in baselines]
         med = statistics.median(tput)
+        rate = [b.per_cpu_second for b in baselines]
         share = min(b.cpu_share for b in baselines)
         out += [
             "",
@@ -586,7 +588,8 @@ def format_report(
             "- in-task + own CPU: that plus the profiler's user-space CPU as % of the node, which a fully "
             "loaded node loses from its work: the estimate to trust when other load makes the first noisy.",
             f"- Baseline spread (noise floor): {100 * (max(tput) - min(tput)) / med:.2f}% "
-            f"(max - min of {len(tput)} baseline runs / median {med / 1e6:.3f} M records/s).",
+            f"(max - min of {len(tput)} baseline runs / median {med / 1e6:.3f} M records/s); "
+            f"in-task {100 * (max(rate) - min(rate)) / statistics.median(rate):.2f}%.",
             "- Peak RSS is VmHWM over the process's life (for BCC tools: includes compiling the BPF "
             "program); steady RSS is VmRSS at the end of the last window.",
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ WEB_DIR = Path(__file__).parent / "web"
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
 DEFAULT_MAX_NODES = 8192
 FORMATS = ("json", "folded", "svg")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 class QueryApi:
@@ -101,6 +103,8 @@ class QueryApi:
 
     def top(self, req: Request) -> Response:
         limit = self._int(req, "limit", 20, 1, 10_000)
+        if req.param("by") is not None:
+            return self._top_groups(req, limit)
         sel, selector, start, end = self._select(req)
         return json_response(
             {
@@ -110,6 +114,40 @@ class QueryApi:
                 "until": end,
                 "query": str(selector),
                 "functions": top_functions(sel.stacks, limit),
+            }
+        )
+
+    def _top_groups(self, req: Request, limit: int) -> Response:
+        """The label-value groups (e.g. pods) burning the most CPU: /api/v1/top?by=namespace,pod."""
+        by = [b.strip() for b in (req.param("by") or "").split(",")]
+        bad = [b for b in by if not _LABEL_NAME.fullmatch(b)]
+        if bad or not by:
+            raise HttpError(
+                400, f'"by" must be a comma-separated list of label names, got {req.param("by")!r}'
+            )
+        selector = self._selector(req)
+        start, end = self._range(req)
+        grouped = self._store.group(selector, start, end, by)
+        total = sum(grouped.totals.values())
+        freq = grouped.frequency_hz
+        rows = sorted(grouped.totals.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        return json_response(
+            {
+                "by": by,
+                "total": total,
+                "frequency_hz": freq,
+                "from": start,
+                "until": end,
+                "query": str(selector),
+                "groups": [
+                    {
+                        "labels": dict(zip(by, values, strict=True)),
+                        "samples": n,
+                        "pct": round(100.0 * n / total, 2) if total else 0.0,
+                        "cpu_seconds": round(n / freq, 3) if freq else None,
+                    }
+                    for values, n in rows
+                ],
             }
         )
 

@@ -52,6 +52,16 @@ def _hostport(text: str) -> str:
     return text if host else f"127.0.0.1:{port}"
 
 
+def _pod_label(text: str) -> str:
+    from agent.kube.pods import parse_label_map
+
+    try:
+        parse_label_map([text])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _add_query_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector HTTP URL")
     p.add_argument(
@@ -99,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
     a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
+    a.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig for pod metadata (default: in-cluster service account, else $KUBECONFIG, else off)",
+    )
+    a.add_argument("--no-kubernetes", action="store_true", help="do not ask the API server for pod metadata")
+    a.add_argument(
+        "--pod-label",
+        type=_pod_label,
+        action="append",
+        default=[],
+        metavar="KEY[=NAME]",
+        help="pod label to profile as NAME (repeatable; default: app.kubernetes.io/name or app as app)",
+    )
+    a.add_argument(
+        "--pod-resources-socket",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="kubelet PodResources socket, for GPU → pod ownership (absent: feature off)",
+    )
 
     d = sub.add_parser("demo", help="collector + agent on this machine, then a first `top`")
     d.add_argument("--frequency", type=_frequency, default=19)
@@ -108,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("top", help="hottest functions (self and total) for a selection")
     _add_query_args(t)
     t.add_argument("--limit", type=_positive_int, default=20)
+
+    pods = sub.add_parser("pods", help="pods by CPU share for a selection")
+    _add_query_args(pods)
+    pods.add_argument("--limit", type=_positive_int, default=30)
 
     f = sub.add_parser("flame", help="write a flame graph (.svg, .folded/.txt, .json) or print folded stacks")
     _add_query_args(f)
@@ -154,10 +187,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         node=args.node,
         include_idle=args.include_idle,
+        kubeconfig=args.kubeconfig,
+        kubernetes=not args.no_kubernetes,
+        pod_labels=tuple(args.pod_label),
+        pod_resources_socket=args.pod_resources_socket,
     )
+    from agent.kube.config import KubeConfigError
+
     try:
         agent = Agent(config)
-    except OSError as err:
+    except (OSError, KubeConfigError, ValueError) as err:
         print(f"fleetprof agent: cannot start: {err}", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: agent.stop())
@@ -202,6 +241,37 @@ def format_top(data: dict) -> str:
         lines.append(
             f"{fn['self_pct']:6.1f}% {fn['self']:>8} {fn['total_pct']:6.1f}% {fn['total']:>8}  {name}{module}"
         )
+    return "\n".join(lines)
+
+
+POD_GROUP = ("namespace", "pod", "workload_kind", "workload", "node")
+
+
+def cmd_pods(args: argparse.Namespace) -> int:
+    params = _range_params(args) | {"limit": str(args.limit), "by": ",".join(POD_GROUP)}
+    print(format_pods(fetch_json(args.collector, "/api/v1/top", params)))
+    return 0
+
+
+def format_pods(data: dict) -> str:
+    total, freq = data["total"], data.get("frequency_hz")
+    cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
+    lines = [f"{data['query']}  {total} samples{cpu}"]
+    if not total:
+        lines.append("no samples in this range")
+        return "\n".join(lines)
+    rows = []
+    for g in data["groups"]:
+        lb = g["labels"]
+        workload = f"{lb['workload_kind']}/{lb['workload']}" if lb.get("workload") else ""
+        pod = lb["pod"] or "(host processes)"
+        secs = f"{g['cpu_seconds']:.1f}" if g.get("cpu_seconds") is not None else "-"
+        rows.append((lb["namespace"], pod, workload, lb["node"], f"{g['pct']:.1f}%", secs, str(g["samples"])))
+    header = ("NAMESPACE", "POD", "WORKLOAD", "NODE", "CPU%", "CPU_S", "SAMPLES")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        cells = (c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 
 
@@ -291,6 +361,7 @@ COMMANDS = {
     "agent": cmd_agent,
     "demo": cmd_demo,
     "top": cmd_top,
+    "pods": cmd_pods,
     "flame": cmd_flame,
 }
 

@@ -1,4 +1,4 @@
-"""The generated wire code in fleetprof/v1 is exactly what scripts/gen_proto.sh makes from proto/."""
+"""The code in fleetprof/v1 and fleetprof/kubelet is exactly what scripts/gen_proto.sh makes from proto/."""
 
 from __future__ import annotations
 
@@ -6,20 +6,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
+GENERATED_PACKAGES = ["fleetprof/v1", "fleetprof/kubelet"]
 
-def test_generated_code_matches_the_proto_sources(tmp_path: Path) -> None:
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gen")
     subprocess.run(
-        ["bash", str(REPO / "scripts" / "gen_proto.sh"), str(tmp_path)],
+        ["bash", str(REPO / "scripts" / "gen_proto.sh"), str(out)],
         check=True,
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
-    generated = sorted(p.relative_to(tmp_path) for p in (tmp_path / "fleetprof" / "v1").glob("*.py*"))
-    checked_in = sorted(p.relative_to(REPO) for p in (REPO / "fleetprof" / "v1").glob("*.py*"))
+    return out
+
+
+@pytest.mark.parametrize("package", GENERATED_PACKAGES)
+def test_generated_code_matches_the_proto_sources(fresh: Path, package: str) -> None:
+    generated = sorted(p.relative_to(fresh) for p in (fresh / package).glob("*.py*"))
+    checked_in = sorted(p.relative_to(REPO) for p in (REPO / package).glob("*.py*"))
+    assert generated, f"gen_proto.sh made nothing under {package}"
     assert generated == checked_in, "files differ: run `make proto`"
     for rel in generated:
-        assert (tmp_path / rel).read_text() == (REPO / rel).read_text(), f"{rel} is stale: run `make proto`"
+        assert (fresh / rel).read_text() == (REPO / rel).read_text(), f"{rel} is stale: run `make proto`"
 
 
 def test_reserved_sections_stay_reserved() -> None:

@@ -25,15 +25,6 @@ class ProcessInfo:
     cgroup: CgroupIdentity
     mappings: tuple[Mapping, ...] = field(repr=False)
 
-    def labels(self) -> dict[str, str]:
-        """Attribution labels known on the node (pod names come from the Kubernetes resolver)."""
-        out = {}
-        if self.cgroup.container_id:
-            out["container_id"] = self.cgroup.container_id
-        if self.cgroup.pod_uid:
-            out["pod_uid"] = self.cgroup.pod_uid
-        return out
-
 
 def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo:
     """Capture a live process; raises ProcessLookupError when it is gone."""

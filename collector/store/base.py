@@ -38,12 +38,23 @@ class Selection:
         return sum(self.stacks.values())
 
 
+@dataclass(frozen=True)
+class Grouped:
+    """Samples per distinct value tuple of the group-by labels ("" where a series lacks a label)."""
+
+    by: tuple[str, ...]
+    totals: dict[tuple[str, ...], int]
+    frequency_hz: int | None
+
+
 class ProfileStore(Protocol):
     """What ingest and query need from storage. The in-memory store implements it; others may."""
 
     def write(self, profile: ProfileRows) -> None: ...
 
     def select(self, selector: Selector, start: float, end: float) -> Selection: ...
+
+    def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped: ...
 
     def label_names(self, start: float | None = None, end: float | None = None) -> list[str]: ...
 

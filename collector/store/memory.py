@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 from collector.query.selector import Selector
-from collector.store.base import Labels, ProfileRows, Selection
+from collector.store.base import Grouped, Labels, ProfileRows, Selection
 
 
 class _Interner:
@@ -97,23 +98,39 @@ class MemoryStore:
         lo, hi = self._bucket_of(start), end
         return [b for k, b in self._buckets.items() if lo <= k <= hi]
 
-    def select(self, selector: Selector, start: float, end: float) -> Selection:
+    def _scan(self, selector: Selector, start: float, end: float, key_of_label: bool):  # noqa: ANN202
+        """Samples per stack id (or per label id) of matching series, and per sampling frequency.
+        Call with the lock held."""
         merged: dict[int, int] = defaultdict(int)
         freqs: dict[int, int] = defaultdict(int)
-        with self._lock:
-            match_cache: dict[int, bool] = {}
-            labels = self._labels.values
-            for bucket in self._bucket_range(start, end):
-                for (lid, sid), count in bucket.items():
-                    ok = match_cache.get(lid)
-                    if ok is None:
-                        ok = match_cache[lid] = selector.matches(dict(labels[lid]))
-                    if ok:
-                        merged[sid] += count
-                        freqs[self._label_freq.get(lid, 0)] += count
-            stacks = {self._stacks.values[sid]: n for sid, n in merged.items()}
+        match_cache: dict[int, bool] = {}
+        labels = self._labels.values
+        for bucket in self._bucket_range(start, end):
+            for (lid, sid), count in bucket.items():
+                ok = match_cache.get(lid)
+                if ok is None:
+                    ok = match_cache[lid] = selector.matches(dict(labels[lid]))
+                if ok:
+                    merged[lid if key_of_label else sid] += count
+                    freqs[self._label_freq.get(lid, 0)] += count
         freq = max(freqs, key=freqs.get) if freqs else None
-        return Selection(stacks, freq or None)
+        return merged, freq or None
+
+    def select(self, selector: Selector, start: float, end: float) -> Selection:
+        with self._lock:
+            merged, freq = self._scan(selector, start, end, key_of_label=False)
+            stacks = {self._stacks.values[sid]: n for sid, n in merged.items()}
+        return Selection(stacks, freq)
+
+    def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
+        with self._lock:
+            per_label, freq = self._scan(selector, start, end, key_of_label=True)
+            label_sets = {lid: dict(self._labels.values[lid]) for lid in per_label}
+        totals: dict[tuple[str, ...], int] = defaultdict(int)
+        for lid, n in per_label.items():
+            labels = label_sets[lid]
+            totals[tuple(labels.get(name, "") for name in by)] += n
+        return Grouped(tuple(by), dict(totals), freq)
 
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
         with self._lock:

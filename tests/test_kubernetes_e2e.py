@@ -1,0 +1,236 @@
+"""Kubernetes attribution end to end: real cgroups, a real workload inside them, real eBPF samples, pod
+metadata from a fake API server (real HTTP, real JSON shapes), labels read back from the collector."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    REPO,
+    RunningAgent,
+    RunningCollector,
+    samples_of,
+    settled_profile,
+    start_agent,
+    start_collector,
+    stop_agent,
+    wait_until,
+)
+from tests.fake_apiserver import FakeApiServer, event, make_pod
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+NODE = "test-node"
+V1_CPU = Path("/sys/fs/cgroup/cpu")
+V2_ROOT = next(
+    (
+        p
+        for p in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+        if (p / "cgroup.procs").exists() and (p / "cgroup.controllers").exists()
+    ),
+    None,
+)
+
+
+@dataclass
+class Cluster:
+    api: FakeApiServer
+    collector: RunningCollector
+    agent: RunningAgent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with FakeApiServer() as api:
+        kubeconfig = tmp_path_factory.mktemp("kube") / "config"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+            f"clusters:\n- name: fake\n  cluster:\n    server: {api.url}\n"
+            "users:\n- name: agent\n  user:\n    token: test-token\n"
+            "contexts:\n- name: test\n  context:\n    cluster: fake\n    user: agent\n"
+        )
+        col = start_collector()
+        agent = start_agent(
+            f"127.0.0.1:{col.grpc_port}",
+            99,
+            1.0,
+            "--kubeconfig",
+            str(kubeconfig),
+            "--pod-label",
+            "app.kubernetes.io/name=app",
+            "--pod-label",
+            "team",
+        )
+        try:
+            wait_until(lambda: api.watches(), 30, "the agent to list and watch pods")
+            yield Cluster(api, RunningCollector(col), agent)
+        finally:
+            stop_agent(agent)
+            col.stop()
+
+
+def make_cgroup(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remove_cgroups(leaf: Path, up_to: Path) -> None:
+    p = leaf
+    while p != up_to and p.is_relative_to(up_to):
+        try:
+            p.rmdir()
+        except OSError:
+            break
+        p = p.parent
+
+
+def run_in_cgroup(procs_file: Path, argv: list[str]) -> subprocess.Popen:
+    """The shell moves itself into the cgroup, then execs the workload: the workload starts inside."""
+    script = f'echo $$ > {procs_file} && exec "$@"'
+    return subprocess.Popen(["sh", "-c", script, "sh", *argv], stdout=subprocess.DEVNULL)
+
+
+def trainer_pod(uid: str, cid: str, rv: str) -> dict:
+    return make_pod(
+        "trainer-7d4b9c6f8-x2x9q",
+        uid,
+        node=NODE,
+        namespace="ml",
+        resource_version=rv,
+        labels={"app.kubernetes.io/name": "trainer", "pod-template-hash": "7d4b9c6f8", "team": "vision"},
+        owner=("ReplicaSet", "trainer-7d4b9c6f8"),
+        containers={"main": cid, "sidecar": "f" * 64},
+    )
+
+
+@pytest.mark.skipif(
+    not (V1_CPU / "cgroup.procs").exists(), reason="no cgroup v1 cpu hierarchy on this machine"
+)
+def test_containerd_cgroupfs_v1_process_is_labelled_with_its_pod(cluster: Cluster, workload_bin) -> None:
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    cluster.api.push(event("ADDED", trainer_pod(uid, cid, "201")))
+    wait_until(
+        lambda: _agent_gauge(cluster.agent, "fleetprof_agent_pods") >= 1, 20, "the pod in the agent's cache"
+    )
+    leaf = make_cgroup(V1_CPU / "kubepods" / "burstable" / f"pod{uid}" / cid)
+    try:
+        proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("two_funcs")), "3", "75"])
+        proc.wait(timeout=60)
+    finally:
+        remove_cgroups(leaf, V1_CPU)
+
+    selector = (
+        '{namespace="ml", pod="trainer-7d4b9c6f8-x2x9q", container="main", workload_kind="Deployment", '
+        f'workload="trainer", app="trainer", team="vision", node="{NODE}", '
+        f'pod_uid="{uid}", container_id="{cid}"}}'
+    )
+    stacks = settled_profile(cluster.collector, selector, cluster.agent.interval)
+    assert samples_of(stacks) > 150
+    assert any(f.function == "fp_hot_alpha" for st in stacks for f in st)
+    pids = cluster.collector.json("/api/v1/labels/pid/values", since="5m")["values"]
+    assert str(proc.pid) in pids
+    # Every sample of that pid carries the pod: nothing was left as a bare container id.
+    assert cluster.collector.folded(f'{{pid="{proc.pid}"}}') == stacks
+
+    pods = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetprof.cli",
+            "pods",
+            "--collector",
+            cluster.collector.url,
+            "--since",
+            "5m",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
+    row = next(ln for ln in pods.splitlines() if "trainer-7d4b9c6f8-x2x9q" in ln)
+    assert row.split()[:4] == ["ml", "trainer-7d4b9c6f8-x2x9q", "Deployment/trainer", NODE]
+    assert "(host processes)" in pods
+
+
+@pytest.mark.skipif(V2_ROOT is None, reason="no writable cgroup v2 hierarchy on this machine")
+def test_crio_systemd_v2_process_is_labelled_once_its_pod_arrives(cluster: Cluster, workload_bin) -> None:
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    assert V2_ROOT is not None
+    slice_uid = uid.replace("-", "_")
+    leaf = make_cgroup(
+        V2_ROOT
+        / "kubepods.slice"
+        / "kubepods-besteffort.slice"
+        / f"kubepods-besteffort-pod{slice_uid}.slice"
+        / f"crio-{cid}.scope"
+    )
+    try:
+        proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("two_funcs")), "6", "50"])
+        # The process runs for a while before the API server tells the agent about its pod.
+        wait_until(
+            lambda: samples_of(cluster.collector.folded(f'{{pod_uid="{uid}"}}')) > 0,
+            20,
+            "samples of the not-yet-known pod",
+        )
+        assert samples_of(cluster.collector.folded(f'{{pod_uid="{uid}", pod!=""}}')) == 0
+        pod = make_pod(
+            "batch-worker",
+            uid,
+            node=NODE,
+            namespace="jobs",
+            resource_version="301",
+            owner=("Job", "nightly-29071440"),
+            containers={"worker": cid},
+        )
+        cluster.api.push(event("ADDED", pod))
+        proc.wait(timeout=60)
+    finally:
+        remove_cgroups(leaf, V2_ROOT)
+
+    labelled = settled_profile(
+        cluster.collector,
+        '{namespace="jobs", pod="batch-worker", container="worker", '
+        'workload_kind="CronJob", workload="nightly"}',
+        cluster.agent.interval,
+    )
+    everything = cluster.collector.folded(f'{{pid="{proc.pid}"}}')
+    assert samples_of(labelled) > 0.5 * samples_of(everything), "labels did not follow the pod's arrival"
+    unlabelled = cluster.collector.folded(f'{{pid="{proc.pid}", pod=""}}')
+    assert samples_of(unlabelled) + samples_of(labelled) == samples_of(everything)
+
+
+def test_host_processes_stay_host_processes(cluster: Cluster, workload_bin) -> None:
+    proc = subprocess.Popen([str(workload_bin("two_funcs")), "2", "50"], stdout=subprocess.DEVNULL)
+    proc.wait(timeout=60)
+    stacks = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent.interval)
+    assert samples_of(stacks) > 0
+    for label in ("pod", "namespace", "container", "pod_uid", "container_id"):
+        assert cluster.collector.folded(f'{{pid="{proc.pid}", {label}!=""}}') == {}, label
+
+
+def _agent_gauge(agent: RunningAgent, name: str) -> float:
+    for line in agent.metrics().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_agent_refuses_a_bad_pod_label_flag() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetprof.cli", "agent", "--pod-label", "app=pod"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert "'pod' is a label fleetprof sets itself" in r.stderr
+    assert "Traceback" not in r.stderr
