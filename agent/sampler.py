@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.kernel import BpfUnavailable, load_bcc
+from agent.memory import release_startup_memory
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class CpuSampler:
             )
         except Exception as exc:
             raise BpfUnavailable(f"cannot attach to the CPU clock perf event: {exc}") from exc
-        _trim_heap()  # LLVM's compile leaves ~70 MB of freed heap mapped; give it back.
+        release_startup_memory()  # LLVM's heap garbage and ~85 MB of its code pages, needed only to compile
 
     @property
     def frequency_hz(self) -> int:
@@ -271,10 +272,3 @@ def _drain_map_slow(table):  # noqa: ANN001
         out.append((_value(k), _value(v)))
         del table[k]
     return out
-
-
-def _trim_heap() -> None:
-    try:
-        ct.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -134,3 +134,17 @@ def test_process_in_its_own_mount_namespace_is_symbolized_after_it_exits(workloa
     finally:
         stop_agent(agent)
         col.stop()
+
+
+def test_agent_drops_the_compilers_code_pages_after_loading(agent: RunningAgent) -> None:
+    resident: dict[str, int] = {}
+    name = ""
+    with open(f"/proc/{agent.proc.pid}/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else ""
+            elif head[0] == "Rss:":
+                resident[name] = resident.get(name, 0) + int(head[1])
+    llvm_kb = sum(kb for path, kb in resident.items() if "libLLVM" in path or "libclang" in path)
+    assert llvm_kb < 20 * 1024, f"{llvm_kb} kB of LLVM/clang still resident"
