@@ -19,6 +19,7 @@ from agent.kube.config import KubeConfigError, load_config
 from agent.kube.podresources import DEFAULT_SOCKET, GpuOwners, PodResourcesClient
 from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
 from agent.kube.watcher import PodWatcher
+from agent.memory import HeapTrimmer
 from agent.metrics import AgentCounters, build_registry
 from agent.process.table import ProcessTable
 from agent.resolver import Resolver
@@ -88,6 +89,7 @@ class Agent:
         self.pod_watcher = self._pod_watcher()
         self.gpu_owners = GpuOwners(PodResourcesClient(config.pod_resources_socket))
         self.counters = AgentCounters()
+        self._trim_heap = HeapTrimmer()
         self.registry, self._drain_hist = build_registry(
             self.counters, lambda: self.shipper.stats, self._gauges
         )
@@ -152,7 +154,7 @@ class Agent:
         assert self.sampler is not None
         while not self._stop.is_set():
             try:
-                self.sampler.poll_events(200)
+                self.sampler.poll_events(1000)  # returns at once when events arrive
             except Exception:  # keep describing processes whatever one event did
                 log.exception("process event handling failed")
 
@@ -166,6 +168,7 @@ class Agent:
         self.gpu_owners.refresh_if_stale(time.monotonic())
         batch = encode_window(window, self.identity, self.config.frequency_hz, self.attributor)
         self.shipper.submit(batch)
+        self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
         self._drain_hist.observe(time.perf_counter() - t0)
         self._last_drain = time.monotonic()
@@ -180,6 +183,8 @@ class Agent:
             ),
             on_process_event=self._on_process_event,
         )
+        self.symbolizer.load_kernel_symbols()
+        self._trim_heap()
         self.http.start()
         self.shipper.start()
         if self.pod_watcher is not None:

@@ -309,44 +309,48 @@ class SymbolTable:
         assembly) otherwise covers everything up to the next symbol, and with only .dynsym that can be a
         run of unexported static functions in another section: it is capped at its own section's end.
         """
-        cands: list[tuple[int, int, int, int]] = []
+        # Arrays only: a list of per-symbol tuples here fragmented the agent's heap by tens of MB once
+        # a few dozen libraries were loaded.
+        c_value, c_rank, c_name, c_size = array("Q"), array("B"), array("Q"), array("Q")
         tables: list[bytes] = []
         base = 0
         rank = _BIND_RANK
         for symdata, strdata in sources:
             whole = len(symdata) - len(symdata) % _SYM.size
-            append = cands.append
             for name, info, _other, shndx, value, size in _SYM.iter_unpack(memoryview(symdata)[:whole]):
                 kind = info & 0xF
                 # Undefined symbols can carry a PLT address in non-PIE executables; they are not ours.
                 if (kind == STT_FUNC or kind == STT_GNU_IFUNC) and value and shndx != SHN_UNDEF and name:
                     if size == 0 and shndx < len(section_ends) and section_ends[shndx] > value:
                         size = section_ends[shndx] - value
-                    append((value, rank[info >> 4], name + base, size))
+                    c_value.append(value)
+                    c_rank.append(rank[info >> 4])
+                    c_name.append(name + base)
+                    c_size.append(size)
             tables.append(strdata)
             base += len(strdata)
         strings = b"".join(tables)
-        cands.sort()
+        order = sorted(range(len(c_value)), key=c_value.__getitem__)
 
         starts = array("Q")
         sizes = array("I")
         offsets = array("I")
-        i, n = 0, len(cands)
+        i, n = 0, len(order)
         while i < n:
             j = i + 1
-            value = cands[i][0]
-            while j < n and cands[j][0] == value:
+            value = c_value[order[i]]
+            while j < n and c_value[order[j]] == value:
                 j += 1
             if j - i == 1:
-                best = cands[i]
-                size = best[3]
+                best = order[i]
+                size = c_size[best]
             else:
-                group = cands[i:j]
-                best = min(group, key=lambda c: (c[1], *_name_key(strings, c[2])))
-                size = best[3] or max(c[3] for c in group)
+                group = order[i:j]
+                best = min(group, key=lambda k: (c_rank[k], *_name_key(strings, c_name[k])))
+                size = c_size[best] or max(c_size[k] for k in group)
             starts.append(value)
             sizes.append(min(size, _MAX_SIZE))
-            offsets.append(best[2])
+            offsets.append(c_name[best])
             i = j
         if len(strings) <= compress_above:
             return cls(starts, sizes, offsets, strings)

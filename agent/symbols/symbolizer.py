@@ -112,6 +112,11 @@ class Symbolizer:
                 self._kernel = KernelSymbols(text=b"")
         return self._kernel
 
+    def load_kernel_symbols(self) -> int:
+        """Parse kallsyms now (~0.5 s, once) rather than in the first drain; returns the symbol count."""
+        with self._lock:
+            return len(self._kernel_symbols())
+
     def reload_kernel_symbols(self) -> None:
         """Re-read kallsyms on the next kernel lookup (call after modules are loaded or unloaded)."""
         self._kernel = None
