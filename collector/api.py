@@ -39,6 +39,7 @@ class QueryApi:
             "/api/v1/profile": self.profile,
             "/api/v1/top": self.top,
             "/api/v1/labels": self.labels,
+            "/api/v1/syscalls": self.syscalls,
             "/metrics": self.metrics,
             "/healthz": lambda _r: json_response({"status": "ok"}),
             "/": self.static,
@@ -150,6 +151,46 @@ class QueryApi:
                 ],
             }
         )
+
+    def syscalls(self, req: Request) -> Response:
+        """Syscalls for a selection grouped by `by` (default syscall; e.g. by=pod or by=pod,syscall)."""
+        limit = self._int(req, "limit", 50, 1, 10_000)
+        by = self._by(req, default="syscall")
+        sort = req.param("sort", "time")
+        if sort not in ("time", "count"):
+            raise HttpError(400, f'"sort" must be "time" or "count", got {sort!r}')
+        selector = self._selector(req)
+        start, end = self._range(req)
+        groups = self._store.syscalls(selector, start, end, by)
+        duration = max(end - start, 1e-9)
+        rows = []
+        for values, agg in groups.items():
+            p50, p99 = agg.quantile_ns(0.5), agg.quantile_ns(0.99)
+            rows.append(
+                {
+                    "labels": dict(zip(by, values, strict=True)),
+                    "count": agg.count,
+                    "rate_per_second": round(agg.count / duration, 3),
+                    "timed": agg.timed,
+                    "total_seconds": round(agg.estimated_ns / 1e9, 6),
+                    "mean_seconds": round(agg.timed_ns / agg.timed / 1e9, 9) if agg.timed else None,
+                    "p50_seconds": round(p50 / 1e9, 9) if p50 is not None else None,
+                    "p99_seconds": round(p99 / 1e9, 9) if p99 is not None else None,
+                }
+            )
+        key = (lambda r: (-r["total_seconds"], -r["count"])) if sort == "time" else (lambda r: (-r["count"],))
+        rows.sort(key=key)
+        body = {"by": by, "from": start, "until": end, "query": str(selector), "syscalls": rows[:limit]}
+        body["total_count"] = sum(a.count for a in groups.values())
+        return json_response(body)
+
+    def _by(self, req: Request, default: str) -> list[str]:
+        by = [b.strip() for b in (req.param("by") or default).split(",")]
+        if not by or any(not _LABEL_NAME.fullmatch(b) for b in by):
+            raise HttpError(
+                400, f'"by" must be a comma-separated list of label names, got {req.param("by")!r}'
+            )
+        return by
 
     def labels(self, req: Request) -> Response:
         start, end = self._optional_range(req)

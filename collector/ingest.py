@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
 
 from collector.render.tree import FrameKey
-from collector.store.base import Labels, ProfileRows, ProfileStore
+from collector.store.base import Labels, ProfileRows, ProfileStore, SyscallAgg
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
@@ -102,6 +102,20 @@ def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
             if lb.name == 0:
                 fail("bad_label", f"process {pi} has a label with an empty name")
     nproc, nstack = len(batch.processes), len(batch.stacks)
+    for i, sc in enumerate(batch.syscalls):
+        if sc.process >= nproc:
+            fail("bad_syscall", f"syscall row {i} refers to process {sc.process}, but there are {nproc}")
+        check_str(sc.syscall, f"syscall row {i}")
+        if sc.syscall == 0:
+            fail("bad_syscall", f"syscall row {i} has no syscall name")
+        if sc.count > MAX_COUNT or sc.timed > sc.count:
+            fail("bad_syscall", f"syscall row {i}: timed {sc.timed} of count {sc.count} is impossible")
+        if len(sc.latency_log2_ns) > 64 or sum(sc.latency_log2_ns) != sc.timed:
+            fail(
+                "bad_syscall",
+                f"syscall row {i}: the latency histogram ({sum(sc.latency_log2_ns)} calls in "
+                f"{len(sc.latency_log2_ns)} buckets) does not add up to timed {sc.timed}",
+            )
     for i, s in enumerate(batch.samples):
         if s.process >= nproc:
             fail("bad_sample", f"sample {i} refers to process {s.process}, but there are {nproc}")
@@ -134,7 +148,15 @@ def decode_batch(batch: pb.Batch) -> ProfileRows:
                 labels[strings[lb.name]] = value
         procs.append(tuple(sorted((k, v) for k, v in labels.items() if v)))
     rows = [(procs[s.process], stacks[s.stack], s.count) for s in batch.samples]
-    return ProfileRows(batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows)
+    syscalls = [
+        (
+            procs[sc.process],
+            strings[sc.syscall],
+            SyscallAgg(sc.count, sc.timed, sc.timed_ns, list(sc.latency_log2_ns)),
+        )
+        for sc in batch.syscalls
+    ]
+    return ProfileRows(batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows, syscalls)
 
 
 class _SeenSequences:
@@ -161,8 +183,14 @@ class _SeenSequences:
 
 
 class IngestService(pb_grpc.IngestServicer):
-    def __init__(self, store: ProfileStore, limits: IngestLimits | None = None):
+    def __init__(
+        self,
+        store: ProfileStore,
+        limits: IngestLimits | None = None,
+        on_rows: Callable[[ProfileRows], None] | None = None,
+    ):
         self._store = store
+        self._on_rows = on_rows
         self._limits = limits or IngestLimits()
         self._lock = threading.Lock()
         self._seen = _SeenSequences()
@@ -184,6 +212,8 @@ class IngestService(pb_grpc.IngestServicer):
                 return False
         rows = decode_batch(batch)
         self._store.write(rows)
+        if self._on_rows is not None:
+            self._on_rows(rows)
         with self._lock:
             self._seen.add(agent_id, batch.sequence)
             self.stats.batches += 1

@@ -14,8 +14,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from collector.api import QueryApi
 from collector.ingest import IngestLimits, IngestService
-from collector.store.base import ProfileStore
+from collector.store.base import ProfileRows, ProfileStore
 from collector.store.memory import MemoryStore
+from collector.syscall_metrics import SyscallMetrics
 from fleetprof.httpserve import HttpServer
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
@@ -69,9 +70,13 @@ class Collector:
     def __init__(self, config: CollectorConfig, store: ProfileStore | None = None):
         self.config = config
         self.store = store or MemoryStore(retention_s=config.retention_s)
-        self.ingest = IngestService(self.store, IngestLimits(max_batch_bytes=config.max_batch_bytes))
+        self.syscall_metrics = SyscallMetrics()
+        self.ingest = IngestService(
+            self.store, IngestLimits(max_batch_bytes=config.max_batch_bytes), on_rows=self._export_rows
+        )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_IngestMetrics(self.ingest, self.store))
+        self.registry.register(self.syscall_metrics)
         api = QueryApi(self.store, self.registry)
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(host or "127.0.0.1", int(port), api.routes(), api.prefixes())
@@ -87,6 +92,10 @@ class Collector:
         if self.grpc_port == 0:
             raise OSError(f"cannot listen for gRPC on {config.grpc} (address in use?)")
         self._stopped = threading.Event()
+
+    def _export_rows(self, rows: ProfileRows) -> None:
+        if rows.syscalls:
+            self.syscall_metrics.observe(rows.syscalls)
 
     @property
     def http_port(self) -> int:

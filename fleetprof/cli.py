@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_query_args(pods)
     pods.add_argument("--limit", type=_positive_int, default=30)
 
+    sc = sub.add_parser("syscalls", help="top syscalls by time and by count for a selection")
+    _add_query_args(sc)
+    sc.add_argument(
+        "--by", default="syscall", help="group by these labels (e.g. pod,syscall; default syscall)"
+    )
+    sc.add_argument("--limit", type=_positive_int, default=15)
+
     f = sub.add_parser("flame", help="write a flame graph (.svg, .folded/.txt, .json) or print folded stacks")
     _add_query_args(f)
     f.add_argument("-o", "--output", default=None, help="file to write; the extension picks the format")
@@ -275,6 +282,52 @@ def format_pods(data: dict) -> str:
     return "\n".join(lines)
 
 
+def cmd_syscalls(args: argparse.Namespace) -> int:
+    base = _range_params(args) | {"by": args.by, "limit": str(args.limit)}
+    by_time = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "time"})
+    by_count = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "count"})
+    print(format_syscalls(by_time, "time"))
+    print()
+    print(format_syscalls(by_count, "count"))
+    return 0
+
+
+def _seconds_text(v: float | None) -> str:
+    if v is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if v >= scale:
+            return f"{v / scale:.1f}{unit}"
+    return f"{v * 1e9:.0f}ns"
+
+
+def format_syscalls(data: dict, sort: str) -> str:
+    by = data["by"]
+    lines = [f"{data['query']}  top syscalls by {sort}  ({data['total_count']} calls)"]
+    if not data["syscalls"]:
+        lines.append("no syscalls in this range")
+        return "\n".join(lines)
+    header = (*[b.upper() for b in by], "CALLS", "CALLS/S", "TIME", "P50", "P99")
+    rows = [
+        (
+            *[r["labels"][b] or "-" for b in by],
+            str(r["count"]),
+            f"{r['rate_per_second']:.1f}",
+            _seconds_text(r["total_seconds"]) if r["timed"] else "-",
+            _seconds_text(r["p50_seconds"]),
+            _seconds_text(r["p99_seconds"]),
+        )
+        for r in data["syscalls"]
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        cells = (
+            c.ljust(w) if i < len(by) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
 def cmd_flame(args: argparse.Namespace) -> int:
     fmt = "folded"
     if args.output:
@@ -362,6 +415,7 @@ COMMANDS = {
     "demo": cmd_demo,
     "top": cmd_top,
     "pods": cmd_pods,
+    "syscalls": cmd_syscalls,
     "flame": cmd_flame,
 }
 

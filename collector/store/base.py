@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from collector.query.selector import Selector
@@ -16,14 +16,61 @@ Stack = tuple[FrameKey, ...]
 """Root first."""
 
 
+@dataclass
+class SyscallAgg:
+    """Calls of one syscall: `count` is exact; latency was measured on `timed` of them.
+
+    hist[i] counts timed calls with latency in [2^i, 2^(i+1)) ns (the last bucket is open-ended).
+    Estimates for all calls scale by count / timed.
+    """
+
+    count: int = 0
+    timed: int = 0
+    timed_ns: int = 0
+    hist: list[int] = field(default_factory=list)
+
+    def add(self, other: SyscallAgg) -> None:
+        self.count += other.count
+        self.timed += other.timed
+        self.timed_ns += other.timed_ns
+        if len(self.hist) < len(other.hist):
+            self.hist.extend([0] * (len(other.hist) - len(self.hist)))
+        for i, n in enumerate(other.hist):
+            self.hist[i] += n
+
+    @property
+    def estimated_ns(self) -> float:
+        """Total time of all calls, scaled from the timed ones (0 when none was timed)."""
+        return self.timed_ns * self.count / self.timed if self.timed else 0.0
+
+    def quantile_ns(self, q: float) -> float | None:
+        """Latency quantile from the log2 histogram, interpolated linearly inside the bucket."""
+        if not self.timed:
+            return None
+        target = q * self.timed
+        seen = 0
+        for i, n in enumerate(self.hist):
+            if n and seen + n >= target:
+                lo = float(1 << i)
+                return lo + (target - seen) / n * lo  # the bucket spans [2^i, 2^(i+1))
+            seen += n
+        return float(1 << max(len(self.hist) - 1, 0))
+
+
+SyscallRow = tuple[Labels, str, SyscallAgg]
+"""(process labels, syscall name, its calls in the window)."""
+
+
 @dataclass(frozen=True)
 class ProfileRows:
-    """One ingested window: (labels, stack, count) rows at a time range, sampled at `frequency_hz`."""
+    """One ingested window: (labels, stack, count) rows at a time range, sampled at `frequency_hz`, and
+    the window's syscall rows."""
 
     start: float  # unix seconds
     end: float
     frequency_hz: int
     rows: Sequence[tuple[Labels, Stack, int]]
+    syscalls: Sequence[SyscallRow] = ()
 
 
 @dataclass(frozen=True)
@@ -55,6 +102,12 @@ class ProfileStore(Protocol):
     def select(self, selector: Selector, start: float, end: float) -> Selection: ...
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped: ...
+
+    def syscalls(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], SyscallAgg]:
+        """Syscall aggregates grouped by labels; "syscall" is a valid group-by name."""
+        ...
 
     def label_names(self, start: float | None = None, end: float | None = None) -> list[str]: ...
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from collector.query.selector import Selector
-from collector.store.base import Grouped, Labels, ProfileRows, Selection
+from collector.store.base import Grouped, Labels, ProfileRows, Selection, SyscallAgg
 
 
 class _Interner:
@@ -46,6 +46,8 @@ class MemoryStore:
         self._labels = _Interner()
         # bucket start -> {(label id, stack id): samples}
         self._buckets: dict[int, dict[tuple[int, int], int]] = {}
+        # bucket start -> {(label id, syscall name): calls}
+        self._sys_buckets: dict[int, dict[tuple[int, str], SyscallAgg]] = {}
         self._label_freq: dict[int, int] = {}  # label id -> frequency of its latest window
         self._label_last_seen: dict[int, float] = {}
         self._expired_since_compaction = 0
@@ -64,6 +66,15 @@ class MemoryStore:
                 bucket[(lid, self._stacks.id(stack))] += count
                 self._label_freq[lid] = profile.frequency_hz
                 self._label_last_seen[lid] = profile.end
+            if profile.syscalls:
+                sys_bucket = self._sys_buckets.setdefault(bucket_key, {})
+                for labels, name, agg in profile.syscalls:
+                    key = (self._labels.id(labels), name)
+                    cur = sys_bucket.get(key)
+                    if cur is None:
+                        sys_bucket[key] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
+                    else:
+                        cur.add(agg)
             self._expire()
 
     def _expire(self) -> None:
@@ -71,6 +82,8 @@ class MemoryStore:
         expired = [k for k in self._buckets if k < horizon]
         for key in expired:
             del self._buckets[key]
+        for key in [k for k in self._sys_buckets if k < horizon]:
+            del self._sys_buckets[key]
         if expired:
             self._expired_since_compaction += len(expired)
             # Interned stacks and label sets outlive the buckets that used them (pids churn): rebuild the
@@ -91,6 +104,10 @@ class MemoryStore:
                 last_seen[new_lid] = self._label_last_seen.get(lid, 0.0)
                 fresh[(new_lid, stacks.id(old_stacks[sid]))] += count
             self._buckets[key] = fresh
+        for key, sys_bucket in self._sys_buckets.items():
+            self._sys_buckets[key] = {
+                (labels.id(old_labels[lid]), name): agg for (lid, name), agg in sys_bucket.items()
+            }
         self._stacks, self._labels = stacks, labels
         self._label_freq, self._label_last_seen = label_freq, last_seen
 
@@ -131,6 +148,32 @@ class MemoryStore:
             labels = label_sets[lid]
             totals[tuple(labels.get(name, "") for name in by)] += n
         return Grouped(tuple(by), dict(totals), freq)
+
+    def syscalls(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], SyscallAgg]:
+        out: dict[tuple[str, ...], SyscallAgg] = {}
+        lo = self._bucket_of(start)
+        with self._lock:
+            labels = self._labels.values
+            match_cache: dict[int, dict[str, str] | None] = {}
+            for key, sys_bucket in self._sys_buckets.items():
+                if not lo <= key <= end:
+                    continue
+                for (lid, name), agg in sys_bucket.items():
+                    if lid not in match_cache:
+                        lb = dict(labels[lid])
+                        match_cache[lid] = lb if selector.matches(lb) else None
+                    lb = match_cache[lid]
+                    if lb is None:
+                        continue
+                    group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
+                    cur = out.get(group)
+                    if cur is None:
+                        out[group] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
+                    else:
+                        cur.add(agg)
+        return out
 
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
         with self._lock:

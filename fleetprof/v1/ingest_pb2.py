@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66leetprof/v1/ingest.proto\x12\x0c\x66leetprof.v1\"[\n\rAgentIdentity\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x19\n\x11\x62oot_time_unix_ns\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\t\"\xbf\x02\n\x05\x42\x61tch\x12*\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x1b.fleetprof.v1.AgentIdentity\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x15\n\rstart_unix_ns\x18\x03 \x01(\x03\x12\x13\n\x0b\x65nd_unix_ns\x18\x04 \x01(\x03\x12\x14\n\x0c\x66requency_hz\x18\x05 \x01(\r\x12\x0f\n\x07strings\x18\x06 \x03(\t\x12#\n\x06stacks\x18\x07 \x03(\x0b\x32\x13.fleetprof.v1.Stack\x12(\n\tprocesses\x18\x08 \x03(\x0b\x32\x15.fleetprof.v1.Process\x12%\n\x07samples\x18\t \x03(\x0b\x32\x14.fleetprof.v1.Sample\x12)\n\x05stats\x18\n \x01(\x0b\x32\x1a.fleetprof.v1.SamplerStatsJ\x04\x08\x14\x10(\"A\n\x05Stack\x12\x11\n\tfunctions\x18\x01 \x03(\r\x12\x0f\n\x07modules\x18\x02 \x03(\r\x12\x14\n\x0ckernel_start\x18\x03 \x01(\r\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r\"p\n\x07Process\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x18\n\x10start_time_ticks\x18\x02 \x01(\x04\x12\x0c\n\x04\x63omm\x18\x03 \x01(\r\x12\x0b\n\x03\x65xe\x18\x04 \x01(\r\x12#\n\x06labels\x18\x05 \x03(\x0b\x32\x13.fleetprof.v1.Label\"D\n\x06Sample\x12\x0f\n\x07process\x18\x01 \x01(\r\x12\x0b\n\x03tid\x18\x02 \x01(\r\x12\r\n\x05stack\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\"\xc0\x01\n\x0cSamplerStats\x12\x0f\n\x07samples\x18\x01 \x01(\x04\x12\x1a\n\x12user_stack_missing\x18\x02 \x01(\x04\x12\x19\n\x11user_stack_errors\x18\x03 \x01(\x04\x12\x1b\n\x13kernel_stack_errors\x18\x04 \x01(\x04\x12\x18\n\x10stack_table_full\x18\x05 \x01(\x04\x12\x18\n\x10\x63ount_table_full\x18\x06 \x01(\x04\x12\x17\n\x0funknown_process\x18\x07 \x01(\x04\"\x17\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x32<\n\x06Ingest\x12\x32\n\x04Push\x12\x13.fleetprof.v1.Batch\x1a\x11.fleetprof.v1.Ack(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66leetprof/v1/ingest.proto\x12\x0c\x66leetprof.v1\"[\n\rAgentIdentity\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x19\n\x11\x62oot_time_unix_ns\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\t\"\xd3\x03\n\x05\x42\x61tch\x12*\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x1b.fleetprof.v1.AgentIdentity\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x15\n\rstart_unix_ns\x18\x03 \x01(\x03\x12\x13\n\x0b\x65nd_unix_ns\x18\x04 \x01(\x03\x12\x14\n\x0c\x66requency_hz\x18\x05 \x01(\r\x12\x0f\n\x07strings\x18\x06 \x03(\t\x12#\n\x06stacks\x18\x07 \x03(\x0b\x32\x13.fleetprof.v1.Stack\x12(\n\tprocesses\x18\x08 \x03(\x0b\x32\x15.fleetprof.v1.Process\x12%\n\x07samples\x18\t \x03(\x0b\x32\x14.fleetprof.v1.Sample\x12)\n\x05stats\x18\n \x01(\x0b\x32\x1a.fleetprof.v1.SamplerStats\x12,\n\x08syscalls\x18\x14 \x03(\x0b\x32\x1a.fleetprof.v1.SyscallStats\x12$\n\x1csyscall_latency_sample_every\x18\x15 \x01(\r\x12\x38\n\x0esyscall_tracer\x18\x16 \x01(\x0b\x32 .fleetprof.v1.SyscallTracerStatsJ\x04\x08\x17\x10\x1eJ\x04\x08\x1e\x10(\"y\n\x0cSyscallStats\x12\x0f\n\x07process\x18\x01 \x01(\r\x12\x0f\n\x07syscall\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\x04\x12\r\n\x05timed\x18\x04 \x01(\x04\x12\x10\n\x08timed_ns\x18\x05 \x01(\x04\x12\x17\n\x0flatency_log2_ns\x18\x06 \x03(\x04\"(\n\x12SyscallTracerStats\x12\x12\n\ntable_full\x18\x01 \x01(\x04\"A\n\x05Stack\x12\x11\n\tfunctions\x18\x01 \x03(\r\x12\x0f\n\x07modules\x18\x02 \x03(\r\x12\x14\n\x0ckernel_start\x18\x03 \x01(\r\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\r\"p\n\x07Process\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x18\n\x10start_time_ticks\x18\x02 \x01(\x04\x12\x0c\n\x04\x63omm\x18\x03 \x01(\r\x12\x0b\n\x03\x65xe\x18\x04 \x01(\r\x12#\n\x06labels\x18\x05 \x03(\x0b\x32\x13.fleetprof.v1.Label\"D\n\x06Sample\x12\x0f\n\x07process\x18\x01 \x01(\r\x12\x0b\n\x03tid\x18\x02 \x01(\r\x12\r\n\x05stack\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\"\xc0\x01\n\x0cSamplerStats\x12\x0f\n\x07samples\x18\x01 \x01(\x04\x12\x1a\n\x12user_stack_missing\x18\x02 \x01(\x04\x12\x19\n\x11user_stack_errors\x18\x03 \x01(\x04\x12\x1b\n\x13kernel_stack_errors\x18\x04 \x01(\x04\x12\x18\n\x10stack_table_full\x18\x05 \x01(\x04\x12\x18\n\x10\x63ount_table_full\x18\x06 \x01(\x04\x12\x17\n\x0funknown_process\x18\x07 \x01(\x04\"\x17\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x32<\n\x06Ingest\x12\x32\n\x04Push\x12\x13.fleetprof.v1.Batch\x1a\x11.fleetprof.v1.Ack(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTIDENTITY']._serialized_start=43
   _globals['_AGENTIDENTITY']._serialized_end=134
   _globals['_BATCH']._serialized_start=137
-  _globals['_BATCH']._serialized_end=456
-  _globals['_STACK']._serialized_start=458
-  _globals['_STACK']._serialized_end=523
-  _globals['_LABEL']._serialized_start=525
-  _globals['_LABEL']._serialized_end=561
-  _globals['_PROCESS']._serialized_start=563
-  _globals['_PROCESS']._serialized_end=675
-  _globals['_SAMPLE']._serialized_start=677
-  _globals['_SAMPLE']._serialized_end=745
-  _globals['_SAMPLERSTATS']._serialized_start=748
-  _globals['_SAMPLERSTATS']._serialized_end=940
-  _globals['_ACK']._serialized_start=942
-  _globals['_ACK']._serialized_end=965
-  _globals['_INGEST']._serialized_start=967
-  _globals['_INGEST']._serialized_end=1027
+  _globals['_BATCH']._serialized_end=604
+  _globals['_SYSCALLSTATS']._serialized_start=606
+  _globals['_SYSCALLSTATS']._serialized_end=727
+  _globals['_SYSCALLTRACERSTATS']._serialized_start=729
+  _globals['_SYSCALLTRACERSTATS']._serialized_end=769
+  _globals['_STACK']._serialized_start=771
+  _globals['_STACK']._serialized_end=836
+  _globals['_LABEL']._serialized_start=838
+  _globals['_LABEL']._serialized_end=874
+  _globals['_PROCESS']._serialized_start=876
+  _globals['_PROCESS']._serialized_end=988
+  _globals['_SAMPLE']._serialized_start=990
+  _globals['_SAMPLE']._serialized_end=1058
+  _globals['_SAMPLERSTATS']._serialized_start=1061
+  _globals['_SAMPLERSTATS']._serialized_end=1253
+  _globals['_ACK']._serialized_start=1255
+  _globals['_ACK']._serialized_end=1278
+  _globals['_INGEST']._serialized_start=1280
+  _globals['_INGEST']._serialized_end=1340
 # @@protoc_insertion_point(module_scope)

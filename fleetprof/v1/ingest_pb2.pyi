@@ -19,7 +19,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats", "syscalls", "syscall_latency_sample_every", "syscall_tracer")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,9 @@ class Batch(_message.Message):
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SYSCALLS_FIELD_NUMBER: _ClassVar[int]
+    SYSCALL_LATENCY_SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
+    SYSCALL_TRACER_FIELD_NUMBER: _ClassVar[int]
     agent: AgentIdentity
     sequence: int
     start_unix_ns: int
@@ -40,7 +43,32 @@ class Batch(_message.Message):
     processes: _containers.RepeatedCompositeFieldContainer[Process]
     samples: _containers.RepeatedCompositeFieldContainer[Sample]
     stats: SamplerStats
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ...) -> None: ...
+    syscalls: _containers.RepeatedCompositeFieldContainer[SyscallStats]
+    syscall_latency_sample_every: int
+    syscall_tracer: SyscallTracerStats
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ...) -> None: ...
+
+class SyscallStats(_message.Message):
+    __slots__ = ("process", "syscall", "count", "timed", "timed_ns", "latency_log2_ns")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    SYSCALL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMED_FIELD_NUMBER: _ClassVar[int]
+    TIMED_NS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_LOG2_NS_FIELD_NUMBER: _ClassVar[int]
+    process: int
+    syscall: int
+    count: int
+    timed: int
+    timed_ns: int
+    latency_log2_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, process: _Optional[int] = ..., syscall: _Optional[int] = ..., count: _Optional[int] = ..., timed: _Optional[int] = ..., timed_ns: _Optional[int] = ..., latency_log2_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SyscallTracerStats(_message.Message):
+    __slots__ = ("table_full",)
+    TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
+    table_full: int
+    def __init__(self, table_full: _Optional[int] = ...) -> None: ...
 
 class Stack(_message.Message):
     __slots__ = ("functions", "modules", "kernel_start")

@@ -1,0 +1,141 @@
+"""Syscall rows through the real collector: validation, /api/v1/syscalls, Prometheus series, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.store.base import SyscallAgg
+from collector.syscall_metrics import SyscallMetrics
+from fleetprof.v1 import ingest_pb2 as pb
+from tests.conftest import REPO, RunningCollector, http_get
+from tests.test_ingest import make_batch, push
+
+
+def hist(**buckets: int) -> list[int]:
+    out = [0] * 40
+    for k, n in buckets.items():
+        out[int(k[1:])] = n
+    return out
+
+
+def with_syscalls(batch: pb.Batch, rows: list[tuple[str, int, int, int, list[int]]]) -> pb.Batch:
+    for name, count, timed, timed_ns, h in rows:
+        batch.strings.append(name)
+        batch.syscalls.append(
+            pb.SyscallStats(
+                process=0,
+                syscall=len(batch.strings) - 1,
+                count=count,
+                timed=timed,
+                timed_ns=timed_ns,
+                latency_log2_ns=h,
+            )
+        )
+    batch.syscall_latency_sample_every = 16
+    return batch
+
+
+def test_quantiles_come_from_the_log2_histogram() -> None:
+    agg = SyscallAgg(count=160, timed=10, timed_ns=10 * 5_000_000, hist=hist(b22=9, b30=1))
+    assert 4_194_304 <= agg.quantile_ns(0.5) < 8_388_608
+    assert agg.quantile_ns(0.99) >= 1 << 30
+    assert agg.estimated_ns == pytest.approx(160 * 5_000_000)
+    assert SyscallAgg(count=5).quantile_ns(0.5) is None
+
+
+def test_syscalls_api_groups_sorts_and_estimates(collector: RunningCollector) -> None:
+    rows = [
+        ("nanosleep", 100, 100, 100 * 5_000_000, hist(b22=100)),
+        ("getppid", 50_000, 3_125, 3_125 * 300, hist(b8=3_125)),
+    ]
+    push(collector.grpc_target, [with_syscalls(make_batch(), rows)])
+    by_time = collector.json("/api/v1/syscalls", since="5m", sort="time")
+    assert [r["labels"]["syscall"] for r in by_time["syscalls"]] == ["nanosleep", "getppid"]
+    sleep = by_time["syscalls"][0]
+    assert sleep["count"] == 100
+    assert sleep["total_seconds"] == pytest.approx(0.5)
+    assert 0.0041 < sleep["p50_seconds"] < 0.0084
+    by_count = collector.json("/api/v1/syscalls", since="5m", sort="count")
+    assert by_count["syscalls"][0]["labels"]["syscall"] == "getppid"
+    assert by_count["syscalls"][0]["count"] == 50_000
+    assert by_count["syscalls"][0]["total_seconds"] == pytest.approx(50_000 * 300e-9)
+    per_process = collector.json("/api/v1/syscalls", since="5m", by="comm,syscall", query='{comm="worker"}')
+    assert {tuple(r["labels"].values()) for r in per_process["syscalls"]} == {
+        ("worker", "nanosleep"),
+        ("worker", "getppid"),
+    }
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda b: setattr(b.syscalls[0], "timed", 999), "timed 999 of count 100 is impossible"),
+        (lambda b: b.syscalls[0].latency_log2_ns.append(1), "does not add up to timed 100"),
+        (lambda b: setattr(b.syscalls[0], "process", 4), "refers to process 4"),
+        (lambda b: setattr(b.syscalls[0], "syscall", 0), "has no syscall name"),
+    ],
+)
+def test_inconsistent_syscall_rows_are_refused(mutate, expected: str, collector: RunningCollector) -> None:
+    batch = with_syscalls(make_batch(), [("read", 100, 100, 100_000, hist(b10=100))])
+    mutate(batch)
+    with pytest.raises(grpc.RpcError) as info:
+        push(collector.grpc_target, [batch])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in info.value.details()
+
+
+def test_prometheus_exposes_counts_and_a_real_histogram(collector: RunningCollector) -> None:
+    rows = [("read", 1000, 10, 10 * 2_000, hist(b10=6, b11=4))]
+    push(collector.grpc_target, [with_syscalls(make_batch(), rows)])
+    text = http_get(f"{collector.url}/metrics").decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    calls = [s for s in families["fleetprof_syscalls"].samples if s.name == "fleetprof_syscalls_total"]
+    assert [(s.labels["syscall"], s.labels["node"], s.value) for s in calls] == [("read", "node-a", 1000.0)]
+    hist_samples = families["fleetprof_syscall_duration_seconds"].samples
+    buckets = {s.labels["le"]: s.value for s in hist_samples if s.name.endswith("_bucket")}
+    assert buckets["1.024e-06"] == 0  # 2^10 ns: [1024, 2048) ns is above it
+    assert buckets["4.096e-06"] == 10
+    assert buckets["+Inf"] == 10
+    values = list(buckets.values())
+    assert values == sorted(values), "buckets must be cumulative"
+    total = next(s.value for s in hist_samples if s.name.endswith("_sum"))
+    assert total == pytest.approx(20e-6)
+
+
+def test_prometheus_series_are_capped_per_pod_and_stay_monotonic() -> None:
+    m = SyscallMetrics(per_pod_limit=3)
+    labels = (("namespace", "ml"), ("node", "n1"), ("pod", "p"))
+    names = ["read", "write", "openat", "close", "mmap", "futex"]
+    m.observe([(labels, n, SyscallAgg(1, 0, 0, [])) for n in names])
+    m.observe([(labels, "close", SyscallAgg(5, 0, 0, []))])
+    series = {
+        s.labels["syscall"]: s.value
+        for f in m.collect()
+        for s in f.samples
+        if s.name == "fleetprof_syscalls_total"
+    }
+    assert series == {"read": 1, "write": 1, "openat": 1, "other": 3 + 5}
+
+
+def test_syscalls_command_prints_top_by_time_and_by_count(collector: RunningCollector) -> None:
+    rows = [
+        ("nanosleep", 100, 100, 100 * 5_000_000, hist(b22=100)),
+        ("getppid", 50_000, 3_125, 3_125 * 300, hist(b8=3_125)),
+    ]
+    push(collector.grpc_target, [with_syscalls(make_batch(), rows)])
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetprof.cli", "syscalls", "--collector", collector.url, "--since", "5m"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
+    by_time, by_count = out.split("\n\n")
+    assert "by time" in by_time and by_time.splitlines()[2].split()[0] == "nanosleep"
+    assert "by count" in by_count and by_count.splitlines()[2].split()[0] == "getppid"
+    assert by_time.splitlines()[1].split() == ["SYSCALL", "CALLS", "CALLS/S", "TIME", "P50", "P99"]
