@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agent.attribution import Attributor
+from agent.process.table import ProcessInfo
 from agent.resolver import Window
 from fleetprof.v1 import ingest_pb2 as pb
 
@@ -35,12 +36,12 @@ def encode_window(
         frequency_hz=frequency_hz,
     )
     counts: dict[tuple[int, int, int], int] = {}
-    for s in window.samples:
-        pkey = (s.process.pid, s.process.start_ticks)
+
+    def process_index(p: ProcessInfo) -> int:
+        pkey = (p.pid, p.start_ticks)
         pidx = processes.get(pkey)
         if pidx is None:
             pidx = processes[pkey] = len(batch.processes)
-            p = s.process
             batch.processes.append(
                 pb.Process(
                     pid=p.pid,
@@ -53,6 +54,10 @@ def encode_window(
                     ],
                 )
             )
+        return pidx
+
+    for s in window.samples:
+        pidx = process_index(s.process)
         skey = (s.frames, s.kernel_start)
         sidx = stacks.get(skey)
         if sidx is None:
@@ -68,6 +73,19 @@ def encode_window(
         ckey = (pidx, s.tid, sidx)
         counts[ckey] = counts.get(ckey, 0) + s.count
     batch.samples.extend(pb.Sample(process=p, tid=t, stack=st, count=c) for (p, t, st), c in counts.items())
+    for proc, st in window.syscalls:
+        batch.syscalls.append(
+            pb.SyscallStats(
+                process=process_index(proc),
+                syscall=strings.id(st.name),
+                count=st.count,
+                timed=st.timed,
+                timed_ns=st.timed_ns,
+                latency_log2_ns=_trimmed(st.hist),
+            )
+        )
+    batch.syscall_latency_sample_every = window.syscall_sample_every
+    batch.syscall_tracer.table_full = window.syscall_counters.get("table_full", 0)
     batch.strings.extend(strings.table)
     st = window.stats
     batch.stats.CopyFrom(
@@ -82,3 +100,11 @@ def encode_window(
         )
     )
     return batch
+
+
+def _trimmed(hist: tuple[int, ...]) -> list[int]:
+    """The histogram without its empty tail (most syscalls fill a few low buckets)."""
+    end = len(hist)
+    while end and not hist[end - 1]:
+        end -= 1
+    return list(hist[:end])

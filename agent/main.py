@@ -15,6 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.attribution import Attributor
 from agent.batch import encode_window
+from agent.kernel import BpfUnavailable
 from agent.kube.config import KubeConfigError, load_config
 from agent.kube.podresources import DEFAULT_SOCKET, GpuOwners, PodResourcesClient
 from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
@@ -26,6 +27,7 @@ from agent.resolver import Resolver
 from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
 from agent.shipper import Shipper
 from agent.symbols.symbolizer import Symbolizer
+from agent.syscalls import SyscallConfig, SyscallTracer
 from fleetprof import __version__
 from fleetprof.httpserve import HttpServer, Request, Response, json_response
 from fleetprof.v1 import ingest_pb2 as pb
@@ -46,6 +48,8 @@ class AgentConfig:
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     pod_labels: tuple[str, ...] = ()  # --pod-label specs; empty: DEFAULT_POD_LABELS
     pod_resources_socket: str = DEFAULT_SOCKET
+    syscalls: bool = True
+    syscall_latency_sample_every: int | None = None  # None: the tracer's measured default; 0: count only
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -96,6 +100,7 @@ class Agent:
         host, port = split_hostport(config.http, "--http")
         self.http = HttpServer(host, port, {"/metrics": self._metrics, "/healthz": self._healthz})
         self.sampler: CpuSampler | None = None
+        self.syscalls: SyscallTracer | None = None
         self._last_drain = time.monotonic()
 
     def _pod_watcher(self) -> PodWatcher | None:
@@ -163,7 +168,10 @@ class Agent:
         assert self.sampler is not None
         t0 = time.perf_counter()
         drain = self.sampler.drain()
-        window = self.resolver.resolve(drain)
+        sys_drain = self.syscalls.drain() if self.syscalls is not None else None
+        window = self.resolver.resolve(drain, sys_drain)
+        if self.syscalls is not None:
+            window.syscall_sample_every = self.syscalls.latency_sample_every
         self.processes.end_window()
         self.gpu_owners.refresh_if_stale(time.monotonic())
         batch = encode_window(window, self.identity, self.config.frequency_hz, self.attributor)
@@ -183,6 +191,8 @@ class Agent:
             ),
             on_process_event=self._on_process_event,
         )
+        if cfg.syscalls:
+            self.syscalls = self._start_syscalls()
         self.symbolizer.load_kernel_symbols()
         self._trim_heap()
         self.http.start()
@@ -198,6 +208,16 @@ class Agent:
             cfg.collector,
             cfg.http,
         )
+
+    def _start_syscalls(self) -> SyscallTracer | None:
+        every = self.config.syscall_latency_sample_every
+        config = SyscallConfig() if every is None else SyscallConfig(latency_sample_every=every)
+        try:
+            return SyscallTracer(config)
+        except BpfUnavailable as err:
+            # CPU profiling goes on without syscalls; said once.
+            log.warning("syscall tracing is off: %s", err)
+            return None
 
     def run(self) -> None:
         self.start()
@@ -225,4 +245,6 @@ class Agent:
             self.pod_watcher.stop()
         if self.sampler is not None:
             self.sampler.close()
+        if self.syscalls is not None:
+            self.syscalls.close()
         self.http.stop()

@@ -10,6 +10,7 @@ from agent.process.cgroups import CgroupIdentity
 from agent.process.table import ProcessInfo, ProcessTable
 from agent.sampler import STACK_LOST, STACK_NONE, Drain
 from agent.symbols.symbolizer import Frame, Symbolizer
+from agent.syscalls import SyscallDrain, SyscallStat
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class Window:
     end_ns: int
     samples: list[ResolvedSample]
     stats: dict[str, int] = field(default_factory=dict)
+    syscalls: list[tuple[ProcessInfo, SyscallStat]] = field(default_factory=list)
+    syscall_sample_every: int = 0
+    syscall_counters: dict[str, int] = field(default_factory=dict)
 
 
 class _Lru(OrderedDict):
@@ -61,17 +65,16 @@ class Resolver:
         self._user_cache = _Lru(cache_size)
         self._kernel_cache = _Lru(cache_size)
 
-    def resolve(self, drain: Drain) -> Window:
+    def resolve(self, drain: Drain, syscalls: SyscallDrain | None = None) -> Window:
         samples: list[ResolvedSample] = []
         unknown_process = 0
         remapped: set[int] = set()
         for s in drain.samples:
-            proc = self._processes.get(s.tgid)
-            if proc is None:
+            proc = self._process(s.tgid, s.comm)
+            if not proc.start_ticks:
                 # Exited before we could describe it (short-lived, or an event was lost): keep the
                 # samples with what the kernel told us; user addresses cannot be symbolized.
                 unknown_process += s.count
-                proc = ProcessInfo(s.tgid, 0, s.comm, "", CgroupIdentity(path=""), ())
             user = self._user(proc, s.user_stack, drain.stacks, remapped)
             kernel = self._kernel(s.kernel_stack, drain.stacks)
             frames = user + kernel
@@ -80,7 +83,18 @@ class Resolver:
             samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count))
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
-        return Window(drain.start_ns, drain.end_ns, samples, stats)
+        window = Window(drain.start_ns, drain.end_ns, samples, stats)
+        if syscalls is not None:
+            window.syscalls = [(self._process(st.tgid, ""), st) for st in syscalls.stats]
+            window.syscall_counters = dict(syscalls.counters)
+        return window
+
+    def _process(self, tgid: int, comm: str) -> ProcessInfo:
+        """The process as captured, or (gone before it could be described) what the kernel told us."""
+        proc = self._processes.get(tgid)
+        if proc is None:
+            proc = ProcessInfo(tgid, 0, comm, "", CgroupIdentity(path=""), ())
+        return proc
 
     def _user(
         self, proc: ProcessInfo, stack_id: int, stacks: dict[int, tuple[int, ...]], remapped: set[int]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes as ct
-import errno
 import logging
 import os
 import threading
@@ -12,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.bpfmaps import drain_map as _drain_map
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
 
@@ -42,7 +42,6 @@ PERF_COUNT_SW_CPU_CLOCK = 0
 # In-flight sampler programs finish in microseconds; this is how long a flip waits before the idle
 # set is read, generous so that a preempted (PREEMPT_RT) program also finishes.
 FLIP_GRACE_S = 0.02
-DRAIN_CHUNK = 1024
 
 
 class SampleKey(ct.Structure):
@@ -207,68 +206,3 @@ class CpuSampler:
     def close(self) -> None:
         with self._lock:
             self._bpf.cleanup()
-
-
-def _drain_map(table, key_type, value_type):  # noqa: ANN001 - a BCC table
-    """Look up and delete every entry with BPF_MAP_LOOKUP_AND_DELETE_BATCH, DRAIN_CHUNK at a time.
-
-    BCC's own helper allocates buffers for max_entries on every call (16 MB for a stack map); this keeps
-    a fixed small buffer. Falls back to per-key lookup/delete on kernels without batch ops (< 5.6).
-    """
-    from bcc.libbcc import lib as bcclib
-
-    keys = (key_type * DRAIN_CHUNK)()
-    values = (value_type * DRAIN_CHUNK)()
-    token = ct.c_uint32(0)  # hash maps resume from a bucket index
-    count = ct.c_uint32(0)
-    first = True
-    out: list = []
-    while True:
-        count.value = DRAIN_CHUNK
-        res = bcclib.bpf_lookup_and_delete_batch(
-            table.map_fd,
-            None if first else ct.byref(token),
-            ct.byref(token),
-            ct.byref(keys),
-            ct.byref(values),
-            ct.byref(count),
-        )
-        err = ct.get_errno()
-        for i in range(count.value):
-            out.append((_copy(keys[i]), _copy(values[i])))
-        first = False
-        if res != 0:
-            if err == errno.ENOENT:
-                break  # done
-            if err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP) and not out:
-                return _drain_map_slow(table)
-            raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
-        if count.value == 0:
-            break
-    return out
-
-
-def _copy(value):  # noqa: ANN001 - ctypes value
-    """ctypes array elements alias the buffer that the next chunk overwrites: copy them out.
-
-    (Elements of arrays of simple types already come back as Python ints.)
-    """
-    if isinstance(value, int):
-        return value
-    return type(value).from_buffer_copy(value)
-
-
-def _value(obj):  # noqa: ANN001 - BCC hands out c_uint64 wrappers here, not ints
-    return obj.value if isinstance(obj, ct._SimpleCData) else _copy(obj)
-
-
-def _drain_map_slow(table):  # noqa: ANN001
-    out = []
-    for k in list(table.keys()):
-        try:
-            v = table[k]
-        except KeyError:
-            continue
-        out.append((_value(k), _value(v)))
-        del table[k]
-    return out

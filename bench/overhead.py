@@ -5,6 +5,8 @@ Run as root from the repository root:
     .venv/bin/python bench/overhead.py --quick          # ~3 minutes: 19 Hz, 3 pairs of 5 s runs
     .venv/bin/python bench/overhead.py                  # ~15 minutes: 19/49/99 Hz, 5 pairs of 10 s runs
 
+(Longer on a busy machine, where pairs disturbed by other processes are redone.)
+
 Method
 ------
 Workload: one process per CPU runs bench/workloads/spin.c (built here with gcc -O2 -fno-omit-frame-pointer):
@@ -19,8 +21,10 @@ min / max. A pair in which other processes took more than 3% of the node (what n
 profiler, nor its collector used) is thrown away and redone, up to --max-redos times per row. The profiler
 is started fresh for each profiled run and the timed window opens only once it samples, so BPF compiles and
 start-up stay outside it:
-  * fleetprof agent: /healthz answers (its HTTP server starts after BPF is attached) and the first drain is
-    done (the first window also reads every running process; later ones are the steady state). The agent
+  * fleetprof agent: /healthz answers (its HTTP server starts after BPF is attached), it has been shown the
+    workload once (ncpus x `spin burn 300`: an always-on agent has long since loaded the symbols of spin
+    and libc; a fresh one would do it inside the window) and a drain has followed (the first drain also
+    reads every running process; later ones are the steady state). The agent
     drains every --agent-interval seconds (default S/2, so each window holds about two drains: a stricter
     test than the default 10 s interval, which drains less often). A collector runs on the same machine
     throughout, because the agent ships to it.
@@ -44,9 +48,11 @@ loaded node takes CPU from the workload. It is also what anything else running o
 "in-task slowdown" (records per second of the workers' own CPU time) holds only the first part: this
 kernel charges interrupt time, and so the BPF program, to the interrupted task (no IRQ_TIME_ACCOUNTING),
 and it does not drop when other processes take CPU time from the workers (it still moves by a few % when
-they share the cores' caches and hyperthreads). "in-task + own CPU" adds the profiler's CPU as % of the
-node: an estimate of the full cost built from parts that other load disturbs less. When the two columns
-agree, trust the first; when the report says other processes were running, trust the second.
+they, or other VMs, share the cores' caches and hyperthreads). "BPF" is the kernel's own accounting of the
+profiler's programs (BPF_ENABLE_STATS, on for the bench's lifetime): exact µs per run and % of the node.
+"floor" = BPF + the profiler's own CPU, as % of the node: a noise-free lower bound of the slowdown (it
+leaves out interrupt entry/exit and cache effects, which are the same for any profiler at one frequency).
+When other processes were running (the report says so), trust in-task and floor over the wall clock.
 
 Here the collector shares the machine too (in a fleet it does not); its CPU during the windows is printed
 so its share can be taken out of "slowdown". These VMs are noisy: "baseline spread" (max - min of all
@@ -343,9 +349,16 @@ class FleetprofAgent:
     """`fleetprof agent` shipping to `collector`; ready once BPF is attached and the first drain is done."""
 
     def __init__(
-        self, children: Children, collector: Collector, frequency: int, interval_s: float, workdir: Path
+        self,
+        children: Children,
+        collector: Collector,
+        frequency: int,
+        interval_s: float,
+        workdir: Path,
+        warmup: Callable[[], None] | None = None,
     ):
         self._children = children
+        self._warmup = warmup
         self._collector = collector
         self.frequency = frequency
         self.interval_s = interval_s
@@ -369,8 +382,14 @@ class FleetprofAgent:
         with open(self._log, "ab") as log:
             self.proc = self._children.start(argv, stdout=log, stderr=subprocess.STDOUT)
         wait_for_health(self.proc, f"http://{http}/healthz", self._log, "agent")
+        drains = 0.0
+        if self._warmup is not None:
+            # An always-on agent has long since loaded the symbols of the workload's files (its binary,
+            # libc); a fresh one would load them inside the window. Show it the workload once first.
+            self._warmup()
+            drains = self.metrics().get("fleetprof_agent_drains_total", 0)
         deadline = time.monotonic() + 3 * self.interval_s + 30
-        while self.metrics().get("fleetprof_agent_drains_total", 0) < 1:
+        while self.metrics().get("fleetprof_agent_drains_total", 0) < drains + 1:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise BenchError(f"the agent made no first drain:\n{log_tail(self._log)}")
             time.sleep(0.1)
@@ -560,7 +579,8 @@ def measure_condition(
         line = (
             f"  {cond.name}: pair {len(result.baseline) + 1}/{args.pairs}  baseline "
             f"{baseline.throughput / 1e6:.3f} M/s  profiled {profiled.throughput / 1e6:.3f} M/s  "
-            f"slowdown {slowdown:+.2f}%  in-task {in_task:+.2f}%  other load {other:.1%}"
+            f"slowdown {slowdown:+.2f}%  in-task {in_task:+.2f}%  profiler "
+            f"{100 * window.profiler_cpu_s / window.wall_s:.2f}% of a core  other load {other:.1%}"
         )
         if other > OTHER_LOAD_LIMIT and result.redone < args.max_redos:
             result.redone += 1
@@ -815,14 +835,24 @@ ANCHORS = ("perf99", "profile99", "profile19")
 
 
 def build_conditions(
-    args: argparse.Namespace, children: Children, collector: Collector | None, ncpus: int, workdir: Path
+    args: argparse.Namespace,
+    children: Children,
+    collector: Collector | None,
+    ncpus: int,
+    workdir: Path,
+    binary: Path,
 ) -> list[Condition]:
     conds = []
+
+    def show_workload() -> None:
+        for p in [children.start([str(binary), "burn", "300"]) for _ in range(ncpus)]:
+            p.wait(timeout=60)
+
     for hz in args.frequencies:
         assert collector is not None
 
         def make_agent(hz: int = hz) -> Profiler:
-            return FleetprofAgent(children, collector, hz, args.agent_interval, workdir)
+            return FleetprofAgent(children, collector, hz, args.agent_interval, workdir, show_workload)
 
         conds.append(
             Condition(
@@ -937,7 +967,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.frequencies or args.rss_processes:
                 collector = Collector(children, workdir)
                 collector.start()
-            conds = build_conditions(args, children, collector, ncpus, workdir)
+            conds = build_conditions(args, children, collector, ncpus, workdir, binary)
             run_workload(children, binary, ncpus, 1.0)  # warm-up, not counted
             for cond in conds:
                 print(f"{cond.name}: {args.pairs} pairs of {args.seconds:g} s", file=sys.stderr, flush=True)
@@ -971,6 +1001,8 @@ def main(argv: list[str] | None = None) -> int:
                     "median_slowdown": r.median_slowdown,
                     "median_in_task_slowdown": r.median_in_task_slowdown,
                     "profiler_cpu_core_pct": r.cpu_core_pct(),
+                    "bpf_us_per_run": r.bpf_us_per_run(),
+                    "bpf_node_pct": r.bpf_node_pct(ncpus),
                 }
                 for r in results
             ],

@@ -52,6 +52,15 @@ def _hostport(text: str) -> str:
     return text if host else f"127.0.0.1:{port}"
 
 
+def _sample_fraction(text: str) -> int:
+    from agent.syscalls import parse_sample_fraction
+
+    try:
+        return parse_sample_fraction(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _pod_label(text: str) -> str:
     from agent.kube.pods import parse_label_map
 
@@ -109,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
     a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
+    a.add_argument("--no-syscalls", action="store_true", help="do not attach the syscall tracepoints")
+    a.add_argument(
+        "--syscall-latency-sample",
+        type=_sample_fraction,
+        default=None,
+        metavar="1/N",
+        help="time one syscall in N (a power of two; 0 counts only; default: the measured 1/16)",
+    )
     a.add_argument(
         "--kubeconfig",
         default=None,
@@ -198,9 +215,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
         kubernetes=not args.no_kubernetes,
         pod_labels=tuple(args.pod_label),
         pod_resources_socket=args.pod_resources_socket,
+        syscalls=not args.no_syscalls,
+        syscall_latency_sample_every=args.syscall_latency_sample,
     )
+    from agent.kernel import missing_prerequisite
     from agent.kube.config import KubeConfigError
 
+    problem = missing_prerequisite()  # before anything else: one sentence, nothing logged ahead of it
+    if problem:
+        print(f"fleetprof agent: {problem}", file=sys.stderr)
+        return 1
     try:
         agent = Agent(config)
     except (OSError, KubeConfigError, ValueError) as err:

@@ -1,0 +1,195 @@
+"""The syscall tracer against the real kernel: exact counts across drains, latency buckets, no leaks."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.syscalls import (
+    DEFAULT_SAMPLE_EVERY,
+    NBUCKETS,
+    STAT_NAMES,
+    SyscallConfig,
+    SyscallDrain,
+    SyscallTracer,
+    parse_sample_fraction,
+    syscall_name,
+)
+from tests.conftest import require_bpf
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+DRAIN_EVERY_S = 0.15
+
+
+@pytest.fixture(scope="module")
+def storm_bin(workload_bin: Callable[[str], Path]) -> Path:
+    return workload_bin("syscall_storm")  # threads: glibc >= 2.34 needs no -lpthread
+
+
+@pytest.fixture(scope="module")
+def default_tracer() -> Iterator[SyscallTracer]:
+    require_bpf()
+    tracer = SyscallTracer(SyscallConfig())
+    yield tracer
+    tracer.close()
+
+
+@pytest.fixture(scope="module")
+def timing_tracer() -> Iterator[SyscallTracer]:
+    """Times every call (1/1)."""
+    require_bpf()
+    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1))
+    yield tracer
+    tracer.close()
+
+
+def drain_while_running(tracer: SyscallTracer, argv: list[str]) -> tuple[int, list[SyscallDrain]]:
+    """Start `argv` in a fresh window, drain every DRAIN_EVERY_S until it exits, then once more;
+    returns its pid and the drains."""
+    tracer.drain()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    drains = []
+    while proc.poll() is None:
+        time.sleep(DRAIN_EVERY_S)
+        drains.append(tracer.drain())
+    assert proc.returncode == 0, f"{argv} failed with {proc.returncode}"
+    drains.append(tracer.drain())
+    return proc.pid, drains
+
+
+def totals(drains: list[SyscallDrain], tgid: int, name: str) -> tuple[int, int, int, list[int]]:
+    """(count, timed, timed_ns, hist) of `tgid`'s calls of `name`, summed over drains."""
+    count = timed = timed_ns = 0
+    hist = [0] * NBUCKETS
+    for d in drains:
+        for s in d.stats:
+            if s.tgid == tgid and s.name == name:
+                count += s.count
+                timed += s.timed
+                timed_ns += s.timed_ns
+                hist = [a + b for a, b in zip(hist, s.hist, strict=True)]
+    return count, timed, timed_ns, hist
+
+
+def bucket_of(ns: int) -> int:
+    return ns.bit_length() - 1
+
+
+@pytest.mark.parametrize("calls, threads", [(12345, 1), (54321, 4)])
+def test_every_getppid_is_counted_exactly_across_drains(
+    default_tracer: SyscallTracer, storm_bin: Path, calls: int, threads: int
+) -> None:
+    argv = [str(storm_bin), "count", str(calls), str(threads), "10", "60"]
+    pid, drains = drain_while_running(default_tracer, argv)
+    per_window = [totals([d], pid, "getppid")[0] for d in drains]
+    assert sum(per_window) == calls, per_window
+    # The calls are spread over >= 3 windows: the tracer flipped and drained at least twice mid-run.
+    assert sum(1 for c in per_window if c) >= 3, per_window
+    assert all(d.counters["table_full"] == 0 for d in drains)
+
+
+def test_default_sampling_times_one_call_in_n(default_tracer: SyscallTracer, storm_bin: Path) -> None:
+    calls = 200_000
+    pid, drains = drain_while_running(default_tracer, [str(storm_bin), "count", str(calls), "2", "4", "20"])
+    count, timed, timed_ns, hist = totals(drains, pid, "getppid")
+    assert count == calls
+    p = 1 / DEFAULT_SAMPLE_EVERY
+    sd = math.sqrt(calls * p * (1 - p))
+    assert abs(timed - calls * p) < 6 * sd, (timed, calls * p, sd)
+    assert sum(hist) == timed and timed_ns > 0
+    assert bucket_of(timed_ns // timed) < 20  # a getppid takes well under a millisecond
+
+
+def test_nanosleep_p50_lands_in_the_5ms_log2_bucket(
+    timing_tracer: SyscallTracer, workload_bin: Callable[[str], Path]
+) -> None:
+    k, ms = 20, 5
+    pid, drains = drain_while_running(timing_tracer, [str(workload_bin("sleep_loop")), str(k), str(ms)])
+    count, timed, timed_ns, hist = totals(drains, pid, "clock_nanosleep")
+    assert count == k and timed == k, (count, timed)
+    cumulative, p50 = 0, None
+    for i, n in enumerate(hist):
+        cumulative += n
+        if cumulative * 2 >= timed:
+            p50 = i
+            break
+    assert p50 == bucket_of(ms * 1_000_000) == 22  # [4.19, 8.39) ms
+    assert ms * 1_000_000 <= timed_ns / timed < 2**23
+
+
+def test_processes_killed_inside_syscalls_leave_nothing_behind(
+    timing_tracer: SyscallTracer, workload_bin: Callable[[str], Path], storm_bin: Path
+) -> None:
+    children = 3000
+    timing_tracer.drain()
+    out = subprocess.run(
+        [str(workload_bin("fork_kill")), str(children), "100"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    pids = {int(x) for x in out.stdout.split()}
+    assert len(pids) == children
+
+    first = timing_tracer.drain()
+    assert {s.tgid for s in first.stats} >= pids  # each child was counted before it was killed
+    blocked = [s for s in first.stats if s.tgid in pids and s.name in ("read", "clock_nanosleep")]
+    assert sum(s.count for s in blocked) == children  # every child entered its blocking call once
+
+    second = timing_tracer.drain()
+    stray = {s.tgid for s in second.stats if s.tgid in pids and not os.path.exists(f"/proc/{s.tgid}")}
+    assert not stray, f"dead processes still reported after a drain: {sorted(stray)[:10]}"
+    # What the maps hold now is what ran since the last drain, not what accumulated before it.
+    assert timing_tracer.table_entries() < children
+
+    # Thousands of tasks died with a start pending in task storage: timing still works for new ones.
+    pid, drains = drain_while_running(timing_tracer, [str(storm_bin), "count", "5000", "1", "1", "0"])
+    count, timed, _, _ = totals(drains, pid, "getppid")
+    assert count == timed == 5000
+    for d in (first, second, *drains):
+        assert d.counters["storage_failed"] == 0
+        assert d.counters["table_full"] == 0 and d.counters["latency_table_full"] == 0
+
+
+def test_counters_are_deltas_and_count_full_tables(workload_bin: Callable[[str], Path]) -> None:
+    require_bpf()
+    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, table_size=64))
+    try:
+        tracer.drain()
+        subprocess.run([str(workload_bin("fork_kill")), "300", "50"], capture_output=True, check=True)
+        full = tracer.drain()
+        assert set(full.counters) == set(STAT_NAMES)
+        assert full.counters["table_full"] > 0  # 300 processes x 2 syscalls > 64 keys
+        assert full.counters["latency_table_full"] > 0
+        assert full.counters["idle_skipped"] == 0
+        assert len({(s.tgid, s.nr) for s in full.stats if s.count}) <= 64
+        assert tracer.table_entries() <= 2 * 2 * 64
+        quiet = tracer.drain()  # deltas, not totals: the burst is not reported again
+        assert quiet.counters["table_full"] < full.counters["table_full"]
+        assert quiet.end_ns > quiet.start_ns == full.end_ns
+    finally:
+        tracer.close()
+
+
+def test_parse_sample_fraction() -> None:
+    assert parse_sample_fraction("1/16") == 16
+    assert parse_sample_fraction("1") == parse_sample_fraction("1/1") == 1
+    assert parse_sample_fraction(" 0 ") == 0
+    for bad in ("1/3", "2/16", "x", "1/0", "-1", "1/"):
+        with pytest.raises(ValueError, match="latency sampling"):
+            parse_sample_fraction(bad)
+
+
+def test_syscall_names_come_from_the_running_arch() -> None:
+    if os.uname().machine == "x86_64":
+        assert (syscall_name(0), syscall_name(110), syscall_name(230)) == (
+            "read",
+            "getppid",
+            "clock_nanosleep",
+        )
+    assert syscall_name(99999) == "syscall_99999"
