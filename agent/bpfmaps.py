@@ -6,6 +6,9 @@ import array
 import ctypes as ct
 import errno
 import os
+import struct
+import sys
+from collections.abc import Callable, Iterator
 from functools import cache
 
 DRAIN_CHUNK = 1024  # entries per batch call
@@ -26,14 +29,66 @@ def drain_map(table, key_type, value_type, chunk: int = DRAIN_CHUNK) -> list:  #
     BCC's own helper allocates buffers for max_entries on every call (16 MB for a stack map); this keeps
     a fixed small buffer. Falls back to per-key lookup/delete on kernels without batch ops (< 5.6).
     """
+    out: list = []
+    try:
+        for n, keys, values in _batches(table, lambda c: ((key_type * c)(), (value_type * c)()), chunk):
+            out.extend((_copy(keys[i]), _copy(values[i])) for i in range(n))
+    except _NoBatchOps:
+        return _drain_map_slow(table)
+    return out
+
+
+def drain_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:  # noqa: ANN001
+    """drain_map for callers that parse entries with struct.iter_unpack: all keys and all values as two
+    byte strings (n x key_size, n x value_size); ~10x faster than ctypes objects for a 16k-entry map."""
+
+    def buffers(c: int) -> tuple:
+        return (ct.c_char * (key_size * c))(), (ct.c_char * (value_size * c))()
+
+    key_parts, value_parts = [], []
+    try:
+        for n, keys, values in _batches(table, buffers, chunk):
+            key_parts.append(keys.raw[: n * key_size])
+            value_parts.append(values.raw[: n * value_size])
+    except _NoBatchOps:
+        for k, v in _drain_map_slow(table):
+            key_parts.append(_as_bytes(k, key_size))
+            value_parts.append(_as_bytes(v, value_size))
+    return b"".join(key_parts), b"".join(value_parts)
+
+
+def drain_percpu_sums(table, key_layout: struct.Struct, words: int) -> list[tuple[tuple, tuple[int, ...]]]:  # noqa: ANN001
+    """Drain a per-CPU hash whose value is `words` u64s: each key, unpacked with `key_layout`, with its
+    values summed over CPUs, as a tuple of `words` ints."""
+    ncpus = possible_cpus()
+    stride = words * ncpus  # u64s per entry: the kernel hands out one value per possible CPU
+    chunk = max(64, min(DRAIN_CHUNK, MAX_CHUNK_BYTES // (8 * stride)))
+    keys, values = drain_map_bytes(table, key_layout.size, 8 * stride, chunk)
+    u64s = array.array("Q", values)  # CPU-major within an entry: cpu0's words, cpu1's words, ...
+    out = []
+    for i, key in enumerate(key_layout.iter_unpack(keys)):
+        base = i * stride
+        if words == 1:
+            out.append((key, (sum(u64s[base : base + stride]),)))
+        else:
+            out.append((key, tuple(sum(u64s[base + w : base + stride : words]) for w in range(words))))
+    return out
+
+
+class _NoBatchOps(Exception):
+    """The kernel has no batch lookup-and-delete for this map (< 5.6)."""
+
+
+def _batches(table, buffers: Callable[[int], tuple], chunk: int) -> Iterator[tuple]:  # noqa: ANN001
+    """Yield (entries, keys buffer, values buffer) per batch call. Buffers are reused, so consume each
+    batch before asking for the next; `buffers(n)` makes a pair that holds n entries."""
     from bcc.libbcc import lib as bcclib
 
-    keys = (key_type * chunk)()
-    values = (value_type * chunk)()
+    keys, values = buffers(chunk)
     token = ct.c_uint32(0)  # hash maps resume from a bucket index
     count = ct.c_uint32(0)
     first = True
-    out: list = []
+    seen = False
     while True:
         count.value = chunk
         res = bcclib.bpf_lookup_and_delete_batch(
@@ -45,37 +100,27 @@ def drain_map(table, key_type, value_type, chunk: int = DRAIN_CHUNK) -> list:  #
             ct.byref(count),
         )
         err = ct.get_errno()
-        for i in range(count.value):
-            out.append((_copy(keys[i]), _copy(values[i])))
+        if count.value:
+            seen = True
+            yield count.value, keys, values
         first = False
         if res != 0:
             if err == errno.ENOENT:
-                break  # done
+                return  # done
             if err == errno.ENOSPC and count.value == 0:
                 # One hash bucket holds more entries than the buffer: grow it and resume at that bucket.
                 chunk *= 2
-                keys = (key_type * chunk)()
-                values = (value_type * chunk)()
+                keys, values = buffers(chunk)
                 continue
-            if err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP) and not out:
-                return _drain_map_slow(table)
+            if err in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP) and not seen:
+                raise _NoBatchOps
             raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
         if count.value == 0:
-            break
-    return out
+            return
 
 
-def drain_percpu_sums(table, key_type, words: int) -> list[tuple]:  # noqa: ANN001 - BCC table
-    """Drain a per-CPU hash whose value is `words` u64s; each key comes back with its values summed
-    over CPUs, as a tuple of `words` ints."""
-    ncpus = possible_cpus()
-    value_type = (ct.c_uint64 * words) * ncpus
-    chunk = max(64, min(DRAIN_CHUNK, MAX_CHUNK_BYTES // ct.sizeof(value_type)))
-    out = []
-    for key, value in drain_map(table, key_type, value_type, chunk):
-        flat = array.array("Q", bytes(value))  # CPU-major: cpu0 words, cpu1 words, ...
-        out.append((key, tuple(sum(flat[w::words]) for w in range(words))))
-    return out
+def _as_bytes(value, size: int) -> bytes:  # noqa: ANN001 - int or ctypes value
+    return value.to_bytes(size, sys.byteorder) if isinstance(value, int) else bytes(value)
 
 
 def _copy(value):  # noqa: ANN001 - ctypes value

@@ -9,13 +9,14 @@ plus 256 KB per possible CPU for counts, 8 MB for latencies (both double-buffere
 from __future__ import annotations
 
 import ctypes as ct
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from agent.bpfmaps import drain_map, drain_percpu_sums
+from agent.bpfmaps import drain_map_bytes, drain_percpu_sums
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
 
@@ -51,12 +52,10 @@ DEFAULT_SAMPLE_EVERY = 16
 FLIP_GRACE_S = 0.02
 
 
-class SyscallKey(ct.Structure):
-    _fields_ = [("tgid", ct.c_uint32), ("nr", ct.c_uint32)]
-
-
-class Latency(ct.Structure):
-    _fields_ = [("timed", ct.c_uint64), ("total_ns", ct.c_uint64), ("hist", ct.c_uint32 * NBUCKETS)]
+# Mirrors of syscalls.c's structs, as struct layouts (drains parse whole chunks with iter_unpack); their
+# sizes are checked against the maps' own key and value types when the program loads.
+KEY_LAYOUT = struct.Struct("=II")  # struct syscall_key: tgid, nr
+LATENCY_LAYOUT = struct.Struct(f"=QQ{NBUCKETS}I")  # struct latency: timed, total_ns, hist[NBUCKETS]
 
 
 @dataclass(frozen=True)
@@ -149,6 +148,7 @@ class SyscallTracer:
         self._config = config
         self.latency_sample_every = config.latency_sample_every
         self._lock = threading.Lock()
+        self._closed = False
         # (No BPF.support_raw_tracepoint(): it loads BCC's kallsyms cache, +26 MB RSS for good. An attach
         # failure below says the same.)
         if self.latency_sample_every and not Path("/sys/kernel/btf/vmlinux").exists():
@@ -174,6 +174,9 @@ class SyscallTracer:
         self._counts = (self._bpf[b"counts0"], self._bpf[b"counts1"])
         self._latency = (self._bpf[b"latency0"], self._bpf[b"latency1"]) if self.latency_sample_every else ()
         self._stats_table = self._bpf[b"stats"]
+        _check_layout(self._counts[0], 8)
+        for table in self._latency:
+            _check_layout(table, LATENCY_LAYOUT.size)
         self._last_stats = [0] * len(STAT_NAMES)
         self._window_start_ns = time.time_ns()
         # Exit before enter: every start an enter records then has an exit program to consume it.
@@ -208,10 +211,13 @@ class SyscallTracer:
             end_ns = time.time_ns()
             start_ns, self._window_start_ns = self._window_start_ns, end_ns
             time.sleep(FLIP_GRACE_S)
-            counts = {(k.tgid, k.nr): v[0] for k, v in drain_percpu_sums(self._counts[idle], SyscallKey, 1)}
+            counts = {key: v[0] for key, v in drain_percpu_sums(self._counts[idle], KEY_LAYOUT, 1)}
             latency = {}
             if self._latency:
-                latency = {(k.tgid, k.nr): v for k, v in drain_map(self._latency[idle], SyscallKey, Latency)}
+                keys, values = drain_map_bytes(self._latency[idle], KEY_LAYOUT.size, LATENCY_LAYOUT.size)
+                latency = dict(
+                    zip(KEY_LAYOUT.iter_unpack(keys), LATENCY_LAYOUT.iter_unpack(values), strict=True)
+                )
             return SyscallDrain(start_ns, end_ns, _merge(counts, latency), self._stat_deltas())
 
     def table_entries(self) -> int:
@@ -229,13 +235,24 @@ class SyscallTracer:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             for tp in reversed(self._attached):  # enter first, so no start is left without an exit
                 self._bpf.detach_raw_tracepoint(tp=tp)
             self._attached.clear()
             self._bpf.cleanup()
 
 
-def _merge(counts: dict[tuple[int, int], int], latency: dict[tuple[int, int], Latency]) -> list[SyscallStat]:
+def _check_layout(table, value_size: int) -> None:  # noqa: ANN001 - BCC table
+    """The map's key and (per-CPU: per CPU) value sizes, as BCC read them from the C file, match ours."""
+    leaf = getattr(table, "sLeaf", table.Leaf)  # BCC's per-CPU tables keep the one-CPU type in sLeaf
+    if ct.sizeof(table.Key) != KEY_LAYOUT.size or ct.sizeof(leaf) != value_size:
+        raise RuntimeError(f"agent/syscalls.py's struct layouts are out of sync with {BPF_SOURCE.name}")
+
+
+def _merge(counts: dict[tuple[int, int], int], latency: dict[tuple[int, int], tuple]) -> list[SyscallStat]:
+    """One SyscallStat per key of either map; `latency` values are LATENCY_LAYOUT tuples."""
     empty = (0,) * NBUCKETS
     out = []
     for key in sorted(counts.keys() | latency.keys()):
@@ -247,9 +264,9 @@ def _merge(counts: dict[tuple[int, int], int], latency: dict[tuple[int, int], La
                 nr=nr,
                 name=syscall_name(nr),
                 count=counts.get(key, 0),
-                timed=lat.timed if lat else 0,
-                timed_ns=lat.total_ns if lat else 0,
-                hist=tuple(lat.hist) if lat else empty,
+                timed=lat[0] if lat else 0,
+                timed_ns=lat[1] if lat else 0,
+                hist=lat[2:] if lat else empty,
             )
         )
     return out
