@@ -49,7 +49,7 @@ loaded node takes CPU from the workload. It is also what anything else running o
 kernel charges interrupt time, and so the BPF program, to the interrupted task (no IRQ_TIME_ACCOUNTING),
 and it does not drop when other processes take CPU time from the workers (it still moves by a few % when
 they, or other VMs, share the cores' caches and hyperthreads). "BPF" is the kernel's own accounting of the
-profiler's programs (BPF_ENABLE_STATS, on for the bench's lifetime): exact µs per run and % of the node.
+profiler's programs (BPF_ENABLE_STATS, on for the bench's lifetime): exact µs per sample and % of the node.
 "floor" = BPF + the profiler's own CPU, as % of the node: a noise-free lower bound of the slowdown (it
 leaves out interrupt entry/exit and cache effects, which are the same for any profiler at one frequency).
 When other processes were running (the report says so), trust in-task and floor over the wall clock.
@@ -174,8 +174,9 @@ class Usage:
     thread_ns: dict[int, int]
     rss_kb: int
     hwm_kb: int
-    bpf_ns: int = 0
-    bpf_runs: int = 0
+    bpf_ns: int = 0  # all its programs
+    sampler_ns: int = 0  # its perf_event programs only: the CPU samplers
+    sampler_runs: int = 0
 
 
 def read_usage(pid: int) -> Usage:
@@ -189,8 +190,7 @@ def read_usage(pid: int) -> Usage:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
         status[key] = value.split()
-    bpf_ns, bpf_runs = bpf_run_time(pid)
-    return Usage(threads, int(status["VmRSS"][0]), int(status["VmHWM"][0]), bpf_ns, bpf_runs)
+    return Usage(threads, int(status["VmRSS"][0]), int(status["VmHWM"][0]), *bpf_run_time(pid))
 
 
 def cpu_seconds(before: Usage, after: Usage) -> float:
@@ -210,8 +210,14 @@ def fds_of_kind(pid: int, kind: str) -> list[str]:
     return found
 
 
-def bpf_run_time(pid: int) -> tuple[int, int]:
-    """(ns, runs) summed over the BPF programs `pid` holds, from /proc/PID/fdinfo."""
+BPF_PROG_TYPE_PERF_EVENT = "7"
+
+
+def bpf_run_time(pid: int) -> tuple[int, int, int]:
+    """(ns of all programs, ns and runs of the perf_event programs) that `pid` holds, from /proc/PID/fdinfo.
+
+    Samplers are counted apart: an agent also runs tracepoint programs (process events, syscalls) that
+    fire far more often and cost far less a run, and would blur the cost per sample."""
     progs = {}
     for fd in fds_of_kind(pid, "anon_inode:bpf-prog"):
         try:
@@ -220,8 +226,13 @@ def bpf_run_time(pid: int) -> tuple[int, int]:
             continue
         info = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
         if "prog_id" in info and "run_time_ns" in info:
-            progs[info["prog_id"]] = (int(info["run_time_ns"]), int(info["run_cnt"]))
-    return sum(ns for ns, _ in progs.values()), sum(runs for _, runs in progs.values())
+            progs[info["prog_id"]] = (info.get("prog_type"), int(info["run_time_ns"]), int(info["run_cnt"]))
+    sampler = [(ns, runs) for kind, ns, runs in progs.values() if kind == BPF_PROG_TYPE_PERF_EVENT]
+    return (
+        sum(ns for _, ns, _ in progs.values()),
+        sum(ns for ns, _ in sampler),
+        sum(runs for _, runs in sampler),
+    )
 
 
 class BpfRunTimeStats:
@@ -461,8 +472,9 @@ class ProfiledWindow:
     collector_cpu_s: float
     rss_kb: int
     hwm_kb: int
-    bpf_ns: int  # run time of the profiler's BPF programs (0 when the kernel's BPF stats are off)
-    bpf_runs: int
+    bpf_ns: int  # run time of all the profiler's BPF programs (0 when the kernel's BPF stats are off)
+    sampler_ns: int  # of its perf_event (sampling) programs
+    sampler_runs: int
 
     def node_share(self, ncpus: int) -> float:
         return (self.profiler_cpu_s + self.collector_cpu_s) / (self.wall_s * ncpus)
@@ -508,9 +520,9 @@ class ConditionResult:
     def collector_core_pct(self) -> float:
         return 100 * sum(w.collector_cpu_s for w in self.windows) / self.window_s
 
-    def bpf_us_per_run(self) -> float | None:
-        runs = sum(w.bpf_runs for w in self.windows)
-        return sum(w.bpf_ns for w in self.windows) / runs / 1e3 if runs else None
+    def bpf_us_per_sample(self) -> float | None:
+        runs = sum(w.sampler_runs for w in self.windows)
+        return sum(w.sampler_ns for w in self.windows) / runs / 1e3 if runs else None
 
     def bpf_node_pct(self, ncpus: int) -> float:
         return 100 * sum(w.bpf_ns for w in self.windows) / 1e9 / (self.window_s * ncpus)
@@ -545,7 +557,8 @@ def profiled_run(
         after.rss_kb,
         after.hwm_kb,
         after.bpf_ns - before.bpf_ns,
-        after.bpf_runs - before.bpf_runs,
+        after.sampler_ns - before.sampler_ns,
+        after.sampler_runs - before.sampler_runs,
     )
 
 
@@ -702,7 +715,7 @@ def format_report(
     ]
     if results:
         out += [
-            "| condition | slowdown % (median) | min / max % | in-task slowdown % | BPF µs per run "
+            "| condition | slowdown % (median) | min / max % | in-task slowdown % | BPF µs per sample "
             "| BPF % of node | profiler CPU % of one core | % of node | floor: BPF + own CPU % of node "
             "| peak RSS MB | steady RSS MB |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -710,7 +723,7 @@ def format_report(
         for r in results:
             sd = r.slowdowns
             core = r.cpu_core_pct()
-            us = r.bpf_us_per_run()
+            us = r.bpf_us_per_sample()
             bpf_pct = r.bpf_node_pct(ncpus)
             out.append(
                 f"| {r.name} | {r.median_slowdown:+.2f} | {min(sd):+.2f} / {max(sd):+.2f} "
@@ -730,7 +743,9 @@ def format_report(
             "- in-task slowdown: records per second of the workers' own CPU time lost (the BPF program, "
             "interrupts and cache effects in the workload's context; other load disturbs it less).",
             "- BPF: the kernel's own accounting of the profiler's BPF programs (BPF_ENABLE_STATS): exact, "
-            "noise-free. perf record runs none." + (f" Not measured here: {bpf_error}." if bpf_error else ""),
+            "noise-free. µs per sample counts the sampling (perf_event) programs; % of node counts all of "
+            "them (process events and syscall hooks too). perf record runs none."
+            + (f" Not measured here: {bpf_error}." if bpf_error else ""),
             "- floor: BPF + the profiler's CPU, as % of the node: a noise-free lower bound of the slowdown "
             "(it leaves out interrupt entry/exit and cache effects, the same for every profiler at one "
             "frequency).",
@@ -1001,7 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
                     "median_slowdown": r.median_slowdown,
                     "median_in_task_slowdown": r.median_in_task_slowdown,
                     "profiler_cpu_core_pct": r.cpu_core_pct(),
-                    "bpf_us_per_run": r.bpf_us_per_run(),
+                    "bpf_us_per_sample": r.bpf_us_per_sample(),
                     "bpf_node_pct": r.bpf_node_pct(ncpus),
                 }
                 for r in results
