@@ -6,22 +6,6 @@ from typing import Protocol
 
 from agent.process.table import ProcessInfo
 
-# The label names fleetprof owns; configured pod labels may not reuse them.
-RESERVED_LABELS = frozenset(
-    {
-        "node",
-        "namespace",
-        "pod",
-        "container",
-        "workload",
-        "workload_kind",
-        "comm",
-        "pid",
-        "container_id",
-        "pod_uid",
-    }
-)
-
 
 class PodSource(Protocol):
     """What attribution needs from the pod metadata cache (agent/kube/pods.py PodCache)."""

@@ -8,7 +8,7 @@ import errno
 import os
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 
 DRAIN_CHUNK = 1024  # entries per batch call
@@ -147,3 +147,21 @@ def _drain_map_slow(table):  # noqa: ANN001
         out.append((_value(k), _value(v)))
         del table[k]
     return out
+
+
+class CounterDeltas:
+    """Reads a per-CPU array of cumulative counters (never cleared by BPF) and returns, per call, how much
+    each grew since the previous call, named by `names` (index i is counter i)."""
+
+    def __init__(self, table, names: Sequence[str]):  # noqa: ANN001 - a BCC per-CPU array
+        self._table = table
+        self._names = tuple(names)
+        self._last = [0] * len(self._names)
+
+    def __call__(self) -> dict[str, int]:
+        deltas = {}
+        for i, name in enumerate(self._names):
+            total = sum(self._table[ct.c_int(i)])
+            deltas[name] = total - self._last[i]
+            self._last[i] = total
+        return deltas

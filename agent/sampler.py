@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.bpfmaps import CounterDeltas
 from agent.bpfmaps import drain_map as _drain_map
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
@@ -133,8 +134,7 @@ class CpuSampler:
         self._set_active(0)
         self._counts = (self._bpf["counts0"], self._bpf["counts1"])
         self._stacks = (self._bpf["stacks0"], self._bpf["stacks1"])
-        self._stats_table = self._bpf["stats"]
-        self._last_stats = [0] * len(STAT_NAMES)
+        self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
         self._window_start_ns = time.time_ns()
         self._events_cb = on_process_event
         if on_process_event is not None:
@@ -194,14 +194,6 @@ class CpuSampler:
                 for k, v in _drain_map(self._stacks[idle], ct.c_uint64, StackTrace)
             }
             return Drain(start_ns, end_ns, samples, stacks, self._stat_deltas())
-
-    def _stat_deltas(self) -> dict[str, int]:
-        deltas = {}
-        for i, name in enumerate(STAT_NAMES):
-            total = sum(self._stats_table[ct.c_int(i)])
-            deltas[name] = total - self._last_stats[i]
-            self._last_stats[i] = total
-        return deltas
 
     def close(self) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from agent.bpfmaps import drain_map_bytes, drain_percpu_sums
+from agent.bpfmaps import CounterDeltas, drain_map_bytes, drain_percpu_sums
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
 
@@ -173,11 +173,10 @@ class SyscallTracer:
         self._set_active(0)
         self._counts = (self._bpf[b"counts0"], self._bpf[b"counts1"])
         self._latency = (self._bpf[b"latency0"], self._bpf[b"latency1"]) if self.latency_sample_every else ()
-        self._stats_table = self._bpf[b"stats"]
+        self._stat_deltas = CounterDeltas(self._bpf[b"stats"], STAT_NAMES)
         _check_layout(self._counts[0], 8)
         for table in self._latency:
             _check_layout(table, LATENCY_LAYOUT.size)
-        self._last_stats = [0] * len(STAT_NAMES)
         self._window_start_ns = time.time_ns()
         # Exit before enter: every start an enter records then has an exit program to consume it.
         self._attached: list[bytes] = []
@@ -224,14 +223,6 @@ class SyscallTracer:
         """Keys held in the kernel's count and latency maps now, both sets (what one window holds)."""
         with self._lock:
             return sum(len(table) for table in (*self._counts, *self._latency))
-
-    def _stat_deltas(self) -> dict[str, int]:
-        deltas = {}
-        for i, name in enumerate(STAT_NAMES):
-            total = sum(self._stats_table[ct.c_int(i)])
-            deltas[name] = total - self._last_stats[i]
-            self._last_stats[i] = total
-        return deltas
 
     def close(self) -> None:
         with self._lock:
