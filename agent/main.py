@@ -48,7 +48,7 @@ class AgentConfig:
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     pod_labels: tuple[str, ...] = ()  # --pod-label specs; empty: DEFAULT_POD_LABELS
     pod_resources_socket: str = DEFAULT_SOCKET
-    syscalls: bool = True
+    syscalls: bool = False  # off until the tracer's cost meets the agent's budget (bench/syscalls.py)
     syscall_latency_sample_every: int | None = None  # None: the tracer's measured default; 0: count only
 
     def node_name(self) -> str:

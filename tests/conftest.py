@@ -186,7 +186,7 @@ def stop_agent(agent: RunningAgent) -> None:
 
 @pytest.fixture(scope="module")
 def agent(module_collector: RunningCollector) -> Iterator[RunningAgent]:
-    a = start_agent(module_collector.grpc_target)
+    a = start_agent(module_collector.grpc_target, 99, 1.0, "--syscalls")
     yield a
     stop_agent(a)
 
