@@ -8,6 +8,7 @@ import errno
 import os
 import struct
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 
@@ -165,3 +166,26 @@ class CounterDeltas:
             deltas[name] = total - self._last[i]
             self._last[i] = total
         return deltas
+
+
+class DoubleBuffer:
+    """The two-map-set discipline shared by the BPF programs: they write the set named by control[0];
+    `flip()` points them at the other set, waits until programs that read the old index have finished
+    (they run for microseconds; the grace is generous), and returns (idle set, window start ns, window
+    end ns). The idle set can then be drained and emptied with no writer racing the drain."""
+
+    GRACE_S = 0.02
+
+    def __init__(self, control) -> None:  # noqa: ANN001 - the BCC array "control"
+        self._control = control
+        self._active = 0
+        self._control[ct.c_int(0)] = ct.c_uint32(0)
+        self._window_start_ns = time.time_ns()
+
+    def flip(self) -> tuple[int, int, int]:
+        idle, self._active = self._active, 1 - self._active
+        self._control[ct.c_int(0)] = ct.c_uint32(self._active)
+        end_ns = time.time_ns()
+        start_ns, self._window_start_ns = self._window_start_ns, end_ns
+        time.sleep(self.GRACE_S)
+        return idle, start_ns, end_ns

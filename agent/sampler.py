@@ -6,12 +6,11 @@ import ctypes as ct
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.bpfmaps import CounterDeltas
+from agent.bpfmaps import CounterDeltas, DoubleBuffer
 from agent.bpfmaps import drain_map as _drain_map
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
@@ -39,10 +38,6 @@ STAT_NAMES = (
 # Perf event constants (include/uapi/linux/perf_event.h).
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
-
-# In-flight sampler programs finish in microseconds; this is how long a flip waits before the idle
-# set is read, generous so that a preempted (PREEMPT_RT) program also finishes.
-FLIP_GRACE_S = 0.02
 
 
 class SampleKey(ct.Structure):
@@ -130,12 +125,10 @@ class CpuSampler:
             self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
         except Exception as exc:  # BCC raises bare Exception for compile and verifier failures
             raise BpfUnavailable(f"the CPU sampler BPF program did not compile or load: {exc}") from exc
-        self._active = 0
-        self._set_active(0)
+        self._buffers = DoubleBuffer(self._bpf["control"])
         self._counts = (self._bpf["counts0"], self._bpf["counts1"])
         self._stacks = (self._bpf["stacks0"], self._bpf["stacks1"])
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
-        self._window_start_ns = time.time_ns()
         self._events_cb = on_process_event
         if on_process_event is not None:
             self._bpf["events"].open_ring_buffer(self._on_event)
@@ -165,18 +158,10 @@ class CpuSampler:
         self._bpf.ring_buffer_poll(timeout_ms)
 
     # -- draining --------------------------------------------------------------------------------
-    def _set_active(self, index: int) -> None:
-        self._bpf["control"][ct.c_int(0)] = ct.c_uint32(index)
-
     def drain(self) -> Drain:
         """Flip to the other map set, then read and empty the one that was being written."""
         with self._lock:
-            idle = self._active
-            self._active = 1 - idle
-            self._set_active(self._active)
-            end_ns = time.time_ns()
-            start_ns, self._window_start_ns = self._window_start_ns, end_ns
-            time.sleep(FLIP_GRACE_S)
+            idle, start_ns, end_ns = self._buffers.flip()
             samples = [
                 SampleCount(
                     tgid=k.tgid,

@@ -11,12 +11,11 @@ from __future__ import annotations
 import ctypes as ct
 import struct
 import threading
-import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from agent.bpfmaps import CounterDeltas, drain_map_bytes, drain_percpu_sums
+from agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes, drain_percpu_sums
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
 
@@ -47,9 +46,8 @@ STAT_NAMES = ("table_full", "latency_table_full", "storage_failed", "idle_skippe
 # 1/16, a loop of 16 syscalls on one CPU would time the same one every time).
 DEFAULT_SAMPLE_EVERY = 16
 
-# In-flight programs finish in microseconds (syscall probes run with preemption off: the kernel's
-# include/trace/bpf_probe.h); the grace is generous, for kernels where they may be preempted.
-FLIP_GRACE_S = 0.02
+# The drain's grace (bpfmaps.DoubleBuffer.GRACE_S) suffices here: syscall probes run with preemption off
+# (the kernel's include/trace/bpf_probe.h), so in-flight programs finish in microseconds.
 
 
 # Mirrors of syscalls.c's structs, as struct layouts (drains parse whole chunks with iter_unpack); their
@@ -169,15 +167,13 @@ class SyscallTracer:
             raise BpfUnavailable(
                 f"syscall tracepoints are unavailable: the BPF program did not compile or load{hint}: {exc}"
             ) from exc
-        self._active = 0
-        self._set_active(0)
+        self._buffers = DoubleBuffer(self._bpf[b"control"])
         self._counts = (self._bpf[b"counts0"], self._bpf[b"counts1"])
         self._latency = (self._bpf[b"latency0"], self._bpf[b"latency1"]) if self.latency_sample_every else ()
         self._stat_deltas = CounterDeltas(self._bpf[b"stats"], STAT_NAMES)
         _check_layout(self._counts[0], 8)
         for table in self._latency:
             _check_layout(table, LATENCY_LAYOUT.size)
-        self._window_start_ns = time.time_ns()
         # Exit before enter: every start an enter records then has an exit program to consume it.
         self._attached: list[bytes] = []
         tp = b"sys_exit"
@@ -198,18 +194,10 @@ class SyscallTracer:
         self._bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
         self._attached.append(tp)
 
-    def _set_active(self, index: int) -> None:
-        self._bpf[b"control"][ct.c_int(0)] = ct.c_uint32(index)
-
     def drain(self) -> SyscallDrain:
         """Flip to the other map set, then read and empty the one that was being written."""
         with self._lock:
-            idle = self._active
-            self._active = 1 - idle
-            self._set_active(self._active)
-            end_ns = time.time_ns()
-            start_ns, self._window_start_ns = self._window_start_ns, end_ns
-            time.sleep(FLIP_GRACE_S)
+            idle, start_ns, end_ns = self._buffers.flip()
             counts = {key: v[0] for key, v in drain_percpu_sums(self._counts[idle], KEY_LAYOUT, 1)}
             latency = {}
             if self._latency:
