@@ -101,19 +101,15 @@ class Shipper:
         self.stats.queued = len(self._pending)
         self.stats.queued_bytes = sum(self._sizes.values())
 
-    def _ack(self, seq: int) -> None:
+    def _settle(self, seq: int, acked: bool) -> None:
+        """Remove a batch from the queue: acknowledged by the collector, or refused and never resent."""
         with self._lock:
             if self._pending.pop(seq, None) is not None:
                 self._sizes.pop(seq, None)
-                self.stats.batches_acked += 1
-            self._update_gauges()
-            self._lock.notify_all()
-
-    def _reject(self, seq: int) -> None:
-        with self._lock:
-            if self._pending.pop(seq, None) is not None:
-                self._sizes.pop(seq, None)
-                self.stats.batches_rejected += 1
+                if acked:
+                    self.stats.batches_acked += 1
+                else:
+                    self.stats.batches_rejected += 1
             self._update_gauges()
             self._lock.notify_all()
 
@@ -166,7 +162,7 @@ class Shipper:
                         log.info("connected to collector %s", self.target)
                     self.connected = True
                     delay = self._backoff[0]
-                    self._ack(ack.sequence)
+                    self._settle(ack.sequence, acked=True)
             except grpc.RpcError as err:
                 code = err.code() if hasattr(err, "code") else None
                 detail = err.details() if hasattr(err, "details") else str(err)
@@ -174,13 +170,13 @@ class Shipper:
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     m = _BATCH_IN_ERROR.search(detail or "")
                     if m:
-                        self._reject(int(m.group(1)))
+                        self._settle(int(m.group(1)), acked=False)
                     log.error("collector rejected a batch: %s", detail)
                     delay = self._backoff[0]
                 elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     # Over the collector's transport limit: the message does not say which batch, and
                     # resending it would fail forever. The largest pending one is the culprit.
-                    self._reject(self._largest_pending())
+                    self._settle(self._largest_pending(), acked=False)
                     log.error("collector refused an oversized batch: %s", detail)
                 elif code == grpc.StatusCode.CANCELLED and self._stop.is_set():
                     return

@@ -269,14 +269,15 @@ class BpfRunTimeStats:
 
 
 # -- the workload ---------------------------------------------------------------------------------
-def build_workload(workdir: Path) -> Path:
+def build(source: Path, workdir: Path, *extra: str) -> Path:
+    """Compile a C workload with frame pointers into workdir; the binary is named after the source."""
     if shutil.which("gcc") is None:
-        raise BenchError("gcc is needed to build the workload (apt-get install gcc)")
-    binary = workdir / "spin"
-    cmd = ["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(WORKLOAD_SOURCE)]
+        raise BenchError("gcc is needed to build the workloads (apt-get install gcc)")
+    binary = workdir / source.stem
+    cmd = ["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(source), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BenchError(f"building the workload failed: {' '.join(cmd)}\n{done.stderr}")
+        raise BenchError(f"building {source.name} failed: {' '.join(cmd)}\n{done.stderr}")
     return binary
 
 
@@ -977,7 +978,7 @@ def main(argv: list[str] | None = None) -> int:
     with BpfRunTimeStats() as bpf_stats, tempfile.TemporaryDirectory(prefix="fleetprof-bench-") as tmp:
         workdir = Path(tmp)
         try:
-            binary = build_workload(workdir)
+            binary = build(WORKLOAD_SOURCE, workdir)
             collector = None
             if args.frequencies or args.rss_processes:
                 collector = Collector(children, workdir)

@@ -55,7 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from overhead import BpfRunTimeStats, fds_of_kind  # noqa: E402 - after the path fix above
+from overhead import BpfRunTimeStats, build, fds_of_kind  # noqa: E402 - after the path fix above
 
 from agent.syscalls import SyscallConfig, SyscallTracer  # noqa: E402
 
@@ -73,17 +73,6 @@ class BenchError(RuntimeError):
 
 
 # -- workloads ------------------------------------------------------------------------------------
-def build(source: Path, workdir: Path, *extra: str) -> Path:
-    if shutil.which("gcc") is None:
-        raise BenchError("gcc is needed to build the workloads (apt-get install gcc)")
-    binary = workdir / source.stem
-    cmd = ["gcc", "-O2", "-fno-omit-frame-pointer", "-o", str(binary), str(source), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise BenchError(f"building {source.name} failed: {' '.join(cmd)}\n{done.stderr}")
-    return binary
-
-
 @dataclass(frozen=True)
 class Binaries:
     storm: Path
