@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from agent.attribution import Attributor
+from agent.gpu.samples import DeviceSample, GpuWindow
+from agent.process.cgroups import CgroupIdentity
 from agent.process.table import ProcessInfo
 from agent.resolver import Window
 from fleetprof.v1 import ingest_pb2 as pb
@@ -22,9 +24,14 @@ class _Strings:
 
 
 def encode_window(
-    window: Window, identity: pb.AgentIdentity, frequency_hz: int, attributor: Attributor | None = None
+    window: Window,
+    identity: pb.AgentIdentity,
+    frequency_hz: int,
+    attributor: Attributor | None = None,
+    gpu: GpuWindow | None = None,
 ) -> pb.Batch:
-    """The Batch for `window`, without a sequence number (the shipper assigns it)."""
+    """The Batch for `window`, without a sequence number (the shipper assigns it). `gpu`: the GPU polls of
+    the same window, processes and owners attributed (GpuWindow.attributed); None leaves the section out."""
     attributor = attributor or Attributor()
     strings = _Strings()
     stacks: dict[tuple, int] = {}
@@ -85,7 +92,11 @@ def encode_window(
             )
         )
     batch.syscall_latency_sample_every = window.syscall_sample_every
+    if gpu is not None:
+        _encode_gpu(batch, gpu, strings, process_index)
+    batch.syscall_latency_duty = window.syscall_duty
     batch.syscall_tracer.table_full = window.syscall_counters.get("table_full", 0)
+    batch.syscall_tracer.stale_starts = window.syscall_counters.get("stale_start", 0)
     batch.strings.extend(strings.table)
     st = window.stats
     batch.stats.CopyFrom(
@@ -108,3 +119,70 @@ def _trimmed(hist: tuple[int, ...]) -> list[int]:
     while end and not hist[end - 1]:
         end -= 1
     return list(hist[:end])
+
+
+def _encode_gpu(batch: pb.Batch, gpu: GpuWindow, strings: _Strings, process_index) -> None:  # noqa: ANN001
+    batch.gpu_source.CopyFrom(
+        pb.GpuSource(up=gpu.up, state=strings.id(gpu.state), idle_below_percent=gpu.idle_below_percent)
+    )
+    device_index: dict[str, int] = {}
+    for dw in gpu.devices:
+        d = dw.device
+        owner = dw.owner
+        device_index[d.uuid] = len(batch.gpu_devices)
+        batch.gpu_devices.append(
+            pb.GpuDevice(
+                index=d.index,
+                uuid=strings.id(d.uuid),
+                name=strings.id(d.name),
+                mig_mode=d.mig_mode,
+                parent_uuid=strings.id(d.parent_uuid),
+                gpu_instance_id=d.gpu_instance_id,
+                samples=[_gpu_sample(s) for s in dw.samples],
+                xid_errors=dw.xid_errors,
+                xid_codes=dw.xid_codes,
+                xid_watched=dw.xid_watched,
+                owner_namespace=strings.id(owner.namespace) if owner else 0,
+                owner_pod=strings.id(owner.pod) if owner else 0,
+                owner_container=strings.id(owner.container) if owner else 0,
+            )
+        )
+    for pw in gpu.processes:
+        dev = device_index.get(pw.uuid)
+        if dev is None:
+            continue
+        # A process that exited before the drain keeps its pid; it is labelled by its device's owner.
+        proc = pw.process or ProcessInfo(pw.pid, 0, "", "", CgroupIdentity(""), ())
+        sm, mem = pw.sm_util_percent, pw.mem_util_percent
+        batch.gpu_processes.append(
+            pb.GpuProcessUsage(
+                process=process_index(proc),
+                device=dev,
+                polls=pw.polls,
+                state_polls=pw.state_polls,
+                idle_polls=pw.idle_polls,
+                memory_used_bytes=pw.mem_used_bytes,
+                sm_utilization_percent=None if sm is None else round(sm),
+                memory_utilization_percent=None if mem is None else round(mem),
+            )
+        )
+
+
+def _gpu_sample(s: DeviceSample) -> pb.GpuSample:
+    """Unset (None) fields stay absent on the wire: the device does not report them."""
+    return pb.GpuSample(
+        time_unix_ns=s.time_ns,
+        gpu_utilization_percent=s.gpu_util_percent,
+        memory_utilization_percent=s.mem_util_percent,
+        memory_used_bytes=s.mem_used_bytes,
+        memory_total_bytes=s.mem_total_bytes,
+        power_milliwatts=s.power_mw,
+        energy_millijoules=s.energy_mj,
+        temperature_celsius=s.temperature_c,
+        sm_clock_mhz=s.sm_clock_mhz,
+        clock_event_reasons=s.clock_event_reasons,
+        ecc_corrected_errors=s.ecc_corrected,
+        ecc_uncorrected_errors=s.ecc_uncorrected,
+        pcie_tx_kilobytes_per_second=s.pcie_tx_kbps,
+        pcie_rx_kilobytes_per_second=s.pcie_rx_kbps,
+    )

@@ -40,5 +40,4 @@ def test_sections_keep_their_field_ranges() -> None:
 
     by_number = {f.number: f.name for f in pb.Batch.DESCRIPTOR.fields}
     assert all(name.startswith("syscall") for n, name in by_number.items() if 20 <= n < 30)
-    assert not set(by_number) & set(range(30, 40))
-    assert "reserved 30 to 39" in (REPO / "proto" / "fleetprof" / "v1" / "ingest.proto").read_text()
+    assert all(name.startswith("gpu") for n, name in by_number.items() if 30 <= n < 40)

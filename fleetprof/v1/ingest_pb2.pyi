@@ -19,7 +19,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats", "syscalls", "syscall_latency_sample_every", "syscall_tracer")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,10 @@ class Batch(_message.Message):
     SYSCALLS_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_LATENCY_SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_TRACER_FIELD_NUMBER: _ClassVar[int]
+    SYSCALL_LATENCY_DUTY_FIELD_NUMBER: _ClassVar[int]
+    GPU_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    GPU_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    GPU_SOURCE_FIELD_NUMBER: _ClassVar[int]
     agent: AgentIdentity
     sequence: int
     start_unix_ns: int
@@ -46,7 +50,103 @@ class Batch(_message.Message):
     syscalls: _containers.RepeatedCompositeFieldContainer[SyscallStats]
     syscall_latency_sample_every: int
     syscall_tracer: SyscallTracerStats
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ...) -> None: ...
+    syscall_latency_duty: float
+    gpu_devices: _containers.RepeatedCompositeFieldContainer[GpuDevice]
+    gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcessUsage]
+    gpu_source: GpuSource
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ...) -> None: ...
+
+class GpuSource(_message.Message):
+    __slots__ = ("up", "state", "idle_below_percent")
+    UP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_BELOW_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    up: bool
+    state: int
+    idle_below_percent: int
+    def __init__(self, up: _Optional[bool] = ..., state: _Optional[int] = ..., idle_below_percent: _Optional[int] = ...) -> None: ...
+
+class GpuDevice(_message.Message):
+    __slots__ = ("index", "uuid", "name", "mig_mode", "parent_uuid", "gpu_instance_id", "samples", "xid_errors", "xid_codes", "owner_namespace", "owner_pod", "owner_container", "xid_watched")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIG_MODE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    XID_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    XID_CODES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_POD_FIELD_NUMBER: _ClassVar[int]
+    OWNER_CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    XID_WATCHED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: int
+    name: int
+    mig_mode: bool
+    parent_uuid: int
+    gpu_instance_id: int
+    samples: _containers.RepeatedCompositeFieldContainer[GpuSample]
+    xid_errors: int
+    xid_codes: _containers.RepeatedScalarFieldContainer[int]
+    owner_namespace: int
+    owner_pod: int
+    owner_container: int
+    xid_watched: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[int] = ..., name: _Optional[int] = ..., mig_mode: _Optional[bool] = ..., parent_uuid: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., xid_errors: _Optional[int] = ..., xid_codes: _Optional[_Iterable[int]] = ..., owner_namespace: _Optional[int] = ..., owner_pod: _Optional[int] = ..., owner_container: _Optional[int] = ..., xid_watched: _Optional[bool] = ...) -> None: ...
+
+class GpuSample(_message.Message):
+    __slots__ = ("time_unix_ns", "gpu_utilization_percent", "memory_utilization_percent", "memory_used_bytes", "memory_total_bytes", "power_milliwatts", "energy_millijoules", "temperature_celsius", "sm_clock_mhz", "clock_event_reasons", "ecc_corrected_errors", "ecc_uncorrected_errors", "pcie_tx_kilobytes_per_second", "pcie_rx_kilobytes_per_second")
+    TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POWER_MILLIWATTS_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_MILLIJOULES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_CELSIUS_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    ECC_CORRECTED_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ECC_UNCORRECTED_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    PCIE_TX_KILOBYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PCIE_RX_KILOBYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    time_unix_ns: int
+    gpu_utilization_percent: int
+    memory_utilization_percent: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    power_milliwatts: int
+    energy_millijoules: int
+    temperature_celsius: int
+    sm_clock_mhz: int
+    clock_event_reasons: int
+    ecc_corrected_errors: int
+    ecc_uncorrected_errors: int
+    pcie_tx_kilobytes_per_second: int
+    pcie_rx_kilobytes_per_second: int
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_utilization_percent: _Optional[int] = ..., memory_utilization_percent: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_milliwatts: _Optional[int] = ..., energy_millijoules: _Optional[int] = ..., temperature_celsius: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_corrected_errors: _Optional[int] = ..., ecc_uncorrected_errors: _Optional[int] = ..., pcie_tx_kilobytes_per_second: _Optional[int] = ..., pcie_rx_kilobytes_per_second: _Optional[int] = ...) -> None: ...
+
+class GpuProcessUsage(_message.Message):
+    __slots__ = ("process", "device", "polls", "state_polls", "idle_polls", "memory_used_bytes", "sm_utilization_percent", "memory_utilization_percent")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    POLLS_FIELD_NUMBER: _ClassVar[int]
+    STATE_POLLS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_POLLS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    process: int
+    device: int
+    polls: int
+    state_polls: int
+    idle_polls: int
+    memory_used_bytes: int
+    sm_utilization_percent: int
+    memory_utilization_percent: int
+    def __init__(self, process: _Optional[int] = ..., device: _Optional[int] = ..., polls: _Optional[int] = ..., state_polls: _Optional[int] = ..., idle_polls: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., sm_utilization_percent: _Optional[int] = ..., memory_utilization_percent: _Optional[int] = ...) -> None: ...
 
 class SyscallStats(_message.Message):
     __slots__ = ("process", "syscall", "count", "timed", "timed_ns", "latency_log2_ns")
@@ -65,10 +165,12 @@ class SyscallStats(_message.Message):
     def __init__(self, process: _Optional[int] = ..., syscall: _Optional[int] = ..., count: _Optional[int] = ..., timed: _Optional[int] = ..., timed_ns: _Optional[int] = ..., latency_log2_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SyscallTracerStats(_message.Message):
-    __slots__ = ("table_full",)
+    __slots__ = ("table_full", "stale_starts")
     TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
+    STALE_STARTS_FIELD_NUMBER: _ClassVar[int]
     table_full: int
-    def __init__(self, table_full: _Optional[int] = ...) -> None: ...
+    stale_starts: int
+    def __init__(self, table_full: _Optional[int] = ..., stale_starts: _Optional[int] = ...) -> None: ...
 
 class Stack(_message.Message):
     __slots__ = ("functions", "modules", "kernel_start")
