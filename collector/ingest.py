@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
 
+from collector.gpu_metrics import gpu_section_problem
 from collector.render.tree import FrameKey
-from collector.store.base import Labels, ProfileRows, ProfileStore, SyscallAgg
+from collector.store.base import DurableBatches, Labels, ProfileRows, ProfileStore, Stack, SyscallAgg
+from collector.store.ids import frame_id, labels_id, stack_id_of_frames
+from collector.store.sequences import SeenSequences
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
@@ -89,10 +91,13 @@ def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
                 "bad_stack",
                 f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames",
             )
-        for f in st.functions:
-            check_str(f, f"stack {si}")
-        for m in st.modules:
-            check_str(m, f"stack {si} module")
+        # max() runs in C: a batch has tens of thousands of frames, and only a bad one needs the loop.
+        if st.functions and max(st.functions) >= nstr:
+            for f in st.functions:
+                check_str(f, f"stack {si}")
+        if st.modules and max(st.modules) >= nstr:
+            for m in st.modules:
+                check_str(m, f"stack {si} module")
     for pi, p in enumerate(batch.processes):
         check_str(p.comm, f"process {pi} comm")
         check_str(p.exe, f"process {pi} exe")
@@ -116,6 +121,8 @@ def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
                 f"syscall row {i}: the latency histogram ({sum(sc.latency_log2_ns)} calls in "
                 f"{len(sc.latency_log2_ns)} buckets) does not add up to timed {sc.timed}",
             )
+    if gpu_problem := gpu_section_problem(batch):  # GPU section (issue #6): collector/gpu_metrics.py
+        fail("bad_gpu", gpu_problem)
     for i, s in enumerate(batch.samples):
         if s.process >= nproc:
             fail("bad_sample", f"sample {i} refers to process {s.process}, but there are {nproc}")
@@ -125,61 +132,94 @@ def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
             fail("bad_count", f"sample {i} has count {s.count}: counts must be in 1..{MAX_COUNT}")
 
 
-def decode_batch(batch: pb.Batch) -> ProfileRows:
-    """Rows for the store. Assumes validate_batch passed."""
-    strings = batch.strings
-    node = batch.agent.node
-    stacks = []
-    for st in batch.stacks:
-        mods = st.modules or [0] * len(st.functions)
-        ks = st.kernel_start
-        stacks.append(
-            tuple(
-                FrameKey(strings[f], strings[m], i >= ks)
-                for i, (f, m) in enumerate(zip(st.functions, mods, strict=True))
+class Decoder:
+    """Turns batches into store rows, remembering stacks and label sets across batches.
+
+    A stack arrives as string-table indexes that differ per batch; it is looked up by its strings (a C-speed
+    tuple hash), so a stack seen before costs no per-frame Python work: its FrameKeys and stable id are
+    reused. The caches are bounded and simply start over when full.
+    """
+
+    MAX_CACHED = 500_000
+
+    def __init__(self) -> None:
+        self._stacks: dict[tuple, tuple[int, Stack]] = {}
+        self._labels: dict[Labels, int] = {}
+        self._frames: dict[FrameKey, int] = {}
+
+    def _stack(
+        self, functions: tuple[str, ...], modules: tuple[str, ...], kernel_start: int
+    ) -> tuple[int, Stack]:
+        key = (functions, modules, kernel_start)
+        hit = self._stacks.get(key)
+        if hit is None:
+            if len(self._stacks) >= self.MAX_CACHED:
+                self._stacks.clear()
+            frames = tuple(
+                FrameKey(f, m, i >= kernel_start)
+                for i, (f, m) in enumerate(zip(functions, modules, strict=True))
             )
+            hit = self._stacks[key] = (stack_id_of_frames([self._frame_id(f) for f in frames]), frames)
+        return hit
+
+    def _frame_id(self, frame: FrameKey) -> int:
+        fid = self._frames.get(frame)
+        if fid is None:
+            if len(self._frames) >= self.MAX_CACHED:
+                self._frames.clear()
+            fid = self._frames[frame] = frame_id(frame.function, frame.module, frame.kernel)
+        return fid
+
+    def _label_id(self, labels: Labels) -> int:
+        lid = self._labels.get(labels)
+        if lid is None:
+            if len(self._labels) >= self.MAX_CACHED:
+                self._labels.clear()
+            lid = self._labels[labels] = labels_id(labels)
+        return lid
+
+    def decode(self, batch: pb.Batch) -> ProfileRows:
+        """Rows for the store. Assumes validate_batch passed."""
+        strings = list(batch.strings)
+        get = strings.__getitem__
+        node = batch.agent.node
+        stacks = []
+        for st in batch.stacks:
+            functions = tuple(map(get, st.functions))
+            modules = tuple(map(get, st.modules)) if st.modules else ("",) * len(functions)
+            stacks.append(self._stack(functions, modules, st.kernel_start))
+        procs: list[tuple[int, Labels]] = []
+        for p in batch.processes:
+            labels = {"node": node, "pid": str(p.pid), "comm": strings[p.comm]}
+            for lb in p.labels:
+                value = strings[lb.value][:MAX_LABEL_BYTES]
+                if value:
+                    labels[strings[lb.name]] = value
+            lset = tuple(sorted((k, v) for k, v in labels.items() if v))
+            procs.append((self._label_id(lset), lset))
+        rows = []
+        keys = []
+        for s in batch.samples:
+            lid, lset = procs[s.process]
+            sid, stack = stacks[s.stack]
+            rows.append((lset, stack, s.count))
+            keys.append((lid, sid))
+        syscalls = [
+            (
+                procs[sc.process][1],
+                strings[sc.syscall],
+                SyscallAgg(sc.count, sc.timed, sc.timed_ns, list(sc.latency_log2_ns)),
+            )
+            for sc in batch.syscalls
+        ]
+        return ProfileRows(
+            batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows, syscalls, keys
         )
-    procs: list[Labels] = []
-    for p in batch.processes:
-        labels = {"node": node, "pid": str(p.pid), "comm": strings[p.comm]}
-        for lb in p.labels:
-            value = strings[lb.value][:MAX_LABEL_BYTES]
-            if value:
-                labels[strings[lb.name]] = value
-        procs.append(tuple(sorted((k, v) for k, v in labels.items() if v)))
-    rows = [(procs[s.process], stacks[s.stack], s.count) for s in batch.samples]
-    syscalls = [
-        (
-            procs[sc.process],
-            strings[sc.syscall],
-            SyscallAgg(sc.count, sc.timed, sc.timed_ns, list(sc.latency_log2_ns)),
-        )
-        for sc in batch.syscalls
-    ]
-    return ProfileRows(batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows, syscalls)
 
 
-class _SeenSequences:
-    """Per agent id, the sequences already ingested (bounded: agents send them in increasing order)."""
-
-    def __init__(self, window: int = 4096, max_agents: int = 100_000):
-        self._window = window
-        self._max_agents = max_agents
-        self._agents: OrderedDict[str, set[int]] = OrderedDict()
-
-    def seen(self, agent_id: str, seq: int) -> bool:
-        s = self._agents.get(agent_id)
-        return s is not None and seq in s
-
-    def add(self, agent_id: str, seq: int) -> None:
-        s = self._agents.setdefault(agent_id, set())
-        self._agents.move_to_end(agent_id)
-        s.add(seq)
-        if len(s) > 2 * self._window:
-            cutoff = max(s) - self._window
-            s.difference_update([x for x in s if x < cutoff])
-        while len(self._agents) > self._max_agents:
-            self._agents.popitem(last=False)
+def decode_batch(batch: pb.Batch) -> ProfileRows:
+    """Rows for the store, without caches. Assumes validate_batch passed."""
+    return Decoder().decode(batch)
 
 
 class IngestService(pb_grpc.IngestServicer):
@@ -188,12 +228,15 @@ class IngestService(pb_grpc.IngestServicer):
         store: ProfileStore,
         limits: IngestLimits | None = None,
         on_rows: Callable[[ProfileRows], None] | None = None,
+        on_batch: Callable[[pb.Batch], None] | None = None,  # GPU metrics (issue #6)
     ):
         self._store = store
         self._on_rows = on_rows
+        self._on_batch = on_batch
         self._limits = limits or IngestLimits()
         self._lock = threading.Lock()
-        self._seen = _SeenSequences()
+        self._seen = SeenSequences()
+        self._decoder = Decoder()
         self.stats = IngestStats()
 
     def ingest(self, batch: pb.Batch) -> bool:
@@ -206,21 +249,39 @@ class IngestService(pb_grpc.IngestServicer):
                 self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
             raise
         agent_id = batch.agent.agent_id
-        with self._lock:
-            if self._seen.seen(agent_id, batch.sequence):
-                self.stats.duplicates += 1
-                return False
-        rows = decode_batch(batch)
-        self._store.write(rows)
+        durable = self._store if isinstance(self._store, DurableBatches) else None
+        if durable is not None:
+            if durable.seen(agent_id, batch.sequence):
+                return self._duplicate()
+            rows = self._decoder.decode(batch)
+            # The store logs the wire bytes before it stores the rows: once this returns, the batch
+            # survives a crash, so acknowledging it is safe. It also re-checks the sequence atomically.
+            if not durable.write_logged(agent_id, batch.sequence, batch.SerializeToString(), rows):
+                return self._duplicate()
+        else:
+            with self._lock:
+                if self._seen.seen(agent_id, batch.sequence):
+                    self.stats.duplicates += 1
+                    return False
+            rows = self._decoder.decode(batch)
+            self._store.write(rows)
+            with self._lock:
+                self._seen.add(agent_id, batch.sequence)
         if self._on_rows is not None:
             self._on_rows(rows)
+        if self._on_batch is not None:
+            self._on_batch(batch)
         with self._lock:
-            self._seen.add(agent_id, batch.sequence)
             self.stats.batches += 1
             self.stats.samples += sum(c for _, _, c in rows.rows)
             for fd, value in batch.stats.ListFields():
                 self.stats.sampler[fd.name] = self.stats.sampler.get(fd.name, 0) + value
         return True
+
+    def _duplicate(self) -> bool:
+        with self._lock:
+            self.stats.duplicates += 1
+        return False
 
     def Push(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
         for batch in request_iterator:
@@ -230,3 +291,8 @@ class IngestService(pb_grpc.IngestServicer):
                 log.warning("rejected from %s: %s", context.peer(), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             yield pb.Ack(sequence=batch.sequence)
+
+
+def decode_payload(payload: bytes, decoder: Decoder | None = None) -> ProfileRows:
+    """Rows of a batch in wire form, as the write-ahead log keeps it (it was validated before logging)."""
+    return (decoder or Decoder()).decode(pb.Batch.FromString(payload))

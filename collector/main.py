@@ -7,15 +7,19 @@ import threading
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.api import QueryApi
+from collector.cpu_metrics import CpuMetrics
+from collector.gpu_metrics import GpuMetrics
 from collector.ingest import IngestLimits, IngestService
 from collector.store.base import ProfileRows, ProfileStore
 from collector.store.memory import MemoryStore
+from collector.store.timing import QueryTimer, TimedStore
 from collector.syscall_metrics import SyscallMetrics
 from fleetprof.httpserve import HttpServer
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
@@ -23,12 +27,36 @@ from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 
+DEFAULT_MEMORY_RETENTION_S = 3600.0
+DEFAULT_DISK_RETENTION_S = 7 * 86400.0
+
+
 @dataclass(frozen=True)
 class CollectorConfig:
     grpc: str = "127.0.0.1:7470"
     http: str = "127.0.0.1:7471"
-    retention_s: float = 3600.0
+    retention_s: float | None = None  # default: 1 h in memory, 7 d with a data directory
     max_batch_bytes: int = 32 * 1024 * 1024
+    data_dir: str | None = None  # None: in-memory only (nothing survives a restart)
+    wal_fsync: bool = False  # fsync each batch before acknowledging it (survives power loss too)
+    flush_s: float = 10.0  # how often logged batches move into the database
+
+
+def open_store(config: CollectorConfig) -> ProfileStore:
+    """The store the flags ask for: in memory, or durable in config.data_dir."""
+    if config.data_dir is None:
+        return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
+    from collector.ingest import Decoder, decode_payload
+    from collector.store.durable import DurableStore
+
+    decoder = Decoder()
+    return DurableStore(
+        Path(config.data_dir),
+        decode=lambda payload: decode_payload(payload, decoder),
+        retention_s=config.retention_s or DEFAULT_DISK_RETENTION_S,
+        flush_s=config.flush_s,
+        fsync=config.wal_fsync,
+    )
 
 
 class _IngestMetrics:
@@ -61,23 +89,31 @@ class _IngestMetrics:
             samp.add_metric([name], n)
         yield samp
         for name, value in self._store.stats().items():
-            yield GaugeMetricFamily(
-                f"fleetprof_store_{name}", f"Store: number of {name.replace('_', ' ')}", value=value
-            )
+            help_text = f"Store: {name.replace('_', ' ')}" + ("" if name.endswith("bytes") else " (count)")
+            yield GaugeMetricFamily(f"fleetprof_store_{name}", help_text, value=value)
 
 
 class Collector:
     def __init__(self, config: CollectorConfig, store: ProfileStore | None = None):
         self.config = config
-        self.store = store or MemoryStore(retention_s=config.retention_s)
+        self.store = store or open_store(config)
         self.syscall_metrics = SyscallMetrics()
+        self.cpu_metrics = CpuMetrics()
+        self.query_timer = QueryTimer()
+        self.gpu_metrics = GpuMetrics()
         self.ingest = IngestService(
-            self.store, IngestLimits(max_batch_bytes=config.max_batch_bytes), on_rows=self._export_rows
+            self.store,
+            IngestLimits(max_batch_bytes=config.max_batch_bytes),
+            on_rows=self._export_rows,
+            on_batch=self.gpu_metrics.observe,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_IngestMetrics(self.ingest, self.store))
         self.registry.register(self.syscall_metrics)
-        api = QueryApi(self.store, self.registry)
+        self.registry.register(self.gpu_metrics)
+        self.registry.register(self.cpu_metrics)
+        self.registry.register(self.query_timer)
+        api = QueryApi(TimedStore(self.store, self.query_timer), self.registry)
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(host or "127.0.0.1", int(port), api.routes(), api.prefixes())
         # gRPC's own limit sits well above ours so oversized batches reach validation and get a clear
@@ -94,6 +130,8 @@ class Collector:
         self._stopped = threading.Event()
 
     def _export_rows(self, rows: ProfileRows) -> None:
+        if rows.rows:
+            self.cpu_metrics.observe(rows)
         if rows.syscalls:
             self.syscall_metrics.observe(rows.syscalls)
 
@@ -109,6 +147,7 @@ class Collector:
     def stop(self) -> None:
         self.grpc.stop(grace=2).wait()
         self.http.stop()
+        self.store.close()
         self._stopped.set()
 
     def wait(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from collector.query.selector import Selector
 from collector.render.tree import FrameKey
@@ -71,6 +71,10 @@ class ProfileRows:
     frequency_hz: int
     rows: Sequence[tuple[Labels, Stack, int]]
     syscalls: Sequence[SyscallRow] = ()
+    # Optional, parallel to `rows`: the stable content ids (collector/store/ids.py) of each row's label set
+    # and stack. Ingest fills them from its caches so stores never hash a stack frame by frame; rows made
+    # without them (tests, tools) get them computed by the store.
+    keys: Sequence[tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,3 +118,19 @@ class ProfileStore(Protocol):
     def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]: ...
 
     def stats(self) -> dict[str, int]: ...
+
+    def close(self) -> None:
+        """Make everything written so far durable (where the store is) and release its resources."""
+        ...
+
+
+@runtime_checkable
+class DurableBatches(Protocol):
+    """A store that owns deduplication and durability of whole batches: ingest hands it each batch's wire
+    bytes with its rows and acknowledges only after `write_logged` returns (the batch is then safe)."""
+
+    def seen(self, source: str, sequence: int) -> bool: ...
+
+    def write_logged(self, source: str, sequence: int, payload: bytes, profile: ProfileRows) -> bool:
+        """Log and store one batch; False (and nothing stored) if (source, sequence) was stored before."""
+        ...

@@ -9,20 +9,23 @@ from collections.abc import Sequence
 
 from collector.query.selector import Selector
 from collector.store.base import Grouped, Labels, ProfileRows, Selection, SyscallAgg
+from collector.store.ids import labels_id, stack_id
 
 
 class _Interner:
-    """value ↔ small int, so buckets hold ints and each distinct stack/label set is stored once."""
+    """content id ↔ small int, so buckets hold ints and each distinct stack/label set is stored once."""
 
     def __init__(self) -> None:
         self.values: list = []
-        self.ids: dict = {}
+        self.keys: list[int] = []  # the stable content id (collector/store/ids.py) of each value
+        self.ids: dict[int, int] = {}
 
-    def id(self, value) -> int:  # noqa: ANN001
-        i = self.ids.get(value)
+    def id(self, key: int, value) -> int:  # noqa: ANN001
+        i = self.ids.get(key)
         if i is None:
-            i = self.ids[value] = len(self.values)
+            i = self.ids[key] = len(self.values)
             self.values.append(value)
+            self.keys.append(key)
         return i
 
 
@@ -57,19 +60,25 @@ class MemoryStore:
 
     def write(self, profile: ProfileRows) -> None:
         bucket_key = self._bucket_of((profile.start + profile.end) / 2)
+        keys = profile.keys
+        if keys is None:
+            keys = [(labels_id(labels), stack_id(stack)) for labels, stack, _ in profile.rows]
         with self._lock:
             bucket = self._buckets.get(bucket_key)
             if bucket is None:
                 bucket = self._buckets[bucket_key] = defaultdict(int)
-            for labels, stack, count in profile.rows:
-                lid = self._labels.id(labels)
-                bucket[(lid, self._stacks.id(stack))] += count
-                self._label_freq[lid] = profile.frequency_hz
-                self._label_last_seen[lid] = profile.end
+            label_ids: dict[int, int] = {}
+            for (labels, stack, count), (lkey, skey) in zip(profile.rows, keys, strict=True):
+                lid = label_ids.get(lkey)
+                if lid is None:
+                    lid = label_ids[lkey] = self._labels.id(lkey, labels)
+                    self._label_freq[lid] = profile.frequency_hz
+                    self._label_last_seen[lid] = profile.end
+                bucket[(lid, self._stacks.id(skey, stack))] += count
             if profile.syscalls:
                 sys_bucket = self._sys_buckets.setdefault(bucket_key, {})
                 for labels, name, agg in profile.syscalls:
-                    key = (self._labels.id(labels), name)
+                    key = (self._labels.id(labels_id(labels), labels), name)
                     cur = sys_bucket.get(key)
                     if cur is None:
                         sys_bucket[key] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
@@ -94,19 +103,20 @@ class MemoryStore:
     def _compact(self) -> None:
         self._expired_since_compaction = 0
         stacks, labels = _Interner(), _Interner()
-        old_stacks, old_labels = self._stacks.values, self._labels.values
+        old_stacks, old_labels = self._stacks, self._labels
         label_freq, last_seen = {}, {}
         for key, bucket in self._buckets.items():
             fresh: dict[tuple[int, int], int] = defaultdict(int)
             for (lid, sid), count in bucket.items():
-                new_lid = labels.id(old_labels[lid])
+                new_lid = labels.id(old_labels.keys[lid], old_labels.values[lid])
                 label_freq[new_lid] = self._label_freq.get(lid, 0)
                 last_seen[new_lid] = self._label_last_seen.get(lid, 0.0)
-                fresh[(new_lid, stacks.id(old_stacks[sid]))] += count
+                fresh[(new_lid, stacks.id(old_stacks.keys[sid], old_stacks.values[sid]))] += count
             self._buckets[key] = fresh
         for key, sys_bucket in self._sys_buckets.items():
             self._sys_buckets[key] = {
-                (labels.id(old_labels[lid]), name): agg for (lid, name), agg in sys_bucket.items()
+                (labels.id(old_labels.keys[lid], old_labels.values[lid]), name): agg
+                for (lid, name), agg in sys_bucket.items()
             }
         self._stacks, self._labels = stacks, labels
         self._label_freq, self._label_last_seen = label_freq, last_seen
@@ -198,3 +208,6 @@ class MemoryStore:
                 "label_sets": len(self._labels.values),
                 "entries": sum(len(b) for b in self._buckets.values()),
             }
+
+    def close(self) -> None:
+        """Nothing to make durable: the in-memory store forgets everything when the process ends."""

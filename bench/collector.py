@@ -1,0 +1,441 @@
+"""Collector benchmark: ingest throughput per core through real gRPC (in-memory vs --data-dir), query latency
+for a 500-node fleet ("now" from the hot tier, 24 h from DuckDB), and the DuckDB-vs-SQLite choice.
+
+    .venv/bin/python bench/collector.py [--quick] [--seconds 20] [--nodes 500]
+
+Ingest: a collector subprocess per store; simulated agents (threads here, one gRPC stream each) push
+realistic batches (thousands of distinct stacks ~24 frames deep, hundreds of processes, 64 CPUs × 19 Hz ×
+10 s = 12,160 samples) as fast as it acknowledges. Rates are per collector CPU-second (from /proc), so the
+sender sharing the machine does not distort them. Queries: a store in this process, pre-loaded directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import grpc
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from collector.ingest import decode_payload  # noqa: E402
+from collector.query.selector import parse_selector  # noqa: E402
+from collector.render.tree import FrameKey  # noqa: E402
+from collector.store.base import ProfileRows  # noqa: E402
+from collector.store.durable import DurableStore  # noqa: E402
+from collector.store.ids import frame_id, labels_id, labels_json, stack_id_of_frames  # noqa: E402
+from collector.store.memory import MemoryStore  # noqa: E402
+from fleetprof.v1 import ingest_pb2 as pb  # noqa: E402
+from fleetprof.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CPUS, HZ, WINDOW = 64, 19, 10
+SAMPLES_PER_BATCH = CPUS * HZ * WINDOW
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- realistic batches -------------------------------------------------------------------------------
+def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Batch]:
+    """Batches as an agent on a busy 64-CPU node sends them: a string table, `stacks` distinct stacks drawn
+    from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples."""
+    rng = random.Random(seed)
+    funcs = [f"func_{i}" for i in range(4000)]
+    mods = ["/usr/bin/python3.11", "/usr/lib/libc.so.6", "/opt/app/train", "[kernel]", "/usr/lib/libcuda.so"]
+    pool = [
+        ([rng.randrange(len(funcs)) for _ in range(rng.randrange(8, 40))], rng.randrange(len(mods)))
+        for _ in range(stacks * 4)
+    ]
+    out = []
+    for b in range(n):
+        strings: list[str] = [""]
+        ids = {"": 0}
+
+        def s(x: str, strings: list[str] = strings, ids: dict[str, int] = ids) -> int:
+            if x not in ids:
+                ids[x] = len(strings)
+                strings.append(x)
+            return ids[x]
+
+        batch = pb.Batch(frequency_hz=HZ)
+        for fr, m in rng.sample(pool, stacks):
+            batch.stacks.append(
+                pb.Stack(
+                    functions=[s(funcs[f]) for f in fr],
+                    modules=[s(mods[m])] * len(fr),
+                    kernel_start=len(fr) - 3,
+                )
+            )
+        for p in range(procs):
+            labels = [("namespace", f"ns-{p % 7}"), ("pod", f"pod-{b}-{p // 4}"), ("container", f"c{p % 4}")]
+            batch.processes.append(
+                pb.Process(
+                    pid=1000 + p,
+                    comm=s(f"proc-{p % 40}"),
+                    labels=[pb.Label(name=s(k), value=s(v)) for k, v in labels],
+                )
+            )
+        left = SAMPLES_PER_BATCH
+        for i in range(stacks):
+            c = max(1, left // (stacks - i)) if i < stacks - 1 else left
+            batch.samples.append(pb.Sample(process=rng.randrange(procs), tid=1, stack=i, count=c))
+            left -= c
+            if left <= 0:
+                break
+        batch.strings.extend(strings)
+        out.append(batch)
+    return out
+
+
+# -- ingest through gRPC -----------------------------------------------------------------------------
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def run_ingest(
+    label: str, data_dir: Path | None, templates: list[pb.Batch], agents: int, seconds: float
+) -> dict:
+    grpc_port, http_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", f"127.0.0.1:{grpc_port}"]
+    cmd += ["--http", f"127.0.0.1:{http_port}"]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=1).read()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError("collector did not start") from None
+                time.sleep(0.1)
+        latencies: list[float] = []
+        acked = [0]
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def agent(a: int) -> None:
+            rng = random.Random(a)
+            with grpc.insecure_channel(
+                f"127.0.0.1:{grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
+            ) as ch:
+                stub = pb_grpc.IngestStub(ch)
+                seq = 0
+                while not stop.is_set():
+                    seq += 1
+                    b = pb.Batch()
+                    b.CopyFrom(templates[rng.randrange(len(templates))])
+                    now = time.time_ns()
+                    b.agent.node, b.agent.agent_id, b.sequence = f"node-{a}", f"agent-{a}", seq
+                    b.start_unix_ns, b.end_unix_ns = now - WINDOW * 10**9, now
+                    t0 = time.perf_counter()
+                    list(stub.Push(iter([b]), timeout=60))
+                    with lock:
+                        latencies.append(time.perf_counter() - t0)
+                        acked[0] += 1
+
+        cpu0 = proc_cpu_s(proc.pid)
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=agent, args=(a,), daemon=True) for a in range(agents)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        cpu = proc_cpu_s(proc.pid) - cpu0
+        rss = proc_rss_mb(proc.pid)
+        batches = acked[0]
+        samples = batches * SAMPLES_PER_BATCH
+        time.sleep(12 if data_dir else 0)  # one flush: the WAL's batches are in the database
+        disk = dir_bytes(data_dir) if data_dir else 0
+        per_core = samples / cpu if cpu else 0.0
+        return {
+            "store": label,
+            "batches/s": batches / wall,
+            "samples/s": samples / wall,
+            "collector CPU %": 100 * cpu / wall,
+            "samples/s per core": per_core,
+            "batches/s per core": batches / cpu if cpu else 0.0,
+            "nodes per core (64 CPU, 19 Hz)": per_core / (CPUS * HZ),
+            "ack latency p50 ms": 1000 * statistics.median(latencies) if latencies else 0,
+            "ack latency p95 ms": 1000 * np.percentile(latencies, 95) if latencies else 0,
+            "RSS MB": rss,
+            "disk bytes/sample": disk / samples if samples and data_dir else 0,
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+# -- queries over a 500-node fleet -------------------------------------------------------------------
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fleet_rows(nodes: int, rows_per_node: int, stacks: list, rng: random.Random) -> tuple[list, list]:
+    """One 10 s window of the whole fleet as store rows with their content ids."""
+    rows, keys = [], []
+    for n in range(nodes):
+        for p in range(rows_per_node):
+            pid = p % 50
+            lb = (
+                ("comm", f"proc-{pid % 40}"),
+                ("namespace", f"ns-{pid % 7}"),
+                ("node", f"node-{n}"),
+                ("pid", str(1000 + pid)),
+                ("pod", f"pod-{n}-{pid // 4}"),
+            )
+            sid, st = stacks[rng.randrange(len(stacks))]
+            rows.append((lb, st, rng.randrange(1, 40)))
+            keys.append((labels_id(lb), sid))
+    return rows, keys
+
+
+def preload_day(store: DurableStore, nodes: int, rows_per_node: int, stacks: list, now: float) -> int:
+    """24 h for the fleet straight into DuckDB as rollup leaves it: 10 min rows older than 6 h, 1 min rows
+    before that. Rows are generated inside DuckDB; definitions via the store's own insert path."""
+    con = store._db._con
+    lids = []
+    labels = []
+    for n in range(nodes):
+        for pid in range(50):
+            lb = (
+                ("comm", f"proc-{pid % 40}"),
+                ("namespace", f"ns-{pid % 7}"),
+                ("node", f"node-{n}"),
+                ("pid", str(1000 + pid)),
+                ("pod", f"pod-{n}-{pid // 4}"),
+            )
+            lids.append(labels_id(lb))
+            labels.append(labels_json(lb))
+    con.execute("INSERT INTO label_sets SELECT unnest($1::BIGINT[]), unnest($2::VARCHAR[])", [lids, labels])
+    con.register("lids", {"i": np.arange(len(lids), dtype=np.int64), "lid": np.array(lids, dtype=np.int64)})
+    con.register(
+        "sids",
+        {
+            "j": np.arange(len(stacks), dtype=np.int64),
+            "sid": np.array([s for s, _ in stacks], dtype=np.int64),
+        },
+    )
+    day_start = int(now - 86400) // 600 * 600
+    six_h = int(now - 6 * 3600) // 600 * 600
+    total = 0
+    for res, lo, hi in ((600, day_start, six_h), (60, six_h, int(now - 3600) // 60 * 60)):
+        nb = (hi - lo) // res
+        per_bucket = nodes * rows_per_node
+        con.execute(
+            f"INSERT INTO samples SELECT {res}, {lo} + (r // {per_bucket}) * {res}, l.lid, s.sid, {HZ}, "
+            f"1 + hash(r) % 40 * {res // 10} FROM range({nb * per_bucket}) t(r) "
+            f"JOIN lids l ON l.i = (r % {per_bucket}) // {rows_per_node} * 50 // {rows_per_node} "
+            f"JOIN sids s ON s.j = hash(r * 7) % {len(stacks)}"
+        )
+        total += nb * per_bucket
+    return total
+
+
+def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
+    rng = random.Random(7)
+    frames = [FrameKey(f"func_{i}", "/opt/app/train") for i in range(3000)]
+    stacks = []
+    for _ in range(5000):
+        st = tuple(rng.choice(frames) for _ in range(rng.randrange(8, 30)))
+        stacks.append((stack_id_of_frames([frame_id(f.function, f.module, f.kernel) for f in st]), st))
+    now = 1_900_000_000.0
+    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-q-"))
+    clock = Clock(now - 600)
+    store = DurableStore(tmp, decode=decode_payload, clock=clock, background=False)
+    mem = MemoryStore(clock=clock)
+    for w in range(6):  # the last 60 s, written the way ingest writes (hot tier + pending chunk)
+        rows, keys = fleet_rows(nodes, rows_per_node, stacks, rng)
+        t = now - 50 + 10 * w
+        clock.t = t
+        store.write(ProfileRows(t - 10, t, HZ, rows, (), keys))
+        mem.write(ProfileRows(t - 10, t, HZ, rows, (), keys))
+    store.flush()
+    t0 = time.perf_counter()
+    loaded = preload_day(store, nodes, rows_per_node, stacks, now)
+    load_s = time.perf_counter() - t0
+    clock.t = now
+    out = []
+    every, one_ns = parse_selector("{}"), parse_selector('{namespace="ns-3"}')
+    cases = [
+        ("in-memory store (baseline)", mem, "top, last 60 s, {}", every, 60),
+        ("durable: hot tier", store, "top, last 60 s, {}", every, 60),
+        ("durable: hot tier", store, 'top, last 60 s, {namespace="ns-3"}', one_ns, 60),
+        ("durable: DuckDB (cold path)", store, "top, last 15 min, {}", every, 900),
+        ("durable: DuckDB (cold path)", store, "top, last 24 h, {}", every, 86400),
+        ("durable: DuckDB (cold path)", store, 'top, last 24 h, {namespace="ns-3"}', one_ns, 86400),
+    ]
+    for name, st, what, sel, span in cases:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            res = st.select(sel, now - span, now)
+            times.append(time.perf_counter() - t0)
+        out.append(
+            {
+                "store": name,
+                "query": what,
+                "p50 ms": 1000 * statistics.median(times),
+                "p95 ms": 1000 * float(np.percentile(times, 95)),
+                "samples": res.total,
+            }
+        )
+    print(
+        f"(pre-loaded {loaded / 1e6:.1f} M rolled-up rows for 24 h × {nodes} nodes in {load_s:.1f} s; "
+        f"DuckDB file {store._db.size_bytes() / 1e6:.0f} MB)"
+    )
+    store.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+# -- engine choice -----------------------------------------------------------------------------------
+def run_engines(rows: int) -> list[dict]:
+    """The cold tier's insert and query pattern on DuckDB (numpy columns) and SQLite (executemany)."""
+    rng = random.Random(3)
+    chunk = 50_000
+    cols = {
+        "bucket": np.repeat(np.arange(rows // chunk + 1, dtype=np.int64) * 10, chunk)[:rows],
+        "lid": np.array([rng.randrange(5000) for _ in range(rows)], dtype=np.int64),
+        "sid": np.array([rng.randrange(50000) for _ in range(rows)], dtype=np.int64),
+        "count": np.array([rng.randrange(1, 40) for _ in range(rows)], dtype=np.int64),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-e-"))
+    out = []
+    con = duckdb.connect(str(tmp / "x.duckdb"))
+    con.execute("CREATE TABLE s (bucket BIGINT, lid BIGINT, sid BIGINT, count BIGINT)")
+    t0 = time.perf_counter()
+    for i in range(0, rows, chunk):
+        con.register("c", {k: v[i : i + chunk] for k, v in cols.items()})
+        con.execute("INSERT INTO s SELECT * FROM c")
+    ins = time.perf_counter() - t0
+    con.execute("CHECKPOINT")
+    q = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        con.execute("SELECT sid, sum(count) FROM s WHERE lid % 3 = 0 GROUP BY sid").fetchall()
+        q.append(time.perf_counter() - t0)
+    out.append(
+        {
+            "engine": "DuckDB (numpy columns)",
+            "insert rows/s": rows / ins,
+            "bytes/row": (tmp / "x.duckdb").stat().st_size / rows,
+            "top query ms": 1000 * statistics.median(q),
+        }
+    )
+    con.close()
+    sq = sqlite3.connect(tmp / "x.sqlite")
+    sq.execute("PRAGMA journal_mode=WAL")
+    sq.execute("CREATE TABLE s (bucket INTEGER, lid INTEGER, sid INTEGER, count INTEGER)")
+    sq.execute("CREATE INDEX s_bucket ON s (bucket)")
+    tuples = list(zip(*(cols[k].tolist() for k in ("bucket", "lid", "sid", "count")), strict=True))
+    t0 = time.perf_counter()
+    for i in range(0, rows, chunk):
+        with sq:
+            sq.executemany("INSERT INTO s VALUES (?, ?, ?, ?)", tuples[i : i + chunk])
+    ins = time.perf_counter() - t0
+    q = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        sq.execute("SELECT sid, sum(count) FROM s WHERE lid % 3 = 0 GROUP BY sid").fetchall()
+        q.append(time.perf_counter() - t0)
+    out.append(
+        {
+            "engine": "SQLite (executemany, WAL)",
+            "insert rows/s": rows / ins,
+            "bytes/row": (tmp / "x.sqlite").stat().st_size / rows,
+            "top query ms": 1000 * statistics.median(q),
+        }
+    )
+    sq.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    fmt = [(lambda v: f"{v:,.1f}" if isinstance(v, float) else str(v)) for _ in keys]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        lines.append("| " + " | ".join(f(r[k]) for f, k in zip(fmt, keys, strict=True)) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
+    ap.add_argument("--seconds", type=float, default=20.0, help="ingest run length per store")
+    ap.add_argument("--agents", type=int, default=8, help="concurrent simulated agents (gRPC streams)")
+    ap.add_argument("--nodes", type=int, default=500, help="fleet size for the query benchmark")
+    ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
+    ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
+    ap.add_argument("--processes", type=int, default=300, help="processes per batch")
+    args = ap.parse_args()
+    seconds = 10.0 if args.quick else args.seconds
+    repeats = 5 if args.quick else 11
+    engine_rows = 500_000 if args.quick else 2_000_000
+    print(f"## engines (the cold tier's insert + top pattern, {engine_rows:,} rows)\n")
+    print(table(run_engines(engine_rows)))
+    print(
+        f"\n## ingest through gRPC ({args.agents} agents, batches of {SAMPLES_PER_BATCH:,} samples, "
+        f"{args.stacks:,} stacks, {args.processes} processes; {seconds:.0f} s per store)\n"
+    )
+    templates = make_templates(6, args.stacks, args.processes)
+    print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
+    rows = [run_ingest("in-memory (baseline)", None, templates, args.agents, seconds)]
+    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
+    try:
+        rows.append(run_ingest("durable (--data-dir)", tmp, templates, args.agents, seconds))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(table(rows))
+    print(
+        f"\n## queries, {args.nodes}-node fleet ({args.rows_per_node} rows per node per bucket; medians of "
+        f"{repeats})\n"
+    )
+    print(table(run_queries(args.nodes, args.rows_per_node, repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

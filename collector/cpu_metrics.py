@@ -1,0 +1,88 @@
+"""Prometheus CPU time per pod (`fleetprof_cpu_seconds_total`) from ingested samples, with a cap."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from collector.store.base import ProfileRows
+
+SERIES_LABELS = ("node", "namespace", "pod", "container")
+OTHER = "other"
+
+
+class CpuMetrics:
+    """Cumulative since the collector started: samples ÷ sampling frequency per (node, namespace, pod,
+    container); host processes count under empty pod labels. Each node gets its own series for its first
+    `per_node_limit` containers; later ones are summed into pod="other", container="other" (namespace
+    kept). Series never change name, so counters stay monotonic; series idle for `expire_s` are dropped."""
+
+    def __init__(
+        self, per_node_limit: int = 500, expire_s: float = 3600.0, clock: Callable[[], float] = time.time
+    ):
+        self._limit = per_node_limit
+        self._expire_s = expire_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seconds: dict[tuple[str, ...], float] = {}
+        self._last_update: dict[tuple[str, ...], float] = {}
+        self._named: dict[str, set[tuple[str, ...]]] = {}  # node -> series keys with their own name
+
+    def observe(self, rows: ProfileRows) -> None:
+        # Sum per label set first: a batch has thousands of rows but only hundreds of processes.
+        per_labels: dict = {}
+        keys = rows.keys
+        if keys is not None:
+            first: dict[int, object] = {}
+            for (lid, _), (labels, _, count) in zip(keys, rows.rows, strict=True):
+                per_labels[lid] = per_labels.get(lid, 0) + count
+                if lid not in first:
+                    first[lid] = labels
+            sums = [(first[lid], n) for lid, n in per_labels.items()]
+        else:
+            for labels, _, count in rows.rows:
+                per_labels[labels] = per_labels.get(labels, 0) + count
+            sums = list(per_labels.items())
+        freq = rows.frequency_hz
+        now = self._clock()
+        with self._lock:
+            for labels, n in sums:
+                lb = dict(labels)
+                key = tuple(lb.get(name, "") for name in SERIES_LABELS)
+                named = self._named.setdefault(key[0], set())
+                if key not in named:
+                    if len(named) < self._limit:
+                        named.add(key)
+                    else:
+                        key = (key[0], key[1], OTHER, OTHER)
+                self._seconds[key] = self._seconds.get(key, 0.0) + n / freq
+                self._last_update[key] = now
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        stale = [k for k, t in self._last_update.items() if now - t > self._expire_s]
+        for k in stale:
+            del self._seconds[k], self._last_update[k]
+            named = self._named.get(k[0])
+            if named is not None:
+                named.discard(k)
+                if not named:
+                    del self._named[k[0]]
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            items = sorted(self._seconds.items())
+        fam = CounterMetricFamily(
+            "fleetprof_cpu_seconds",
+            "CPU time sampled by the agents (samples / sampling frequency)",
+            labels=list(SERIES_LABELS),
+        )
+        for key, seconds in items:
+            fam.add_metric(list(key), seconds)
+        yield fam

@@ -1,0 +1,468 @@
+"""The cold tier: profiles in an embedded DuckDB file, columnar, rolled up 10 s → 1 min → 10 min.
+
+Tables (ids are the stable content ids of collector/store/ids.py, so nothing needs an id allocator):
+
+- `frames(id, function, module, kernel)`, `stacks(id, frames BIGINT[])`, `label_sets(id, labels JSON)`:
+  every distinct frame, stack and label set once.
+- `samples(res, bucket, lid, sid, freq, count)`: samples per (label set, stack) in a bucket of `res`
+  seconds starting at `bucket`. Rollup moves rows from res 10 to 60 and from 60 to 600, so the tiers never
+  overlap in time and a query sums all of them.
+- `syscalls(res, bucket, lid, syscall, count, timed, timed_ns)` and `syscall_hist(res, bucket, lid,
+  syscall, i, n)` (the non-zero log2 latency buckets): the same for syscall rows.
+- `seen(agent_id, sequence)`: the deduplication state, committed in the same transaction as the rows.
+
+One writer (the durable store's flusher thread) holds the main connection; each query uses its own cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import numpy as np
+
+from collector.query.selector import Selector
+from collector.render.tree import FrameKey
+from collector.store.base import Labels, ProfileRows, Stack, SyscallAgg
+from collector.store.ids import frame_id, labels_id, labels_json, stack_id
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS frames (id BIGINT, function VARCHAR, module VARCHAR, kernel BOOLEAN);
+CREATE TABLE IF NOT EXISTS stacks (id BIGINT, frames BIGINT[]);
+CREATE TABLE IF NOT EXISTS label_sets (id BIGINT, labels VARCHAR);
+CREATE TABLE IF NOT EXISTS samples (res INTEGER, bucket BIGINT, lid BIGINT, sid BIGINT, freq INTEGER,
+                                    count BIGINT);
+CREATE TABLE IF NOT EXISTS syscalls (res INTEGER, bucket BIGINT, lid BIGINT, syscall VARCHAR, count BIGINT,
+                                     timed BIGINT, timed_ns BIGINT);
+CREATE TABLE IF NOT EXISTS syscall_hist (res INTEGER, bucket BIGINT, lid BIGINT, syscall VARCHAR,
+                                         i SMALLINT, n BIGINT);
+CREATE TABLE IF NOT EXISTS seen (agent_id VARCHAR, sequence BIGINT);
+"""
+TABLES = ("frames", "stacks", "label_sets", "samples", "syscalls", "syscall_hist", "seen")
+_CACHE_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class RollupPolicy:
+    """How long each resolution is kept before it is rolled into the next (the last one until retention)."""
+
+    raw_s: float = 6 * 3600.0  # 10 s buckets
+    minute_s: float = 3 * 86400.0  # 1 min buckets; 10 min buckets after that
+
+
+@dataclass
+class Chunk:
+    """Rows not yet in the database, in columns ready for one bulk insert (the flusher's unit of work)."""
+
+    bucket_s: int = 10
+    bucket: list[int] = field(default_factory=list)
+    lid: list[int] = field(default_factory=list)
+    sid: list[int] = field(default_factory=list)
+    freq: list[int] = field(default_factory=list)
+    count: list[int] = field(default_factory=list)
+    stacks: dict[int, Stack] = field(default_factory=dict)
+    labels: dict[int, Labels] = field(default_factory=dict)
+    sys_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, count, timed, timed_ns)
+    hist_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, i, n)
+    seen: list[tuple[str, int]] = field(default_factory=list)
+
+    def add(self, profile: ProfileRows) -> None:
+        b = int((profile.start + profile.end) / 2 // self.bucket_s * self.bucket_s)
+        keys = profile.keys
+        if keys is None:
+            keys = [(labels_id(labels), stack_id(stack)) for labels, stack, _ in profile.rows]
+        n = len(keys)
+        self.bucket.extend([b] * n)
+        self.freq.extend([profile.frequency_hz] * n)
+        stacks, labels = self.stacks, self.labels
+        for (lset, stack, count), (lid, sid) in zip(profile.rows, keys, strict=True):
+            self.lid.append(lid)
+            self.sid.append(sid)
+            self.count.append(count)
+            if sid not in stacks:
+                stacks[sid] = stack
+            if lid not in labels:
+                labels[lid] = lset
+        for lset, name, agg in profile.syscalls:
+            lid = labels_id(lset)
+            labels.setdefault(lid, lset)
+            self.sys_rows.append((b, lid, name, agg.count, agg.timed, agg.timed_ns))
+            self.hist_rows.extend((b, lid, name, i, v) for i, v in enumerate(agg.hist) if v)
+
+    @property
+    def rows(self) -> int:
+        return len(self.count)
+
+    def sample_columns(self) -> dict[str, np.ndarray]:
+        return {
+            "bucket": np.array(self.bucket, dtype=np.int64),
+            "lid": np.array(self.lid, dtype=np.int64),
+            "sid": np.array(self.sid, dtype=np.int64),
+            "freq": np.array(self.freq, dtype=np.int32),
+            "count": np.array(self.count, dtype=np.int64),
+        }
+
+
+def _merge_columns(chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
+    cols = [c.sample_columns() for c in chunks if c.rows]
+    if not cols:
+        return {
+            "bucket": np.zeros(0, np.int64),
+            "lid": np.zeros(0, np.int64),
+            "sid": np.zeros(0, np.int64),
+            "freq": np.zeros(0, np.int32),
+            "count": np.zeros(0, np.int64),
+        }
+    return {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
+
+
+class DuckStore:
+    """The database half of the durable store: bulk inserts of chunks, queries, rollup and retention."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._con = duckdb.connect(str(self.path))
+        self._con.execute(SCHEMA)
+        self._write_lock = threading.Lock()
+        # Ids known to be in the database, so a flush sends only new definitions. Cleared by gc().
+        self._known_stacks: set[int] = set()
+        self._known_labels: set[int] = set()
+        self._known_frames: set[int] = set()
+        self._stack_cache: dict[int, Stack] = {}
+        self._label_cache: dict[int, Labels] = {}
+
+    # -- writing (the flusher thread only) --------------------------------------------------------------
+    def insert(self, chunk: Chunk) -> None:
+        """All of a chunk in one transaction: its rows, the definitions they need, its dedupe entries."""
+        with self._write_lock:
+            con = self._con
+            con.execute("BEGIN")
+            try:
+                self._insert_definitions(con, chunk)
+                if chunk.rows:
+                    con.register("chunk_samples", chunk.sample_columns())
+                    con.execute(
+                        "INSERT INTO samples SELECT 10, bucket, lid, sid, freq, sum(count) "
+                        "FROM chunk_samples GROUP BY bucket, lid, sid, freq"
+                    )
+                    con.unregister("chunk_samples")
+                if chunk.sys_rows:
+                    con.executemany("INSERT INTO syscalls VALUES (10, ?, ?, ?, ?, ?, ?)", chunk.sys_rows)
+                if chunk.hist_rows:
+                    con.executemany("INSERT INTO syscall_hist VALUES (10, ?, ?, ?, ?, ?)", chunk.hist_rows)
+                if chunk.seen:
+                    con.execute(
+                        "INSERT INTO seen SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[])",
+                        [[a for a, _ in chunk.seen], [s for _, s in chunk.seen]],
+                    )
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            self._known_stacks.update(chunk.stacks)
+            self._known_labels.update(chunk.labels)
+
+    def _insert_definitions(self, con: duckdb.DuckDBPyConnection, chunk: Chunk) -> None:
+        new_stacks = {sid: st for sid, st in chunk.stacks.items() if sid not in self._known_stacks}
+        new_labels = {lid: lb for lid, lb in chunk.labels.items() if lid not in self._known_labels}
+        if new_stacks:
+            frame_rows: dict[int, FrameKey] = {}
+            stack_ids, stack_frames = [], []
+            for sid, stack in new_stacks.items():
+                fids = []
+                for f in stack:
+                    fid = frame_id(f.function, f.module, f.kernel)
+                    fids.append(fid)
+                    if fid not in self._known_frames:
+                        frame_rows[fid] = f
+                stack_ids.append(sid)
+                stack_frames.append(fids)
+            if frame_rows:
+                con.execute(
+                    "INSERT INTO frames SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
+                    "unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), unnest($4::BOOLEAN[])) n "
+                    "WHERE n.id NOT IN (SELECT id FROM frames)",
+                    [
+                        list(frame_rows),
+                        [f.function for f in frame_rows.values()],
+                        [f.module for f in frame_rows.values()],
+                        [f.kernel for f in frame_rows.values()],
+                    ],
+                )
+                self._known_frames.update(frame_rows)
+            con.execute(
+                "INSERT INTO stacks SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
+                "unnest($2::BIGINT[][])) n WHERE n.id NOT IN (SELECT id FROM stacks)",
+                [stack_ids, stack_frames],
+            )
+        if new_labels:
+            con.execute(
+                "INSERT INTO label_sets SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
+                "unnest($2::VARCHAR[])) n WHERE n.id NOT IN (SELECT id FROM label_sets)",
+                [list(new_labels), [labels_json(lb) for lb in new_labels.values()]],
+            )
+
+    def rollup(self, now: float, policy: RollupPolicy) -> None:
+        """10 s rows older than policy.raw_s become 1 min rows; 1 min rows older than minute_s, 10 min."""
+        for src, dst, age in ((10, 60, policy.raw_s), (60, 600, policy.minute_s)):
+            cut = int((now - age) // dst * dst)  # whole destination buckets only
+            with self._write_lock:
+                con = self._con
+                con.execute("BEGIN")
+                try:
+                    for table, keys, sums in (
+                        ("samples", "lid, sid, freq", "sum(count)"),
+                        ("syscalls", "lid, syscall", "sum(count), sum(timed), sum(timed_ns)"),
+                        ("syscall_hist", "lid, syscall, i", "sum(n)"),
+                    ):
+                        con.execute(
+                            f"INSERT INTO {table} SELECT {dst}, bucket - bucket % {dst} AS b, {keys}, {sums} "
+                            f"FROM {table} WHERE res = {src} AND bucket < $1 GROUP BY b, {keys}",
+                            [cut],
+                        )
+                        con.execute(f"DELETE FROM {table} WHERE res = {src} AND bucket < $1", [cut])
+                    con.execute("COMMIT")
+                except BaseException:
+                    con.execute("ROLLBACK")
+                    raise
+
+    def expire(self, horizon: float) -> None:
+        """Delete every bucket that ended before `horizon`."""
+        with self._write_lock:
+            for table in ("samples", "syscalls", "syscall_hist"):
+                self._con.execute(f"DELETE FROM {table} WHERE bucket + res <= $1", [horizon])
+
+    def prune_seen(self, keep_per_agent: int, live_agents: Iterable[str] | None = None) -> None:
+        with self._write_lock:
+            self._con.execute(
+                "DELETE FROM seen USING (SELECT agent_id, max(sequence) AS top FROM seen "
+                "GROUP BY agent_id) m "
+                "WHERE seen.agent_id = m.agent_id AND seen.sequence < m.top - $1",
+                [keep_per_agent],
+            )
+
+    def gc(self) -> None:
+        """Forget stacks, frames and label sets that no retained row refers to (pids and stacks churn)."""
+        with self._write_lock:
+            con = self._con
+            con.execute("BEGIN")
+            try:
+                con.execute("DELETE FROM stacks WHERE id NOT IN (SELECT DISTINCT sid FROM samples)")
+                con.execute(
+                    "DELETE FROM label_sets WHERE id NOT IN (SELECT DISTINCT lid FROM samples UNION "
+                    "SELECT DISTINCT lid FROM syscalls)"
+                )
+                con.execute("DELETE FROM frames WHERE id NOT IN (SELECT DISTINCT unnest(frames) FROM stacks)")
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            self._known_stacks.clear()
+            self._known_labels.clear()
+            self._known_frames.clear()
+
+    def checkpoint(self) -> None:
+        with self._write_lock:
+            self._con.execute("CHECKPOINT")
+
+    def load_seen(self) -> list[tuple[str, int]]:
+        return [tuple(r) for r in self._cursor().execute("SELECT agent_id, sequence FROM seen").fetchall()]
+
+    # -- reading (any thread) ---------------------------------------------------------------------------
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        return self._con.cursor()
+
+    def _with_pending(self, cur: duckdb.DuckDBPyConnection, pending: Sequence[Chunk]) -> None:
+        cur.register("pending_samples", _merge_columns(pending))
+
+    _RANGE = "bucket + res > $start AND bucket <= $end"
+    _ALL_SAMPLES = (
+        "(SELECT res, bucket, lid, sid, freq, count FROM samples UNION ALL "
+        "SELECT 10 AS res, bucket, lid, sid, freq, count FROM pending_samples)"
+    )
+
+    def labels_of(self, lids: Iterable[int], pending: Sequence[Chunk] = ()) -> dict[int, Labels]:
+        out: dict[int, Labels] = {}
+        missing = []
+        for lid in lids:
+            lb = self._label_cache.get(lid)
+            if lb is None:
+                for c in pending:
+                    lb = c.labels.get(lid)
+                    if lb is not None:
+                        break
+            if lb is None:
+                missing.append(lid)
+            else:
+                out[lid] = lb
+        if missing:
+            rows = (
+                self._cursor()
+                .execute(
+                    "SELECT id, any_value(labels) FROM label_sets WHERE id IN (SELECT unnest($1::BIGINT[])) "
+                    "GROUP BY id",
+                    [missing],
+                )
+                .fetchall()
+            )
+            if len(self._label_cache) > _CACHE_LIMIT:
+                self._label_cache.clear()
+            for lid, text in rows:
+                lb = tuple(tuple(p) for p in json.loads(text))
+                self._label_cache[lid] = out[lid] = lb
+        return out
+
+    def stacks_of(self, sids: Iterable[int], pending: Sequence[Chunk] = ()) -> dict[int, Stack]:
+        out: dict[int, Stack] = {}
+        missing = []
+        for sid in sids:
+            st = self._stack_cache.get(sid)
+            if st is None:
+                for c in pending:
+                    st = c.stacks.get(sid)
+                    if st is not None:
+                        break
+            if st is None:
+                missing.append(sid)
+            else:
+                out[sid] = st
+        if missing:
+            rows = (
+                self._cursor()
+                .execute(
+                    "SELECT u.id, list(f.function ORDER BY u.pos), list(f.module ORDER BY u.pos), "
+                    "list(f.kernel ORDER BY u.pos) FROM (SELECT id, unnest(frames) AS fid, "
+                    "generate_subscripts(frames, 1) AS pos FROM stacks WHERE id IN "
+                    "(SELECT unnest($1::BIGINT[]))) u JOIN frames f ON f.id = u.fid GROUP BY u.id",
+                    [missing],
+                )
+                .fetchall()
+            )
+            if len(self._stack_cache) > _CACHE_LIMIT:
+                self._stack_cache.clear()
+            for sid, fns, mods, kern in rows:
+                st = tuple(FrameKey(f, m, k) for f, m, k in zip(fns, mods, kern, strict=True))
+                self._stack_cache[sid] = out[sid] = st
+            for sid in missing:
+                out.setdefault(sid, ())  # a stack of no frames has no rows to join
+        return out
+
+    def _matching_lids(
+        self, cur: duckdb.DuckDBPyConnection, selector: Selector, params: dict, pending: Sequence[Chunk]
+    ) -> tuple[list[int], bool]:
+        """Label ids with samples in range that match; and whether that is all of them."""
+        lids = [
+            r[0]
+            for r in cur.execute(
+                f"SELECT DISTINCT lid FROM {self._ALL_SAMPLES} WHERE {self._RANGE}", params
+            ).fetchall()
+        ]
+        if not selector.matchers:
+            return lids, True
+        labels = self.labels_of(lids, pending)
+        matched = [lid for lid in lids if lid in labels and selector.matches(dict(labels[lid]))]
+        return matched, len(matched) == len(lids)
+
+    def per_key(
+        self, selector: Selector, start: float, end: float, key: str, pending: Sequence[Chunk] = ()
+    ) -> tuple[dict[int, int], int | None]:
+        """Samples per stack id (key="sid") or label id (key="lid") of matching series, and the sampling
+        frequency that most of them came at."""
+        cur = self._cursor()
+        self._with_pending(cur, pending)
+        params = {"start": start, "end": end}
+        lids, everything = self._matching_lids(cur, selector, params, pending)
+        if not lids:
+            return {}, None
+        where = self._RANGE
+        if not everything:
+            cur.register("wanted", {"lid": np.array(lids, dtype=np.int64)})
+            where += " AND lid IN (SELECT lid FROM wanted)"
+        rows = cur.execute(
+            f"SELECT {key}, freq, sum(count)::BIGINT FROM {self._ALL_SAMPLES} WHERE {where} "
+            f"GROUP BY {key}, freq",
+            params,
+        ).fetchall()
+        merged: dict[int, int] = defaultdict(int)
+        freqs: dict[int, int] = defaultdict(int)
+        for k, freq, n in rows:
+            merged[k] += n
+            freqs[freq] += n
+        freq = max(freqs, key=freqs.get) if freqs else None
+        return dict(merged), freq or None
+
+    def syscalls(
+        self, selector: Selector, start: float, end: float, by: Sequence[str], pending: Sequence[Chunk] = ()
+    ) -> dict[tuple[str, ...], SyscallAgg]:
+        cur = self._cursor()
+        params = {"start": start, "end": end}
+        pend_sys = [r for c in pending for r in c.sys_rows]
+        pend_hist = [r for c in pending for r in c.hist_rows]
+        sums = cur.execute(
+            f"SELECT lid, syscall, sum(count)::BIGINT, sum(timed)::BIGINT, sum(timed_ns)::BIGINT "
+            f"FROM syscalls "
+            f"WHERE {self._RANGE} GROUP BY lid, syscall",
+            params,
+        ).fetchall()
+        hist = cur.execute(
+            f"SELECT lid, syscall, i, sum(n)::BIGINT FROM syscall_hist WHERE {self._RANGE} "
+            "GROUP BY lid, syscall, i",
+            params,
+        ).fetchall()
+        lo = start - 10
+        sums += [(lid, name, c, t, ns) for b, lid, name, c, t, ns in pend_sys if lo < b <= end]
+        hist += [(lid, name, i, n) for b, lid, name, i, n in pend_hist if lo < b <= end]
+        per: dict[tuple[int, str], SyscallAgg] = {}
+        for lid, name, c, t, ns in sums:
+            per.setdefault((lid, name), SyscallAgg()).add(SyscallAgg(c, t, ns))
+        for lid, name, i, n in hist:
+            agg = per.setdefault((lid, name), SyscallAgg())
+            if len(agg.hist) <= i:
+                agg.hist.extend([0] * (i + 1 - len(agg.hist)))
+            agg.hist[i] += n
+        labels = self.labels_of({lid for lid, _ in per}, pending)
+        out: dict[tuple[str, ...], SyscallAgg] = {}
+        for (lid, name), agg in per.items():
+            lb = dict(labels.get(lid, ()))
+            if not selector.matches(lb):
+                continue
+            group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
+            out.setdefault(group, SyscallAgg()).add(agg)
+        return out
+
+    def label_sets(
+        self, start: float | None, end: float | None, pending: Sequence[Chunk] = ()
+    ) -> list[Labels]:
+        cur = self._cursor()
+        if start is None and end is None:
+            rows = cur.execute("SELECT labels FROM label_sets").fetchall()
+            seen = {lb for c in pending for lb in c.labels.values()}
+            seen.update(tuple(tuple(p) for p in json.loads(r[0])) for r in rows)
+            return list(seen)
+        self._with_pending(cur, pending)
+        params = {"start": start if start is not None else -1e18, "end": end if end is not None else 1e18}
+        lids = [
+            r[0]
+            for r in cur.execute(
+                f"SELECT DISTINCT lid FROM {self._ALL_SAMPLES} WHERE {self._RANGE}", params
+            ).fetchall()
+        ]
+        return list(self.labels_of(lids, pending).values())
+
+    def table_rows(self) -> dict[str, int]:
+        cur = self._cursor()
+        return {t: cur.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+    def size_bytes(self) -> int:
+        wal = self.path.with_name(self.path.name + ".wal")
+        return sum(p.stat().st_size for p in (self.path, wal) if p.exists())
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._con.execute("CHECKPOINT")
+            self._con.close()

@@ -1,0 +1,257 @@
+"""The persistent store: a write-ahead log for acknowledgement, the in-memory hot tier for "now", DuckDB for
+the rest, and a flusher thread that moves logged batches into the database, rolls up and expires.
+
+Write path (`write_logged`, under one lock): dedupe by (agent id, sequence) → append the wire bytes to the
+WAL → add the rows to the hot tier and to the pending chunk. The batch is then safe: acknowledged.
+Every `flush_s` the flusher rotates the WAL, inserts the pending chunk (rows, definitions and dedupe
+entries, one transaction) and deletes the WAL segments it covered. A crash between the commit and the
+deletion replays those segments at start, and the committed dedupe entries skip them: nothing counts twice.
+
+Queries go to the hot tier when their range lies inside what it holds completely (since this process
+started, within its retention), else to DuckDB plus the chunks not yet committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from collector.query.selector import Selector
+from collector.store.base import Grouped, Labels, ProfileRows, Selection, SyscallAgg
+from collector.store.duck import Chunk, DuckStore, RollupPolicy
+from collector.store.memory import MemoryStore
+from collector.store.sequences import SeenSequences
+from collector.store.wal import WriteAheadLog
+
+log = logging.getLogger(__name__)
+
+BUCKET_S = 10
+SEEN_WINDOW = 4096  # sequences remembered per agent (the agent's resend queue holds at most 64)
+
+
+class DurableStore:
+    """ProfileStore + DurableBatches over a data directory. `decode` turns a WAL payload back into rows."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        decode: Callable[[bytes], ProfileRows],
+        retention_s: float = 7 * 86400.0,
+        hot_s: float = 3600.0,
+        flush_s: float = 10.0,
+        flush_rows: int = 2_000_000,
+        rollup: RollupPolicy | None = None,
+        fsync: bool = False,
+        clock: Callable[[], float] = time.time,
+        background: bool = True,
+    ):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.retention_s = retention_s
+        self._clock = clock
+        self._flush_s = flush_s
+        self._flush_rows = flush_rows
+        self._policy = rollup or RollupPolicy()
+        self._lock = threading.Lock()  # the write path: dedupe, WAL, hot tier, pending chunk
+        self._commit_lock = threading.RLock()  # a cold query sees a commit and its chunk's removal at once
+        self._flush_lock = threading.Lock()  # one flush at a time
+        self._db = DuckStore(self.data_dir / "profiles.duckdb")
+        self.hot = MemoryStore(retention_s=min(hot_s, retention_s), bucket_s=BUCKET_S, clock=clock)
+        self._seen = SeenSequences(window=SEEN_WINDOW)
+        for agent, seq in self._db.load_seen():
+            self._seen.add(agent, seq)
+        self._pending = Chunk(BUCKET_S)
+        self._flushing: list[Chunk] = []
+        self._wal = WriteAheadLog(self.data_dir / "wal", fsync=fsync)
+        self.replayed = self._replay(decode)
+        self._hot_since = clock()
+        self.counters = {"hot_queries": 0, "cold_queries": 0, "flushes": 0, "flush_errors": 0}
+        self._last_maintenance = 0.0
+        self.flush()
+        self.maintain()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="store-flusher", daemon=True)
+        if background:
+            self._thread.start()
+
+    # -- write path ----------------------------------------------------------------------------------
+    def _replay(self, decode: Callable[[bytes], ProfileRows]) -> int:
+        n = 0
+        for rec in self._wal.replay():
+            if self._seen.seen(rec.source, rec.sequence):
+                continue  # committed to the database before the crash
+            self._store(rec.source, rec.sequence, decode(rec.payload))
+            n += 1
+        if n:
+            log.info("replayed %d batches from the write-ahead log", n)
+        return n
+
+    def _store(self, source: str | None, sequence: int, profile: ProfileRows) -> None:
+        self.hot.write(profile)
+        self._pending.add(profile)
+        if source is not None:
+            self._seen.add(source, sequence)
+            self._pending.seen.append((source, sequence))
+
+    def seen(self, source: str, sequence: int) -> bool:
+        with self._lock:
+            return self._seen.seen(source, sequence)
+
+    def write_logged(self, source: str, sequence: int, payload: bytes, profile: ProfileRows) -> bool:
+        with self._lock:
+            if self._seen.seen(source, sequence):
+                return False
+            self._wal.append(source, sequence, payload)
+            self._store(source, sequence, profile)
+            big = self._pending.rows >= self._flush_rows
+        if big:
+            self.flush()
+        return True
+
+    def write(self, profile: ProfileRows) -> None:
+        """Store rows without logging them (tools and benchmarks): durable from the next flush."""
+        with self._lock:
+            self._store(None, 0, profile)
+
+    def flush(self) -> None:
+        """Commit everything written so far to the database, then drop the WAL segments it covered."""
+        with self._flush_lock:
+            with self._lock:
+                chunk, self._pending = self._pending, Chunk(BUCKET_S)
+                segment = self._wal.rotate()
+                with self._commit_lock:
+                    self._flushing.append(chunk)
+            try:
+                if chunk.rows or chunk.sys_rows or chunk.seen:
+                    self._db.insert(chunk)
+            except BaseException:
+                # Keep the chunk queryable and its WAL segments: a restart replays them.
+                self.counters["flush_errors"] += 1
+                raise
+            with self._commit_lock:
+                self._flushing.remove(chunk)
+            self._wal.drop_through(segment)
+            self.counters["flushes"] += 1
+
+    def maintain(self) -> None:
+        """Roll up, expire, prune dedupe state and forget unreferenced stacks and labels."""
+        now = self._clock()
+        with self._flush_lock, self._commit_lock:
+            self._db.rollup(now, self._policy)
+            self._db.expire(now - self.retention_s)
+            self._db.prune_seen(SEEN_WINDOW)
+            self._db.gc()
+        self._last_maintenance = now
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._flush_s):
+            try:
+                self.flush()
+                if self._clock() - self._last_maintenance >= 600:
+                    self.maintain()
+            except Exception:  # keep flushing later; the WAL still holds everything unflushed
+                log.exception("store flush failed")
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def _hot_covers(self, start: float, end: float) -> bool:
+        lo = start // BUCKET_S * BUCKET_S
+        return lo >= self._hot_since and start >= self._clock() - self.hot.retention_s + BUCKET_S
+
+    def _cold(self, fn: Callable[[Sequence[Chunk]], object]) -> object:
+        self.counters["cold_queries"] += 1
+        with self._commit_lock:
+            with self._lock:
+                pending = [*self._flushing, self._pending]
+                # The live chunk keeps growing: query a frozen copy of its columns.
+                live = self._pending
+                frozen = Chunk(
+                    BUCKET_S,
+                    list(live.bucket),
+                    list(live.lid),
+                    list(live.sid),
+                    list(live.freq),
+                    list(live.count),
+                    dict(live.stacks),
+                    dict(live.labels),
+                    list(live.sys_rows),
+                    list(live.hist_rows),
+                )
+                pending[-1] = frozen
+            return fn(pending)
+
+    def select(self, selector: Selector, start: float, end: float) -> Selection:
+        if self._hot_covers(start, end):
+            self.counters["hot_queries"] += 1
+            return self.hot.select(selector, start, end)
+
+        def run(pending: Sequence[Chunk]) -> Selection:
+            per_sid, freq = self._db.per_key(selector, start, end, "sid", pending)
+            stacks = self._db.stacks_of(per_sid, pending)
+            merged: dict = {}
+            for sid, n in per_sid.items():
+                st = stacks[sid]
+                merged[st] = merged.get(st, 0) + n
+            return Selection(merged, freq)
+
+        return self._cold(run)  # type: ignore[return-value]
+
+    def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
+        if self._hot_covers(start, end):
+            self.counters["hot_queries"] += 1
+            return self.hot.group(selector, start, end, by)
+
+        def run(pending: Sequence[Chunk]) -> Grouped:
+            per_lid, freq = self._db.per_key(selector, start, end, "lid", pending)
+            labels = self._db.labels_of(per_lid, pending)
+            totals: dict[tuple[str, ...], int] = {}
+            for lid, n in per_lid.items():
+                lb = dict(labels.get(lid, ()))
+                key = tuple(lb.get(name, "") for name in by)
+                totals[key] = totals.get(key, 0) + n
+            return Grouped(tuple(by), totals, freq)
+
+        return self._cold(run)  # type: ignore[return-value]
+
+    def syscalls(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], SyscallAgg]:
+        if self._hot_covers(start, end):
+            self.counters["hot_queries"] += 1
+            return self.hot.syscalls(selector, start, end, by)
+        return self._cold(lambda pending: self._db.syscalls(selector, start, end, by, pending))  # type: ignore[return-value]
+
+    def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
+        return self._cold(lambda pending: self._db.label_sets(start, end, pending))  # type: ignore[return-value]
+
+    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
+        if start is not None and end is not None and self._hot_covers(start, end):
+            return self.hot.label_names(start, end)
+        return sorted({k for labels in self._label_sets(start, end) for k, _ in labels})
+
+    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]:
+        if start is not None and end is not None and self._hot_covers(start, end):
+            return self.hot.label_values(name, start, end)
+        return sorted({v for labels in self._label_sets(start, end) for k, v in labels if k == name})
+
+    def stats(self) -> dict[str, int]:
+        rows = self._db.table_rows()
+        out = {f"hot_{k}": v for k, v in self.hot.stats().items()}
+        out.update({f"rows_{t}": n for t, n in rows.items()})
+        with self._lock:
+            out["pending_rows"] = self._pending.rows
+        out["disk_bytes"] = self._db.size_bytes() + self._wal.size_bytes()
+        out["wal_bytes"] = self._wal.size_bytes()
+        out.update(self.counters)
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.flush()
+        with self._lock:
+            self._wal.close()
+        self._db.close()
