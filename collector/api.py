@@ -12,15 +12,23 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from collector.query.selector import Selector, SelectorError, parse_selector
 from collector.query.timerange import TimeRangeError, resolve_range
+from collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
+from collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
+from collector.render.html import render_html
+from collector.render.pprof import to_pprof
+from collector.render.speedscope import to_speedscope
 from collector.render.svg import render_svg
-from collector.render.tree import to_folded, to_json, top_functions, truncate
+from collector.render.tree import Stacks, to_folded, to_json, top_functions, truncate
 from collector.store.base import ProfileStore, Selection
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 WEB_DIR = Path(__file__).parent / "web"
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
-DEFAULT_MAX_NODES = 8192
-FORMATS = ("json", "folded", "svg")
+# Enough for every frame wider than ~0.5 px of a 1200 px graph in practice, small enough that a browser
+# draws it at once; the long tail of each kept frame is merged into one "other" frame.
+DEFAULT_MAX_NODES = 2048
+FORMATS = ("json", "folded", "svg", "html", "pprof", "speedscope", "grafana")
+DIFF_FORMATS = ("json", "svg", "grafana")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -38,6 +46,7 @@ class QueryApi:
         return {
             "/api/v1/profile": self.profile,
             "/api/v1/top": self.top,
+            "/api/v1/diff": self.diff,
             "/api/v1/labels": self.labels,
             "/api/v1/syscalls": self.syscalls,
             "/metrics": self.metrics,
@@ -51,17 +60,31 @@ class QueryApi:
         return {"/api/v1/labels/": self.label_values, "/ui/": self.static, "/app.": self.static}
 
     # -- parameters ------------------------------------------------------------------------------
-    def _selector(self, req: Request) -> Selector:
+    def _selector(self, req: Request, name: str = "query") -> Selector:
         try:
-            return parse_selector(req.param("query", "{}") or "{}")
+            return parse_selector(req.param(name, "{}") or "{}")
         except SelectorError as err:
-            raise HttpError(400, str(err)) from err
+            raise HttpError(400, f'bad "{name}": {err}' if name != "query" else str(err)) from err
 
-    def _range(self, req: Request) -> tuple[float, float]:
+    def _range(self, req: Request, suffix: str = "") -> tuple[float, float]:
+        """from/until/since, or from2/until2/since2 with suffix "2" (the diff's comparison)."""
+        names = [f"{p}{suffix}" for p in ("from", "until", "since")]
         try:
-            return resolve_range(req.param("from"), req.param("until"), req.param("since"), self._clock())
+            start, end = resolve_range(*(req.param(n) for n in names), self._clock())
         except TimeRangeError as err:
-            raise HttpError(400, str(err)) from err
+            message = str(err)
+            if suffix:  # name the parameters as the user spelled them
+                for plain, named in zip(("from", "until", "since"), names, strict=True):
+                    message = message.replace(f'"{plain}"', f'"{named}"')
+            raise HttpError(400, message) from err
+        return start, end
+
+    @staticmethod
+    def _choice(req: Request, name: str, allowed: tuple[str, ...], default: str) -> str:
+        value = req.param(name, default)
+        if value not in allowed:
+            raise HttpError(400, f'"{name}" must be one of {", ".join(allowed)}, got {value!r}')
+        return value
 
     @staticmethod
     def _int(req: Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -83,38 +106,106 @@ class QueryApi:
 
     # -- endpoints -------------------------------------------------------------------------------
     def profile(self, req: Request) -> Response:
-        fmt = req.param("format", "json")
-        if fmt not in FORMATS:
-            raise HttpError(400, f'"format" must be one of {", ".join(FORMATS)}, got {fmt!r}')
+        fmt = self._choice(req, "format", FORMATS, "json")
         max_nodes = self._int(req, "max_nodes", DEFAULT_MAX_NODES, 1, 1_000_000)
         sel, selector, start, end = self._select(req)
-        stacks = sel.stacks
-        if fmt == "folded":
+        stacks: Stacks = sel.stacks
+        if fmt == "folded":  # the raw interface: never truncated
             return text_response(to_folded(stacks))
-        total = sel.total
-        if len(stacks) > max_nodes:
-            stacks = truncate(stacks, max_nodes)
+        total, freq = sel.total, sel.frequency_hz
+        stacks = truncate(stacks, max_nodes)
+        description = f"{selector} · {_fmt_time(start)} – {_fmt_time(end)} · {total} samples"
         if fmt == "svg":
-            subtitle = f"{selector} · {_fmt_time(start)} – {_fmt_time(end)} · {total} samples"
-            svg = render_svg(stacks, subtitle=subtitle, frequency_hz=sel.frequency_hz)
-            return Response(svg.encode(), "image/svg+xml")
-        body = to_json(stacks, total_samples=total, frequency_hz=sel.frequency_hz)
+            return Response(
+                render_svg(stacks, subtitle=description, frequency_hz=freq).encode(), "image/svg+xml"
+            )
+        if fmt == "html":
+            return text_response(
+                render_html(stacks, subtitle=description, frequency_hz=freq), "text/html; charset=utf-8"
+            )
+        if fmt == "pprof":
+            body = to_pprof(stacks, freq, start, end, comments=(f"fleetprof {description}",))
+            headers = {"Content-Disposition": 'attachment; filename="profile.pb.gz"'}
+            return Response(body, "application/octet-stream", headers=headers)
+        if fmt == "speedscope":
+            return json_response(to_speedscope(stacks, freq, name=f"fleetprof {description}"))
+        if fmt == "grafana":
+            return json_response(flamegraph_frame(stacks, name=str(selector)))
+        body = to_json(stacks, total_samples=total, frequency_hz=freq)
         body["from"], body["until"], body["query"] = start, end, str(selector)
         return json_response(body)
+
+    def diff(self, req: Request) -> Response:
+        """Baseline (query, from/until/since) against comparison (query2, from2/until2/since2).
+
+        Each comparison parameter left out takes the baseline's: query2 defaults to query, and without
+        any of from2/until2/since2 the comparison covers the baseline's time range.
+        """
+        fmt = self._choice(req, "format", DIFF_FORMATS, "json")
+        sort = self._choice(req, "sort", SORTS, "self")
+        limit = self._int(req, "limit", 50, 1, 10_000)
+        max_nodes = self._int(req, "max_nodes", DEFAULT_MAX_NODES, 1, 1_000_000)
+        selector = self._selector(req)
+        start, end = self._range(req)
+        selector2 = self._selector(req, "query2") if req.param("query2") is not None else selector
+        if any(req.param(p) is not None for p in ("from2", "until2", "since2")):
+            start2, end2 = self._range(req, "2")
+        else:
+            start2, end2 = start, end
+        if str(selector2) == str(selector) and (start2, end2) == (start, end):
+            raise HttpError(
+                400,
+                "the comparison is the same selection as the baseline: give a different "
+                '"query2", or a second time range with "from2"/"until2"/"since2"',
+            )
+        base = self._store.select(selector, start, end)
+        comp = self._store.select(selector2, start2, end2)
+        sides = {
+            "baseline": (selector, start, end, base),
+            "comparison": (selector2, start2, end2, comp),
+        }
+        if fmt == "json":
+            body: dict = {
+                name: {
+                    "query": str(sel_),
+                    "from": s_,
+                    "until": e_,
+                    "total": picked.total,
+                    "frequency_hz": picked.frequency_hz,
+                }
+                for name, (sel_, s_, e_, picked) in sides.items()
+            }
+            body["sort"] = sort
+            body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort)
+            return json_response(body)
+        base_stacks, comp_stacks = limit_pair(base.stacks, comp.stacks, max_nodes)
+        if fmt == "grafana":
+            return json_response(
+                diff_flamegraph_frame(base_stacks, comp_stacks, name=f"{selector} vs {selector2}")
+            )
+        subtitle = (
+            f"baseline {selector} {_fmt_time(start)} – {_fmt_time(end)} ({base.total}) vs "
+            f"{selector2} {_fmt_time(start2)} – {_fmt_time(end2)} ({comp.total})"
+        )
+        return Response(
+            render_diff_svg(base_stacks, comp_stacks, subtitle=subtitle).encode(), "image/svg+xml"
+        )
 
     def top(self, req: Request) -> Response:
         limit = self._int(req, "limit", 20, 1, 10_000)
         if req.param("by") is not None:
             return self._top_groups(req, limit)
+        sort = self._choice(req, "sort", SORTS, "self")
         sel, selector, start, end = self._select(req)
         return json_response(
             {
+                "sort": sort,
                 "total": sel.total,
                 "frequency_hz": sel.frequency_hz,
                 "from": start,
                 "until": end,
                 "query": str(selector),
-                "functions": top_functions(sel.stacks, limit),
+                "functions": top_functions(sel.stacks, limit, sort),
             }
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from collector.render.tree import OTHER, Node, Stacks, build_tree
 
@@ -212,9 +213,37 @@ def render_svg(
     icicle: bool = False,
 ) -> str:
     """An interactive flame graph (root at the bottom, or at the top when icicle) as one SVG document."""
+    tree = build_tree(stacks)
+
+    def fill(node: Node, depth: int) -> str:
+        return "#c8c8c8" if depth == 0 or node.key == OTHER else frame_colour(node.name, node.kernel)
+
+    return render_tree_svg(
+        tree,
+        fill=fill,
+        tooltip=lambda node: _tooltip(node, tree.total, unit, frequency_hz),
+        title=title,
+        subtitle=subtitle,
+        width=width,
+        min_width_px=min_width_px,
+        icicle=icicle,
+    )
+
+
+def render_tree_svg(
+    tree: Node,
+    fill: Callable[[Node, int], str],
+    tooltip: Callable[[Node], str],
+    title: str,
+    subtitle: str = "",
+    width: int = 1200,
+    min_width_px: float = 0.1,
+    icicle: bool = False,
+) -> str:
+    """The SVG for any call tree whose nodes are sized by `total`; fill(node, depth) and tooltip(node)
+    give each frame's colour and hover text (the diff flame graph brings its own)."""
     if width < 4 * PAD:
         raise ValueError(f"width {width}px is too small for a flame graph")
-    tree = build_tree(stacks)
     avail = width - 2 * PAD
     top = 60 if subtitle else 44
     laid = _layout(tree, avail, min_width_px) if tree.total else []
@@ -239,15 +268,14 @@ def render_svg(
         level = depth if icicle else max_depth - depth
         y = top + level * FRAME_H
         label = fit_label(node.name, w)
-        is_grey = depth == 0 or node.key == OTHER
-        fill = "#c8c8c8" if is_grey else frame_colour(node.name, node.kernel)
+        colour = fill(node, depth)
         full_name = "" if label == node.name else f' data-n="{_xml(node.name)}"'
         text = (
             f'<text x="{_num(x + LABEL_INSET)}" y="{y + FRAME_H - 5}">{_xml(label)}</text>' if label else ""
         )
         parts.append(
-            f"<g{full_name}><title>{_xml(_tooltip(node, tree.total, unit, frequency_hz))}</title>"
-            f'<rect x="{_num(x)}" y="{y}" width="{_num(w)}" height="{FRAME_H - 1}" fill="{fill}"/>'
+            f"<g{full_name}><title>{_xml(tooltip(node))}</title>"
+            f'<rect x="{_num(x)}" y="{y}" width="{_num(w)}" height="{FRAME_H - 1}" fill="{colour}"/>'
             f"{text}</g>\n"
         )
     parts.append("</g>\n")

@@ -159,8 +159,9 @@ def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 2) if whole else 0.0
 
 
-def top_functions(stacks: Stacks, limit: int = 20) -> list[dict]:
-    """The heaviest functions: self = samples as the leaf, total = stacks it appears in (once per stack)."""
+def function_counts(stacks: Stacks) -> tuple[dict[FrameKey, int], dict[FrameKey, int], int]:
+    """(self samples per function, total samples per function, all samples): self = samples as the leaf,
+    total = samples of the stacks it appears in, counted once per stack."""
     self_counts: dict[FrameKey, int] = {}
     totals: dict[FrameKey, int] = {}
     all_samples = 0
@@ -174,9 +175,22 @@ def top_functions(stacks: Stacks, limit: int = 20) -> list[dict]:
         # A set, so a recursive function is counted once per stack rather than once per frame.
         for frame in set(stack):
             totals[frame] = totals.get(frame, 0) + count
+    return self_counts, totals, all_samples
+
+
+def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self") -> list[dict]:
+    """The heaviest functions by self samples (or by total samples with sort="total")."""
+    if sort not in ("self", "total"):
+        raise ValueError(f'sort must be "self" or "total", got {sort!r}')
+    self_counts, totals, all_samples = function_counts(stacks)
     ranked = sorted(
         totals,
-        key=lambda f: (-self_counts.get(f, 0), -totals[f], f.function, f.module, f.kernel),
+        key=lambda f: (
+            (-self_counts.get(f, 0), -totals[f]) if sort == "self" else (-totals[f], -self_counts.get(f, 0)),
+            f.function,
+            f.module,
+            f.kernel,
+        ),
     )
     rows = []
     for frame in ranked[: max(limit, 0)]:
@@ -253,4 +267,32 @@ def truncate(stacks: Stacks, max_nodes: int) -> dict[tuple[FrameKey, ...], int]:
             kept_weight += child.total
             walk.append((child, path + (key,)))
         add(path + (OTHER,), node.total - node.self_count - kept_weight)
+    return out
+
+
+def truncate_onto(stacks: Stacks, shape: Stacks) -> dict[tuple[FrameKey, ...], int]:
+    """Cut each stack to the tree of `shape` (truncate()'s output for a profile that covers these stacks).
+
+    A stack that leaves the shape's tree is cut at the last frame still in it and the rest becomes one
+    OTHER frame, as truncate() does; the sum of the counts is unchanged. Two profiles cut onto the shape of
+    their combined profile stay node-for-node comparable (the diff flame graph needs that).
+    """
+    trie: dict = {}
+    for stack in shape:
+        frames = stack[:-1] if stack and stack[-1] == OTHER else stack
+        node = trie
+        for frame in frames:
+            node = node.setdefault(frame, {})
+    out: dict[tuple[FrameKey, ...], int] = {}
+    for stack, count in stacks.items():
+        if not _checked_count(stack, count):
+            continue
+        node, depth = trie, 0
+        for frame in stack:
+            nxt = node.get(frame)
+            if nxt is None:
+                break
+            node, depth = nxt, depth + 1
+        cut = stack if depth == len(stack) else stack[:depth] + (OTHER,)
+        out[cut] = out.get(cut, 0) + count
     return out

@@ -1,0 +1,120 @@
+"""Merged stacks as a gzipped pprof profile (the public profile.proto message), encoded by hand.
+
+Only the wire format's two field kinds that profile.proto needs are written: varints (wire type 0) and
+length-delimited bytes (wire type 2: strings, embedded messages, packed repeated integers). Field numbers
+follow github.com/google/pprof/proto/profile.proto.
+"""
+
+from __future__ import annotations
+
+import gzip
+
+from collector.render.tree import UNKNOWN_FRAME, FrameKey, Stacks
+
+KERNEL_FILE = "[kernel.kallsyms]"
+
+# Profile fields
+_SAMPLE_TYPE, _SAMPLE, _LOCATION, _FUNCTION, _STRING_TABLE = 1, 2, 4, 5, 6
+_TIME_NANOS, _DURATION_NANOS, _PERIOD_TYPE, _PERIOD, _COMMENT, _DEFAULT_SAMPLE_TYPE = 9, 10, 11, 12, 13, 14
+# Sample: location_id = 1 (leaf first), value = 2. Location: id = 1, line = 4. Line: function_id = 1.
+# Function: id = 1, name = 2, system_name = 3, filename = 4. ValueType: type = 1, unit = 2.
+
+
+def _varint(value: int) -> bytes:
+    if value < 0:
+        value += 1 << 64  # int64 negatives are ten-byte two's complement varints
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _int_field(number: int, value: int) -> bytes:
+    """A varint field; zero is the default and is left out, as proto3 encoders do."""
+    return _varint(number << 3) + _varint(value) if value else b""
+
+
+def _bytes_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _packed(number: int, values: list[int]) -> bytes:
+    return _bytes_field(number, b"".join(_varint(v) for v in values)) if values else b""
+
+
+class _Strings:
+    """The profile's string table; index 0 must be the empty string."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {"": 0}
+
+    def __call__(self, text: str) -> int:
+        return self.index.setdefault(text, len(self.index))
+
+
+def to_pprof(
+    stacks: Stacks,
+    frequency_hz: int | None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    comments: tuple[str, ...] = (),
+) -> bytes:
+    """A gzipped profile.proto Profile: one sample per stack, values [samples, cpu nanoseconds].
+
+    The period is one sampling interval (1e9 / frequency ns), so cpu = samples × period. Without a known
+    frequency only the sample count is written. Kernel frames get the file "[kernel.kallsyms]".
+    """
+    string = _Strings()
+    period = round(1e9 / frequency_hz) if frequency_hz else 0
+    value_types = [("samples", "count")] + ([("cpu", "nanoseconds")] if period else [])
+    out = bytearray()
+    for kind, unit in value_types:
+        out += _bytes_field(_SAMPLE_TYPE, _int_field(1, string(kind)) + _int_field(2, string(unit)))
+
+    location_ids: dict[FrameKey, int] = {}
+    functions = bytearray()
+    locations = bytearray()
+
+    def location_of(frame: FrameKey) -> int:
+        loc = location_ids.get(frame)
+        if loc is None:
+            loc = location_ids[frame] = len(location_ids) + 1
+            name = string(frame.function or UNKNOWN_FRAME)
+            filename = string(frame.module or (KERNEL_FILE if frame.kernel else ""))
+            # Function and location ids are the same number: one function per distinct frame.
+            function = (
+                _int_field(1, loc) + _int_field(2, name) + _int_field(3, name) + _int_field(4, filename)
+            )
+            functions.extend(_bytes_field(_FUNCTION, function))
+            line = _bytes_field(4, _int_field(1, loc))
+            locations.extend(_bytes_field(_LOCATION, _int_field(1, loc) + line))
+        return loc
+
+    unknown = (FrameKey(UNKNOWN_FRAME),)
+    for stack, count in stacks.items():
+        if count <= 0:
+            continue
+        leaf_first = [location_of(f) for f in reversed(stack or unknown)]
+        values = [count] + ([count * period] if period else [])
+        out += _bytes_field(_SAMPLE, _packed(1, leaf_first) + _packed(2, values))
+    out += locations
+    out += functions
+    if start_s is not None:
+        out += _int_field(_TIME_NANOS, int(start_s * 1e9))
+        if end_s is not None:
+            out += _int_field(_DURATION_NANOS, int((end_s - start_s) * 1e9))
+    kind, unit = value_types[-1]
+    out += _bytes_field(_PERIOD_TYPE, _int_field(1, string(kind)) + _int_field(2, string(unit)))
+    out += _int_field(_PERIOD, period or 1)
+    comment_ids = [string(c) for c in comments]
+    out += _packed(_COMMENT, comment_ids)
+    out += _int_field(_DEFAULT_SAMPLE_TYPE, string(kind))
+    # The string table goes last so every string used above is already in it.
+    for text in string.index:
+        out += _bytes_field(_STRING_TABLE, text.encode("utf-8", "replace"))
+    return gzip.compress(bytes(out), mtime=0)
