@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes as ct
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -23,27 +24,29 @@ BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
 
 # Mirrors of syscalls.c's constants (keep in sync with the .c file).
 NBUCKETS = 40  # hist[i]: [2^i, 2^(i+1)) ns; hist[39] is everything from 2^39 ns (~9 minutes) up
-STAT_NAMES = ("table_full", "latency_table_full", "storage_failed", "idle_skipped")
+STAT_NAMES = ("table_full", "latency_table_full", "storage_failed", "idle_skipped", "stale_start")
+TIMING_OPEN, TIMING_EPOCH = 0, 1  # indices of the `timing` array
 
-# Default timing fraction: 1 call in 16, from bench/syscalls.py --quick on this machine kind (2 vCPUs,
-# kernel 6.18; median ns added per syscall to a getppid storm, untraced 182 ns; "BPF" is the programs' own
-# run time from the kernel's accounting, the rest is the tracepoint machinery):
+# Defaults: time 1 call in 16 during a 1 s timing window every 10 s (LatencyDuty). From bench/syscalls.py
+# --quick on this machine kind (2 vCPUs, kernel 6.18, 2026-11-22; median ns added per getppid, untraced
+# 179 ns; "BPF" is the programs' own run time per syscall from the kernel's accounting, the rest of the
+# added ns is the tracepoint machinery; A/B medians swing by +-30 ns between runs, BPF ns by +-3):
 #
-#   empty program on raw sys_enter        +139        empty programs on sys_enter + sys_exit   +264
-#   count only (0)                        +173  BPF 31  bcc syscount-bpfcc (counts)            +196
-#   timing 1/64                           +330  BPF 73  timing 1/16 by a per-CPU counter       +335
-#   timing 1/16                           +356  BPF 53  bcc syscount-bpfcc -L (latency)        +562
-#   timing 1/1                            +489  BPF 227
+#   empty program on raw sys_enter                +33          empty programs on sys_enter + sys_exit   +57
+#   count only (0)                                +57  BPF 26  bcc syscount-bpfcc (counts)              +60
+#   timing 1/16, always                          +110  BPF 67  timing 1/1, always                      +281
+#   timing 1/16 in 1 s of 10 (default)            +50  BPF 24  bcc syscount-bpfcc -L (latency)         +284
+#   timing 1/4 in 1 s of 10                       +88  BPF 36  timing 1/1 in 1 s of 10                  +93
 #
-# Timing at any rate attaches sys_exit, whose machinery costs about as much as sys_enter's (+125 ns
-# here; both drift by 2x with the host's load): that, not the sampling rate, is the price of latency,
-# and "0" (count only) halves the cost where it matters. Between 1/64 and 1/16 the difference is a
-# timed call's extra ~80-140 ns (BPF accounting / A/B) spread over 64 or 16 calls: ~4-7 ns a syscall,
-# inside the noise of these runs, while 1/16 gives 4x the samples: a (process, syscall) called 1,000
-# times in a 10 s window gets ~60 timed calls, enough for a p50/p90, where 1/64 gets ~15. 1/1 adds
-# ~130 ns more per syscall: for debugging, not always-on. Sampling draws bpf_get_prandom_u32(): a
-# per-CPU counter measured no cheaper (within noise) and would lock onto periodic call patterns (at
-# 1/16, a loop of 16 syscalls on one CPU would time the same one every time).
+# Timing at any rate needs sys_exit attached, and the machinery of a second tracepoint costs as much as
+# the first: that, not the sampling rate, is the price of latency. So sys_exit is attached only around
+# timing windows (10% of the time plus a tail as long as the window, for calls in flight), and outside
+# them the tracer costs what count-only costs: the default measured the same as count only (within the
+# noise), at a quarter of the always-on timing cost. Within windows 1/16 keeps the BPF time at the count-
+# only level; a (process, syscall) made 100 times a second still gets ~190 timed calls in 5 minutes.
+# Calls that block longer than the tail (1 s) are counted but not timed (stat stale_start): the latency
+# histograms describe calls up to ~1 s well and longer ones not at all. Sampling draws
+# bpf_get_prandom_u32(): a per-CPU counter measured no cheaper and would lock onto periodic call patterns.
 DEFAULT_SAMPLE_EVERY = 16
 
 # The drain's grace (bpfmaps.DoubleBuffer.GRACE_S) suffices here: syscall probes run with preemption off
@@ -85,8 +88,34 @@ class SyscallDrain:
 
 
 @dataclass(frozen=True)
+class LatencyDuty:
+    """When calls may be timed: a `window_s` timing window every `period_s` (window >= period: always).
+
+    sys_exit stays attached for `tail_s` after each window closes so that calls started near its end
+    still return into a program; a timed call that blocks past the tail is dropped (STAT stale_start).
+    """
+
+    window_s: float = 1.0
+    period_s: float = 10.0
+
+    @property
+    def always(self) -> bool:
+        return self.window_s >= self.period_s
+
+    @property
+    def tail_s(self) -> float:
+        return min(self.window_s, self.period_s - self.window_s)
+
+    @property
+    def fraction(self) -> float:
+        """Of the time, how much lies in timing windows (the calls timed scale by the same factor)."""
+        return 1.0 if self.always else self.window_s / self.period_s
+
+
+@dataclass(frozen=True)
 class SyscallConfig:
     latency_sample_every: int = DEFAULT_SAMPLE_EVERY  # time 1 call in N (a power of two); 0: count only
+    latency_duty: LatencyDuty = field(default_factory=LatencyDuty)
     table_size: int = 16384  # (tgid, nr) keys per window, for counts and for latencies alike
     # "random" (default) or "counter": time every N-th call on each CPU. A counter measured no cheaper
     # and locks onto periodic call patterns; kept so that bench/syscalls.py can show the difference.
@@ -116,6 +145,22 @@ def parse_sample_fraction(text: str) -> int:
     return every
 
 
+def parse_latency_duty(text: str) -> LatencyDuty:
+    """Timing windows as written by a user: "1/10" -> 1 s every 10 s; "0.5/5"; "1/1" -> always."""
+    win, sep, per = text.strip().partition("/")
+    try:
+        window, period = float(win), float(per)
+    except ValueError:
+        raise ValueError(
+            f"latency duty {text!r}: use W/P, a W-second window every P seconds (e.g. 1/10)"
+        ) from None
+    if not sep or not (0 < window <= period) or period > 3600:
+        raise ValueError(
+            f"latency duty {text!r}: need 0 < W <= P <= 3600 seconds (e.g. 1/10, or 1/1 for always)"
+        )
+    return LatencyDuty(window_s=window, period_s=period)
+
+
 @cache
 def syscall_name(nr: int) -> str:
     """The syscall's name from BCC's table for this architecture; "syscall_<nr>" when it has none."""
@@ -133,6 +178,9 @@ def _validate(config: SyscallConfig) -> None:
         raise ValueError(f"latency_sample_every={every}: use 0 (count only) or a power of two")
     if config.table_size < 1:
         raise ValueError(f"table_size={config.table_size}: must be at least 1")
+    duty = config.latency_duty
+    if not (duty.window_s > 0 and duty.period_s > 0):
+        raise ValueError(f"latency duty {duty}: window and period must be positive")
     if config.sample_by not in ("random", "counter"):
         raise ValueError(f"sample_by={config.sample_by!r}: use 'random' or 'counter'")
 
@@ -174,8 +222,12 @@ class SyscallTracer:
         _check_layout(self._counts[0], 8)
         for table in self._latency:
             _check_layout(table, LATENCY_LAYOUT.size)
-        # Exit before enter: every start an enter records then has an exit program to consume it.
+        # Exit before enter (and before any timing window opens): every start an enter records then has
+        # an exit program to consume it. With a duty cycle, the exit program is attached once here to
+        # prove it can be, then detached until the first window.
         self._attached: list[bytes] = []
+        self.latency_duty = config.latency_duty if self.latency_sample_every else None
+        self._cycle: _DutyCycle | None = None
         tp = b"sys_exit"
         try:
             if self.latency_sample_every:
@@ -188,11 +240,48 @@ class SyscallTracer:
                 f"syscall tracepoints are unavailable: cannot attach to raw tracepoint {tp.decode()} "
                 f"(raw tracepoints need Linux 4.17+): {exc}"
             ) from exc
+        self._epoch = 0
+        if self.latency_duty is not None:
+            self._timing = self._bpf[b"timing"]
+            if self.latency_duty.always:
+                self.open_timing_window()
+            else:
+                self._detach(b"sys_exit")
+                self._cycle = _DutyCycle(self, self.latency_duty)
+                self._cycle.start()
         release_startup_memory()  # LLVM's heap garbage and its code pages, needed only to compile
 
     def _attach(self, tp: bytes, fn: bytes) -> None:
         self._bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)
         self._attached.append(tp)
+
+    def _detach(self, tp: bytes) -> None:
+        self._bpf.detach_raw_tracepoint(tp=tp)
+        self._attached.remove(tp)
+
+    def open_timing_window(self) -> None:
+        """Attach sys_exit, start a new epoch, let sys_enter start timing calls."""
+        with self._lock:
+            if self._closed:
+                return
+            if b"sys_exit" not in self._attached:
+                self._attach(b"sys_exit", b"on_sys_exit")
+            self._epoch = (self._epoch + 1) & 0xFFFFFFFF or 1
+            self._timing[ct.c_int(TIMING_EPOCH)] = ct.c_uint32(self._epoch)
+            self._timing[ct.c_int(TIMING_OPEN)] = ct.c_uint32(1)
+
+    def close_timing_window(self) -> None:
+        """Stop starting timings; calls in flight still return into sys_exit until `detach_exit()`."""
+        with self._lock:
+            if not self._closed:
+                self._timing[ct.c_int(TIMING_OPEN)] = ct.c_uint32(0)
+
+    def detach_exit(self) -> None:
+        """Detach sys_exit (and its cost): a call still in flight keeps a start of an old epoch, which
+        the next window's exit program drops as stale."""
+        with self._lock:
+            if not self._closed and b"sys_exit" in self._attached:
+                self._detach(b"sys_exit")
 
     def drain(self) -> SyscallDrain:
         """Flip to the other map set, then read and empty the one that was being written."""
@@ -213,6 +302,8 @@ class SyscallTracer:
             return sum(len(table) for table in (*self._counts, *self._latency))
 
     def close(self) -> None:
+        if self._cycle is not None:
+            self._cycle.stop()
         with self._lock:
             if self._closed:
                 return
@@ -221,6 +312,38 @@ class SyscallTracer:
                 self._bpf.detach_raw_tracepoint(tp=tp)
             self._attached.clear()
             self._bpf.cleanup()
+
+
+class _DutyCycle(threading.Thread):
+    """Opens a timing window every period and closes it `window_s` later; detaches sys_exit after the
+    tail. Three wake-ups a period.
+
+    The epoch makes a start left behind by a call that blocked past the tail harmless: the next window's
+    exit program sees an old epoch and drops it instead of timing the whole gap (the call's true duration
+    is unknown once its exit went unobserved).
+    """
+
+    def __init__(self, tracer: SyscallTracer, duty: LatencyDuty) -> None:
+        super().__init__(name="syscall-latency-duty", daemon=True)
+        self._tracer = tracer
+        self._duty = duty
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        duty, tracer = self._duty, self._tracer
+        next_open = time.monotonic()
+        while not self._stopping.wait(max(0.0, next_open - time.monotonic())):
+            next_open += duty.period_s
+            tracer.open_timing_window()
+            stopped = self._stopping.wait(duty.window_s)
+            tracer.close_timing_window()
+            if stopped or self._stopping.wait(duty.tail_s):
+                break
+            tracer.detach_exit()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join()
 
 
 def _check_layout(table, value_size: int) -> None:  # noqa: ANN001 - BCC table

@@ -207,6 +207,51 @@ def test_crio_systemd_v2_process_is_labelled_once_its_pod_arrives(cluster: Clust
     assert samples_of(unlabelled) + samples_of(labelled) == samples_of(everything)
 
 
+@pytest.mark.skipif(
+    not (V1_CPU / "cgroup.procs").exists(), reason="no cgroup v1 cpu hierarchy on this machine"
+)
+def test_syscalls_of_a_pod_are_counted_under_its_labels(cluster: Cluster, workload_bin) -> None:
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    pod = make_pod(
+        "api-6f9c8d7b5-k2l3m",
+        uid,
+        node=NODE,
+        namespace="web",
+        resource_version="401",
+        labels={"app": "api", "pod-template-hash": "6f9c8d7b5"},
+        owner=("ReplicaSet", "api-6f9c8d7b5"),
+        containers={"server": cid},
+    )
+    cluster.api.push(event("ADDED", pod))
+    wait_until(
+        lambda: _agent_gauge(cluster.agent, "fleetprof_agent_pods") >= 1,
+        20,
+        "the pod in the agent's cache",
+    )
+    calls = 23_456
+    leaf = make_cgroup(V1_CPU / "kubepods" / "besteffort" / f"pod{uid}" / cid)
+    try:
+        # Batches of 1,000 calls 40 ms apart: the process lives across several drains.
+        proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("getppid_n")), str(calls), "40"])
+        proc.wait(timeout=60)
+    finally:
+        remove_cgroups(leaf, V1_CPU)
+
+    def counted() -> dict | None:
+        rows = cluster.collector.json(
+            "/api/v1/syscalls", query='{pod="api-6f9c8d7b5-k2l3m"}', since="5m", by="namespace,pod,syscall"
+        )["syscalls"]
+        got = {r["labels"]["syscall"]: r for r in rows}
+        # The pid first runs `sh`, which may call getppid itself before it execs the workload.
+        return got if calls <= got.get("getppid", {}).get("count", 0) <= calls + 2 else None
+
+    rows = wait_until(counted, 30, f"{calls} getppid calls under the pod's labels")
+    assert rows["getppid"]["labels"]["namespace"] == "web"
+    # All of them: none were left under the bare pid without the pod.
+    bare = cluster.collector.json("/api/v1/syscalls", query=f'{{pid="{proc.pid}", pod=""}}', since="5m")
+    assert bare["total_count"] == 0
+
+
 def test_host_processes_stay_host_processes(cluster: Cluster, workload_bin) -> None:
     proc = subprocess.Popen([str(workload_bin("two_funcs")), "2", "50"], stdout=subprocess.DEVNULL)
     proc.wait(timeout=60)

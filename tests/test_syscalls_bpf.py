@@ -15,9 +15,11 @@ from agent.syscalls import (
     DEFAULT_SAMPLE_EVERY,
     NBUCKETS,
     STAT_NAMES,
+    LatencyDuty,
     SyscallConfig,
     SyscallDrain,
     SyscallTracer,
+    parse_latency_duty,
     parse_sample_fraction,
     syscall_name,
 )
@@ -26,6 +28,7 @@ from tests.conftest import require_bpf
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
 DRAIN_EVERY_S = 0.15
+ALWAYS = LatencyDuty(window_s=1.0, period_s=1.0)  # timing windows cover all the time
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +45,19 @@ def default_tracer() -> Iterator[SyscallTracer]:
 
 
 @pytest.fixture(scope="module")
-def timing_tracer() -> Iterator[SyscallTracer]:
-    """Times every call (1/1)."""
+def sampling_tracer() -> Iterator[SyscallTracer]:
+    """The default 1-in-N sampling, with the timing window always open."""
     require_bpf()
-    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1))
+    tracer = SyscallTracer(SyscallConfig(latency_duty=ALWAYS))
+    yield tracer
+    tracer.close()
+
+
+@pytest.fixture(scope="module")
+def timing_tracer() -> Iterator[SyscallTracer]:
+    """Times every call (1/1), always."""
+    require_bpf()
+    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, latency_duty=ALWAYS))
     yield tracer
     tracer.close()
 
@@ -95,9 +107,9 @@ def test_every_getppid_is_counted_exactly_across_drains(
     assert all(d.counters["table_full"] == 0 for d in drains)
 
 
-def test_default_sampling_times_one_call_in_n(default_tracer: SyscallTracer, storm_bin: Path) -> None:
+def test_default_sampling_times_one_call_in_n(sampling_tracer: SyscallTracer, storm_bin: Path) -> None:
     calls = 200_000
-    pid, drains = drain_while_running(default_tracer, [str(storm_bin), "count", str(calls), "2", "4", "20"])
+    pid, drains = drain_while_running(sampling_tracer, [str(storm_bin), "count", str(calls), "2", "4", "20"])
     count, timed, timed_ns, hist = totals(drains, pid, "getppid")
     assert count == calls
     p = 1 / DEFAULT_SAMPLE_EVERY
@@ -158,7 +170,7 @@ def test_processes_killed_inside_syscalls_leave_nothing_behind(
 
 def test_counters_are_deltas_and_count_full_tables(workload_bin: Callable[[str], Path]) -> None:
     require_bpf()
-    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, table_size=64))
+    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, table_size=64, latency_duty=ALWAYS))
     try:
         tracer.drain()
         subprocess.run([str(workload_bin("fork_kill")), "300", "50"], capture_output=True, check=True)
@@ -176,6 +188,52 @@ def test_counters_are_deltas_and_count_full_tables(workload_bin: Callable[[str],
         tracer.close()
 
 
+def test_duty_cycle_times_calls_only_inside_its_windows(workload_bin: Callable[[str], Path]) -> None:
+    require_bpf()
+    duty = LatencyDuty(window_s=0.25, period_s=1.0)
+    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, latency_duty=duty))
+    try:
+        k, ms = 600, 5  # ~3.3 s of 5 ms sleeps: three or four windows
+        t0 = time.monotonic()
+        pid, drains = drain_while_running(tracer, [str(workload_bin("sleep_loop")), str(k), str(ms)])
+        elapsed = time.monotonic() - t0
+    finally:
+        tracer.close()
+    count, timed, timed_ns, hist = totals(drains, pid, "clock_nanosleep")
+    assert count == k  # counting never pauses
+    # Timed: the calls that started inside a window, about window/period of them (the run covers a
+    # whole number of periods give or take one window, hence the bounds).
+    periods = elapsed / duty.period_s
+    lo = (math.floor(periods) - 1) * duty.window_s / elapsed
+    hi = (math.ceil(periods) + 1) * duty.window_s / elapsed
+    assert lo * k <= timed <= hi * k, (timed, k, lo, hi)
+    assert timed >= 100
+    # Every timed call is a ~5 ms sleep: no start left over from a closed window was timed across the
+    # gap to the next one (that would be >= 0.5 s, bucket 28+).
+    assert sum(hist) == timed and max(i for i, n in enumerate(hist) if n) < 26
+    assert bucket_of(timed_ns // timed) == bucket_of(ms * 1_000_000)
+
+
+def test_a_call_that_outlives_its_timing_window_is_dropped_not_timed(
+    workload_bin: Callable[[str], Path],
+) -> None:
+    require_bpf()
+    # A long window opens at load; the test opens the next one by hand while a sleep is in flight.
+    tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, latency_duty=LatencyDuty(60.0, 120.0)))
+    try:
+        tracer.drain()
+        proc = subprocess.Popen([str(workload_bin("sleep_loop")), "1", "1200"])
+        time.sleep(0.4)  # the sleep started in window 1
+        tracer.open_timing_window()  # window 2: the sleep's start is now stale
+        assert proc.wait(timeout=10) == 0
+        drain = tracer.drain()
+    finally:
+        tracer.close()
+    count, timed, _, _ = totals([drain], proc.pid, "clock_nanosleep")
+    assert (count, timed) == (1, 0)
+    assert drain.counters["stale_start"] >= 1
+
+
 def test_parse_sample_fraction() -> None:
     assert parse_sample_fraction("1/16") == 16
     assert parse_sample_fraction("1") == parse_sample_fraction("1/1") == 1
@@ -183,6 +241,37 @@ def test_parse_sample_fraction() -> None:
     for bad in ("1/3", "2/16", "x", "1/0", "-1", "1/"):
         with pytest.raises(ValueError, match="latency sampling"):
             parse_sample_fraction(bad)
+
+
+def test_parse_latency_duty() -> None:
+    assert parse_latency_duty("1/10") == LatencyDuty(1.0, 10.0)
+    assert parse_latency_duty("0.5/5").fraction == 0.1
+    assert parse_latency_duty("1/1").always
+    for bad in ("10/1", "0/10", "x/10", "1", "1/", "-1/10", "1/7200"):
+        with pytest.raises(ValueError, match="latency duty"):
+            parse_latency_duty(bad)
+
+
+def test_missing_tracepoints_leave_the_agent_running_and_are_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kernel refusing the raw tracepoints (BCC's attach raises, as on a kernel without them) turns
+    syscall tracing off with one warning; the agent goes on."""
+    require_bpf()
+    import bcc
+
+    from agent.main import Agent, AgentConfig
+
+    def refuse(self, tp: bytes = b"", fn_name: bytes = b"") -> None:  # noqa: ANN001 - BCC's signature
+        raise Exception(f"Failed to attach BPF to raw tracepoint {tp.decode()}")
+
+    monkeypatch.setattr(bcc.BPF, "attach_raw_tracepoint", refuse)
+    agent = Agent(AgentConfig(http="127.0.0.1:0", kubernetes=False, pod_resources_socket="/nonexistent"))
+    with caplog.at_level("WARNING"):
+        assert agent._start_syscalls() is None
+    said = [r.getMessage() for r in caplog.records if "syscall" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "syscall tracing is off" in said[0] and "raw tracepoint sys_exit" in said[0]
 
 
 def test_syscall_names_come_from_the_running_arch() -> None:

@@ -41,7 +41,7 @@ struct latency {
 struct start {
     u64 ns;                 // bpf_ktime_get_ns() at sys_enter
     u32 nr;
-    u32 pad;
+    u32 epoch;              // timing[TIMING_EPOCH] when the call started
 };
 
 // Per-CPU counters, cumulative since load; user space reads deltas. Indices mirror syscalls.py STAT_NAMES.
@@ -49,7 +49,8 @@ struct start {
 #define STAT_LATENCY_TABLE_FULL  1   // a timed call not recorded: latency map full
 #define STAT_STORAGE_FAILED      2   // a call not timed: task storage could not be created
 #define STAT_IDLE_SKIPPED        3   // sys_enter seen in the idle task (not expected; skipped)
-#define NSTATS                   4
+#define STAT_STALE_START         4   // a timed call that outlived its timing window: dropped untimed
+#define NSTATS                   5
 
 // control[0]: index (0 or 1) of the map set the programs write. Written only by user space.
 BPF_ARRAY(control, u32, 1);
@@ -69,6 +70,15 @@ BPF_F_TABLE("percpu_hash", struct syscall_key, u64, counts1, TABLE_SIZE, 0);
 // per-CPU value would take 176 B x possible CPUs per entry (1.4 GB for both sets on 256 CPUs).
 BPF_F_TABLE("hash", struct syscall_key, struct latency, latency0, TABLE_SIZE, 0);
 BPF_F_TABLE("hash", struct syscall_key, struct latency, latency1, TABLE_SIZE, 0);
+
+// timing: the latency duty cycle, written only by user space (agent/syscalls.py LatencyDutyCycle).
+// sys_exit is attached only during a timing window plus a tail; outside it the programs cost what count-
+// only costs. [TIMING_OPEN] != 0: sys_enter may start timing calls. [TIMING_EPOCH]: the window's number,
+// stamped on each start; sys_exit drops a start from an earlier window, whose call blocked past that
+// window's tail (the exit that would have consumed it was detached, so its duration is unknown).
+#define TIMING_OPEN   0
+#define TIMING_EPOCH  1
+BPF_ARRAY(timing, u32, 2);
 
 // starts: task -> its pending timed call. Created by on_sys_enter for sampled calls, cleared by
 // on_sys_exit, freed by the kernel with the task. Never read or cleared by user space.
@@ -139,7 +149,13 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx) {
     count_call(*active, &key);
 
 #if SAMPLE_EVERY > 0
-    if (!should_time())
+    u32 open_idx = TIMING_OPEN;
+    u32 *open = timing.lookup(&open_idx);
+    if (!open || !*open || !should_time())
+        return 0;
+    u32 epoch_idx = TIMING_EPOCH;
+    u32 *epoch = timing.lookup(&epoch_idx);
+    if (!epoch)
         return 0;
     struct task_struct *task = (struct task_struct *)bpf_get_current_task_btf();
     struct start *s = starts.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -148,6 +164,7 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx) {
         return 0;
     }
     s->nr = key.nr;
+    s->epoch = *epoch;
     s->ns = bpf_ktime_get_ns();   // last: the syscall starts after this program returns
 #endif
     return 0;
@@ -205,6 +222,12 @@ int on_sys_exit(struct bpf_raw_tracepoint_args *ctx) {
         return 0;
     u64 ns = bpf_ktime_get_ns() - s->ns;
     s->ns = 0;
+    u32 epoch_idx = TIMING_EPOCH;
+    u32 *epoch = timing.lookup(&epoch_idx);
+    if (!epoch || *epoch != s->epoch) {
+        count_stat(STAT_STALE_START);
+        return 0;
+    }
 
     u32 zero = 0;
     u32 *active = control.lookup(&zero);
