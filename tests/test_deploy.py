@@ -1,0 +1,662 @@
+"""deploy/: the Kubernetes manifests, the images and the Grafana dashboards, checked against the real thing.
+
+Manifests are validated offline against the Kubernetes JSON schemas (kubernetes-validate, strict: unknown
+fields fail). ServiceMonitor is a prometheus-operator CRD, which those schemas lack: it is validated
+against SERVICE_MONITOR_SCHEMA below, written from the CRD's documented fields (monitoring.coreos.com/v1
+ServiceMonitorSpec, Endpoint, RelabelConfig, NamespaceSelector), closed to unknown fields like the rest.
+Flags in the manifests are checked against `fleetprof agent --help` / `fleetprof collector --help`, and
+every metric name in the dashboards' PromQL against the /metrics of a real collector fed real batches
+over gRPC and of a real agent process object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import grpc
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetprof.v1 import ingest_pb2 as pb
+from tests.conftest import REPO, free_port, http_get
+from tests.test_ingest import make_batch, push
+
+DEPLOY = REPO / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
+# The oldest Kubernetes the chart supports (appArmorProfile in securityContext is 1.30+) and the newest
+# schemas kubernetes-validate ships.
+K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version().rsplit(".", 1)[0])
+
+_STR = {"type": "string"}
+_STRLIST = {"type": "array", "items": _STR}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": _STR},
+        "matchExpressions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["key", "operator"],
+                "properties": {
+                    "key": _STR,
+                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": _STRLIST,
+                },
+            },
+        },
+    },
+}
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "separator": _STR,
+        "targetLabel": _STR,
+        "regex": _STR,
+        "modulus": {"type": "integer", "minimum": 1},
+        "replacement": _STR,
+        "action": {
+            "enum": [
+                "replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
+                "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
+                "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
+                "dropequal", "DropEqual",
+            ]
+        },
+    },
+}  # fmt: skip
+_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+             "(([0-9]+)s)?(([0-9]+)ms)?)$"}  # fmt: skip
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
+                "namespace": _STR,
+                "labels": {"type": "object", "additionalProperties": _STR},
+                "annotations": {"type": "object", "additionalProperties": _STR},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "jobLabel": _STR,
+                "targetLabels": _STRLIST,
+                "podTargetLabels": _STRLIST,
+                "sampleLimit": {"type": "integer", "minimum": 0},
+                "selector": _LABEL_SELECTOR,
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"any": {"type": "boolean"}, "matchNames": _STRLIST},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": _STR,
+                            "targetPort": {"type": ["string", "integer"]},
+                            "path": {"type": "string", "pattern": "^/"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "params": {"type": "object", "additionalProperties": _STRLIST},
+                            "interval": _DURATION,
+                            "scrapeTimeout": _DURATION,
+                            "honorLabels": {"type": "boolean"},
+                            "honorTimestamps": {"type": "boolean"},
+                            "relabelings": {"type": "array", "items": _RELABEL},
+                            "metricRelabelings": {"type": "array", "items": _RELABEL},
+                        },
+                        "oneOf": [{"required": ["port"]}, {"required": ["targetPort"]}],
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def validate_object(obj: dict, version: str) -> None:
+    """One object against Kubernetes `version`'s schema (strict), or ours for ServiceMonitor."""
+    name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+    if obj.get("kind") == "ServiceMonitor":
+        try:
+            jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+        except jsonschema.ValidationError as err:
+            pytest.fail(f"{name}: {err.message} at {list(err.absolute_path)}")
+        return
+    try:
+        kubernetes_validate.validate(obj, version, strict=True)
+    except kubernetes_validate.ValidationError as err:
+        pytest.fail(f"{name} is not valid Kubernetes {version}: {err.message} at {list(err.path)}")
+
+
+def manifest_objects() -> list[dict]:
+    return [d for path in MANIFESTS for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _find(kind: str, name: str | None = None) -> dict:
+    return next(o for o in manifest_objects() if o["kind"] == kind and name in (None, o["metadata"]["name"]))
+
+
+# ---- schema validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_manifest_is_valid_kubernetes(path: Path, version: str) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs, f"{path.name} is empty"
+    for obj in docs:
+        validate_object(obj, version)
+
+
+def test_the_validation_catches_mistakes() -> None:
+    """The checks above can fail: a misspelled field, a wrong type, a ServiceMonitor typo."""
+    ds = _find("DaemonSet")
+    bad = json.loads(json.dumps(ds))
+    bad["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(pytest.fail.Exception, match="hostPid"):
+        validate_object(bad, K8S_VERSIONS[-1])
+    bad = json.loads(json.dumps(ds))
+    bad["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "7472"
+    with pytest.raises(pytest.fail.Exception):
+        validate_object(bad, K8S_VERSIONS[-1])
+    sm = json.loads(json.dumps(_find("ServiceMonitor", "fleetprof-collector")))
+    sm["spec"]["endpoints"][0]["honourLabels"] = True
+    with pytest.raises(pytest.fail.Exception, match="honourLabels"):
+        validate_object(sm, K8S_VERSIONS[-1])
+
+
+# ---- what the issue asks of each object --------------------------------------------------------------
+
+
+def test_agent_daemonset_is_least_privilege_with_a_documented_fallback() -> None:
+    ds = _find("DaemonSet", "fleetprof-agent")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert pod["hostPID"] is True
+    assert sc["privileged"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    required = {"BPF", "PERFMON", "SYS_RESOURCE", "SYS_PTRACE", "DAC_READ_SEARCH"}
+    assert required <= set(sc["capabilities"]["add"])
+    assert "NET_ADMIN" not in sc["capabilities"]["add"]
+    text = (DEPLOY / "kubernetes" / "30-agent.yaml").read_text()
+    assert "privileged: true" in text, "the privileged fallback must be documented next to the DaemonSet"
+
+
+def test_agent_daemonset_mounts_env_tolerations_priority_and_probes() -> None:
+    ds = _find("DaemonSet", "fleetprof-agent")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounted = {m["name"]: m for m in c["volumeMounts"]}
+    for path in (
+        "/sys/kernel/debug",
+        "/sys/kernel/tracing",
+        "/sys/fs/cgroup",
+        "/sys/fs/bpf",
+        "/lib/modules",
+        "/usr/src",
+        "/proc",
+        "/var/lib/kubelet/pod-resources",
+    ):
+        names = [n for n, p in host_paths.items() if p == path]
+        assert names and names[0] in mounted, f"host {path} is not mounted"
+    for ro in ("/lib/modules", "/usr/src", "/proc", "/sys/fs/cgroup"):
+        name = next(n for n, p in host_paths.items() if p == ro)
+        assert mounted[name].get("readOnly") is True, f"{ro} should be read-only"
+    socket = next(a for a in c["args"] if a.startswith("--pod-resources-socket="))
+    assert socket.split("=", 1)[1].startswith(mounted["pod-resources"]["mountPath"] + "/")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert any(t.get("key") == "nvidia.com/gpu" and t["operator"] == "Exists" for t in pod["tolerations"])
+    assert pod["priorityClassName"] == "system-node-critical"
+    limits, requests = c["resources"]["limits"], c["resources"]["requests"]
+    assert _mebibytes(limits["memory"]) >= 220, "below ~220 Mi BCC's compile at start gets OOM-killed"
+    assert _mebibytes(requests["memory"]) <= _mebibytes(limits["memory"]) and "cpu" in requests
+    port = c["ports"][0]
+    http = next(a for a in c["args"] if a.startswith("--http="))
+    assert http == f"--http=0.0.0.0:{port['containerPort']}"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+
+
+def _mebibytes(q: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([A-Za-z]*)", q)
+    assert m, q
+    return float(m.group(1)) * units.get(m.group(2), 1 / 2**20)
+
+
+def test_collector_is_a_non_root_statefulset_with_its_store_on_a_claim() -> None:
+    sts = _find("StatefulSet", "fleetprof-collector")
+    pod = sts["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    data_dir = next(a for a in c["args"] if a.startswith("--data-dir=")).split("=", 1)[1]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": data_dir} in c["volumeMounts"]
+    assert sts["spec"]["serviceName"] in {
+        o["metadata"]["name"] for o in manifest_objects() if o["kind"] == "Service"
+    }
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_services_route_to_the_ports_the_processes_listen_on() -> None:
+    sts = _find("StatefulSet", "fleetprof-collector")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    listen = {
+        a.split("=")[0]: int(a.rsplit(":", 1)[1]) for a in c["args"] if a.startswith(("--grpc=", "--http="))
+    }
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert listen == {"--grpc": ports["grpc"], "--http": ports["http"]}
+    svc = _find("Service", "fleetprof-collector")
+    assert svc["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": 7470, "http": 7471}
+    ds = _find("DaemonSet", "fleetprof-agent")
+    (agent,) = ds["spec"]["template"]["spec"]["containers"]
+    target = next(a for a in agent["args"] if a.startswith("--collector=")).split("=", 1)[1]
+    host, port = target.rsplit(":", 1)
+    assert host == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert int(port) == next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "grpc")
+
+
+def test_rbac_lets_the_agent_only_read_pods() -> None:
+    role = _find("ClusterRole", "fleetprof-agent")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = _find("ClusterRoleBinding", "fleetprof-agent")
+    ds = _find("DaemonSet", "fleetprof-agent")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": ds["spec"]["template"]["spec"]["serviceAccountName"],
+            "namespace": "fleetprof",
+        }
+    ]
+    collector_sa = _find("ServiceAccount", "fleetprof-collector")
+    assert collector_sa["automountServiceAccountToken"] is False
+
+
+def test_service_monitors_scrape_each_target_once_and_keep_pod_labels() -> None:
+    services = [o for o in manifest_objects() if o["kind"] == "Service"]
+    for sm in (o for o in manifest_objects() if o["kind"] == "ServiceMonitor"):
+        sel = sm["spec"]["selector"]["matchLabels"]
+        matched = [s for s in services if sel.items() <= s["metadata"].get("labels", {}).items()]
+        assert len(matched) == 1, (
+            f"{sm['metadata']['name']} selects {[s['metadata']['name'] for s in matched]}"
+        )
+        ports = {p["name"] for p in matched[0]["spec"]["ports"]}
+        assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
+    collector = _find("ServiceMonitor", "fleetprof-collector")
+    assert collector["spec"]["endpoints"][0]["honorLabels"] is True
+    agent = _find("ServiceMonitor", "fleetprof-agent")
+    relabel = agent["spec"]["endpoints"][0]["relabelings"]
+    assert {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    } in relabel
+
+
+def test_network_policies_select_real_pods_and_open_the_listening_ports() -> None:
+    pods = {
+        o["metadata"]["name"]: o["spec"]["template"]
+        for o in manifest_objects()
+        if "template" in o.get("spec", {})
+    }
+    for np in (o for o in manifest_objects() if o["kind"] == "NetworkPolicy"):
+        sel = np["spec"]["podSelector"]["matchLabels"]
+        target = pods[np["metadata"]["name"]]
+        assert sel.items() <= target["metadata"]["labels"].items()
+        listening = {p["containerPort"] for p in target["spec"]["containers"][0]["ports"]}
+        opened = {p["port"] for rule in np["spec"]["ingress"] for p in rule["ports"]}
+        assert opened == listening
+    grpc_rule = _find("NetworkPolicy", "fleetprof-collector")["spec"]["ingress"][0]
+    agent_labels = pods["fleetprof-agent"]["metadata"]["labels"]
+    assert grpc_rule["ports"] == [{"protocol": "TCP", "port": 7470}]
+    assert grpc_rule["from"][0]["podSelector"]["matchLabels"].items() <= agent_labels.items()
+
+
+# ---- flags against the CLI ---------------------------------------------------------------------------
+
+
+@cache
+def cli_flags(command: str) -> frozenset[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetprof.cli", command, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
+    return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out))
+
+
+def _flags_used(args: list[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
+
+
+def assert_flags_accepted(workload: dict) -> None:
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["fleetprof"]
+    command, *args = c["args"]
+    assert command in ("agent", "collector")
+    unknown = sorted(set(_flags_used(args)) - cli_flags(command))
+    assert not unknown, f"{workload['metadata']['name']}: `fleetprof {command}` does not accept {unknown}"
+
+
+def test_help_parsing_finds_the_known_flags() -> None:
+    assert {"--collector", "--http", "--node", "--frequency", "--interval"} <= cli_flags("agent")
+    assert {"--grpc", "--http", "--retention"} <= cli_flags("collector")
+    assert "--grpc" not in cli_flags("agent")
+
+
+@pytest.mark.parametrize("kind", ["DaemonSet", "StatefulSet"])
+def test_manifest_flags_are_accepted_by_the_cli(kind: str) -> None:
+    assert_flags_accepted(_find(kind))
+
+
+@pytest.mark.parametrize("name", ["agent", "collector"])
+def test_dockerfiles_build_the_documented_images(name: str) -> None:
+    text = (DEPLOY / f"Dockerfile.{name}").read_text()
+    assert re.search(r"^FROM debian:\S+", text, re.M), "images are Debian-based"
+    entry = json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.M).group(1))
+    cmd = json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1))
+    assert entry == ["fleetprof"] and cmd[0] == name
+    unknown = sorted(set(_flags_used(cmd)) - cli_flags(name))
+    assert not unknown, f"Dockerfile.{name} CMD uses {unknown}"
+    exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", text, re.M)[0].split()}
+    workload = _find("DaemonSet" if name == "agent" else "StatefulSet")
+    assert exposed == {
+        p["containerPort"] for p in workload["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    if name == "agent":
+        assert re.search(r"\bpython3-bpfcc\b", text) and re.search(r"\bbpfcc-tools\b", text)
+    else:
+        user = re.search(r"^USER (\d+)", text, re.M)
+        assert user and int(user.group(1)) != 0, "the collector image runs as a numeric non-root user"
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsUser"] == int(user.group(1))
+
+
+# ---- Grafana -----------------------------------------------------------------------------------------
+
+
+def dashboard_exprs(dashboard: dict) -> list[str]:
+    exprs = []
+    panels = list(dashboard["panels"])
+    while panels:
+        p = panels.pop()
+        panels.extend(p.get("panels", []))
+        exprs.extend(t["expr"] for t in p.get("targets", []) if t.get("expr"))
+    for var in dashboard.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            m = re.fullmatch(r"label_values\((.*),\s*\w+\)", q.strip())
+            exprs.append(m.group(1) if m else q)
+    return exprs
+
+
+_PROMQL_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
+    "offset", "inf", "nan",
+}  # fmt: skip
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression: identifiers that are not functions, keywords, label names
+    (inside {} or a by/without/on/ignoring/group_x list), durations or Grafana variables."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    s = re.sub(r"\$\{?\w+\}?", " ", s)
+    names = set()
+    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][\w:]*)(\s*\()?", s):
+        if m.group(2) or m.group(1).lower() in _PROMQL_KEYWORDS:
+            continue
+        names.add(m.group(1))
+    return names
+
+
+def test_metric_name_extraction() -> None:
+    expr = (
+        "histogram_quantile(0.99, sum by (le, syscall) (rate(fleetprof_syscall_duration_seconds_bucket"
+        '{node=~"$node", syscall!="read"}[$__rate_interval]))) / on (node) group_left(pod) '
+        "max without (gpu) (fleetprof_gpu_power_watts offset 5m) > bool 0.9"
+    )
+    assert promql_metric_names(expr) == {
+        "fleetprof_syscall_duration_seconds_bucket",
+        "fleetprof_gpu_power_watts",
+    }
+    assert promql_metric_names('sum(up{job=~"$agent_job"})') == {"up"}
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboards_are_valid_grafana_json(path: Path) -> None:
+    d = json.loads(path.read_text())
+    assert d["uid"] and d["title"] and isinstance(d["schemaVersion"], int)
+    ids = []
+    panels = list(d["panels"])
+    while panels:
+        p = panels.pop()
+        panels.extend(p.get("panels", []))
+        ids.append(p["id"])
+        assert {"x", "y", "w", "h"} <= p["gridPos"].keys() and p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["targets"], f"panel {p['title']!r} has no query"
+        ref_ids = [t["refId"] for t in p["targets"]]
+        assert len(set(ref_ids)) == len(ref_ids)
+    assert len(set(ids)) == len(ids), "panel ids must be unique"
+    variables = {v["name"] for v in d["templating"]["list"]}
+    for expr in dashboard_exprs(d):
+        for used in re.findall(r"\$(\w+)", expr):
+            assert used.startswith("__") or used in variables, f"${used} is not a dashboard variable"
+    titles = " ".join(p.get("title", "") for p in d["panels"]).lower()
+    for topic in ("cpu by namespace", "cpu by pod", "syscall", "latency", "gpu utilization", "gpu memory",
+                  "gpu power", "gpu-idle pods", "agent cpu", "agent memory", "agents up"):  # fmt: skip
+        assert topic in titles, f"no panel about {topic!r}"
+
+
+def test_grafana_provisioning_points_at_the_dashboards() -> None:
+    prov = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "fleetprof.yaml").read_text())
+    assert prov["apiVersion"] == 1
+    (provider,) = prov["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
+    ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
+    assert ds["datasources"][0]["type"] == "prometheus"
+
+
+# ---- dashboard metric names against the real exporters -----------------------------------------------
+
+# Series Prometheus itself adds to every target.
+PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+
+
+def _realistic_batches() -> list[pb.Batch]:
+    """What an agent on a GPU node sends: pod-labelled CPU samples, syscalls, sampler stats, GPUs."""
+    from tests.test_syscalls_collector import hist, with_syscalls
+
+    b = make_batch(count=190)
+    s = list(b.strings)
+    for key, value in (("namespace", "ml"), ("pod", "trainer-0"), ("container", "main"), ("pod_uid", "u-1")):
+        s += [key, value]
+        b.processes[0].labels.append(pb.Label(name=len(s) - 2, value=len(s) - 1))
+    del b.strings[:]
+    b.strings.extend(s)
+    b.stats.CopyFrom(pb.SamplerStats(samples=190, user_stack_missing=3, stack_table_full=1))
+    with_syscalls(
+        b, [("read", 1000, 62, 62 * 3_000, hist(b11=60, b20=2)), ("futex", 40, 3, 3 * 10**6, hist(b19=3))]
+    )
+    strings = list(b.strings)
+
+    def sid(text: str) -> int:
+        if text not in strings:
+            strings.append(text)
+            b.strings.append(text)
+        return strings.index(text)
+
+    now = b.end_unix_ns
+    samples = [
+        pb.GpuSample(
+            time_unix_ns=now - (3 - i) * 10**9,
+            gpu_utilization_percent=97 - 40 * (i == 2),
+            memory_utilization_percent=40,
+            memory_used_bytes=30 << 30,
+            memory_total_bytes=80 << 30,
+            power_milliwatts=350_000,
+            energy_millijoules=10**9 + i * 350_000,
+            temperature_celsius=61,
+            sm_clock_mhz=1980,
+        )
+        for i in range(3)
+    ]
+    b.gpu_devices.append(
+        pb.GpuDevice(
+            index=0,
+            uuid=sid("GPU-8a1c"),
+            name=sid("NVIDIA H100 80GB HBM3"),
+            samples=samples,
+            xid_errors=1,
+            xid_codes=[79],
+            xid_watched=True,
+            owner_namespace=sid("ml"),
+            owner_pod=sid("trainer-0"),
+            owner_container=sid("main"),
+        )
+    )
+    b.gpu_processes.append(
+        pb.GpuProcessUsage(
+            process=0,
+            device=0,
+            polls=3,
+            state_polls=3,
+            idle_polls=1,
+            memory_used_bytes=29 << 30,
+            sm_utilization_percent=80,
+            memory_utilization_percent=35,
+        )
+    )
+    b.gpu_source.CopyFrom(pb.GpuSource(up=True, state=sid("up"), idle_below_percent=5))
+    second = pb.Batch()
+    second.CopyFrom(b)
+    second.sequence = 2
+    second.start_unix_ns, second.end_unix_ns = b.end_unix_ns, b.end_unix_ns + 10**9
+    return [b, second]
+
+
+def _exposed(text: str) -> tuple[set[str], dict[str, str]]:
+    """Sample names that have at least one series, and each family's type."""
+    samples, types = set(), {}
+    for fam in text_string_to_metric_families(text):
+        types[fam.name] = fam.type
+        samples.update(s.name for s in fam.samples)
+    return samples, types
+
+
+@pytest.fixture(scope="module")
+def collector_exposition() -> str:
+    from tests.conftest import start_collector
+
+    col = start_collector()
+    try:
+        target = f"127.0.0.1:{col.grpc_port}"
+        batches = _realistic_batches()
+        push(target, batches)
+        push(target, batches[:1])  # a resend: counted as a duplicate
+        bad = make_batch(seq=1)
+        bad.samples[0].stack = 99
+        with pytest.raises(grpc.RpcError):
+            push(target, [bad])  # a refused batch: a rejected{reason} series
+        return http_get(f"http://127.0.0.1:{col.http_port}/metrics").decode()
+    finally:
+        col.stop()
+
+
+@pytest.fixture(scope="module")
+def agent_exposition() -> str:
+    """The /metrics of a real Agent object over its own HTTP server (no BPF is loaded for this)."""
+    from agent.main import Agent, AgentConfig
+
+    port = free_port()
+    agent = Agent(
+        AgentConfig(http=f"127.0.0.1:{port}", kubernetes=False, pod_resources_socket="/nonexistent")
+    )
+    agent.http.start()
+    try:
+        return http_get(f"http://127.0.0.1:{port}/metrics").decode()
+    finally:
+        agent.http.stop()
+
+
+def _check_names(names: set[str], samples: set[str], types: dict[str, str]) -> list[str]:
+    problems = []
+    for name in sorted(names):
+        if name in PROMETHEUS_SYNTHETIC:
+            continue
+        if name not in samples:
+            problems.append(f"{name}: not exported")
+            continue
+        for suffix, kinds in (("_bucket", {"histogram"}), ("_total", {"counter"})):
+            family = name.removesuffix(suffix)
+            if name.endswith(suffix) and family in types and types[family] not in kinds:
+                problems.append(f"{name}: {family} is a {types[family]}, not a {'/'.join(kinds)}")
+    return problems
+
+
+def _dashboard_names(agent: bool) -> set[str]:
+    names = set()
+    for path in DASHBOARDS:
+        for expr in dashboard_exprs(json.loads(path.read_text())):
+            names |= promql_metric_names(expr)
+    is_agent = {n for n in names if n.startswith(("fleetprof_agent_", "process_"))} - {
+        "fleetprof_agent_sampler_events_total"  # the collector's count of what agents report
+    }
+    return is_agent if agent else names - is_agent
+
+
+def test_dashboard_collector_metrics_are_exported_by_the_collector(collector_exposition: str) -> None:
+    names = _dashboard_names(agent=False)
+    assert "fleetprof_syscalls_total" in names and "fleetprof_cpu_seconds_total" in names
+    problems = _check_names(names, *_exposed(collector_exposition))
+    assert not problems, "dashboard PromQL uses series the collector does not export:\n" + "\n".join(problems)
+
+
+def test_dashboard_agent_metrics_are_exported_by_the_agent(agent_exposition: str) -> None:
+    names = _dashboard_names(agent=True)
+    assert "process_cpu_seconds_total" in names and "fleetprof_agent_drain_duration_seconds_bucket" in names
+    problems = _check_names(names, *_exposed(agent_exposition))
+    assert not problems, "dashboard PromQL uses series the agent does not export:\n" + "\n".join(problems)
