@@ -15,6 +15,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.attribution import Attributor
 from agent.batch import encode_window
+from agent.gpu.metrics import GpuExporter
+from agent.gpu.poller import GpuPoller, GpuPollerConfig
 from agent.kernel import BpfUnavailable
 from agent.kube.config import KubeConfigError, load_config
 from agent.kube.podresources import DEFAULT_SOCKET, GpuOwners, PodResourcesClient
@@ -23,11 +25,12 @@ from agent.kube.watcher import PodWatcher
 from agent.memory import HeapTrimmer
 from agent.metrics import AgentCounters, build_registry
 from agent.process.table import ProcessTable
+from agent.python.unwinder import PythonStacks
 from agent.resolver import Resolver
 from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
 from agent.shipper import Shipper
 from agent.symbols.symbolizer import Symbolizer
-from agent.syscalls import SyscallConfig, SyscallTracer
+from agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof import __version__
 from fleetprof.httpserve import HttpServer, Request, Response, json_response
 from fleetprof.v1 import ingest_pb2 as pb
@@ -48,8 +51,12 @@ class AgentConfig:
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     pod_labels: tuple[str, ...] = ()  # --pod-label specs; empty: DEFAULT_POD_LABELS
     pod_resources_socket: str = DEFAULT_SOCKET
-    syscalls: bool = False  # off until the tracer's cost meets the agent's budget (bench/syscalls.py)
+    syscalls: bool = True  # counts always, latency in duty-cycled windows (agent/syscalls.py)
     syscall_latency_sample_every: int | None = None  # None: the tracer's measured default; 0: count only
+    syscall_latency_duty: LatencyDuty | None = None  # None: the tracer's measured default
+    python: bool = True  # Python-aware stacks: walk CPython frames in BPF (issue #7)
+    gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
+    gpu_interval_s: float = 1.0
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -82,9 +89,10 @@ class Agent:
             version=__version__,
         )
         self._stop = threading.Event()
-        self.processes = ProcessTable()
+        self.python = PythonStacks(enabled=config.python)
+        self.processes = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
         self.symbolizer = Symbolizer()
-        self.resolver = Resolver(self.processes, self.symbolizer)
+        self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
         self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
         self.pods = PodCache(
             label_map=parse_label_map(config.pod_labels) if config.pod_labels else DEFAULT_POD_LABELS
@@ -92,11 +100,13 @@ class Agent:
         self.attributor = Attributor(self.pods)
         self.pod_watcher = self._pod_watcher()
         self.gpu_owners = GpuOwners(PodResourcesClient(config.pod_resources_socket))
+        self.gpu = GpuPoller(GpuPollerConfig(interval_s=config.gpu_interval_s)) if config.gpu else None
         self.counters = AgentCounters()
         self._trim_heap = HeapTrimmer()
         self.registry, self._drain_hist = build_registry(
             self.counters, lambda: self.shipper.stats, self._gauges
         )
+        self.registry.register(GpuExporter(self.gpu, self.identity.node))
         host, port = split_hostport(config.http, "--http")
         self.http = HttpServer(host, port, {"/metrics": self._metrics, "/healthz": self._healthz})
         self.sampler: CpuSampler | None = None
@@ -172,9 +182,12 @@ class Agent:
         window = self.resolver.resolve(drain, sys_drain)
         if self.syscalls is not None:
             window.syscall_sample_every = self.syscalls.latency_sample_every
+            duty = self.syscalls.latency_duty
+            window.syscall_duty = duty.fraction if duty is not None else 0.0
         self.processes.end_window()
         self.gpu_owners.refresh_if_stale(time.monotonic())
-        batch = encode_window(window, self.identity, self.config.frequency_hz, self.attributor)
+        gpu = self.gpu.drain().attributed(self.processes.get, self.gpu_owners.owner) if self.gpu else None
+        batch = encode_window(window, self.identity, self.config.frequency_hz, self.attributor, gpu)
         self.shipper.submit(batch)
         self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
@@ -187,16 +200,22 @@ class Agent:
         cfg = self.config
         self.sampler = CpuSampler(
             SamplerConfig(
-                frequency_hz=cfg.frequency_hz, interval_s=cfg.interval_s, include_idle=cfg.include_idle
+                frequency_hz=cfg.frequency_hz,
+                interval_s=cfg.interval_s,
+                include_idle=cfg.include_idle,
+                python=cfg.python,
             ),
             on_process_event=self._on_process_event,
         )
+        self.python.attach(self.sampler)
         if cfg.syscalls:
             self.syscalls = self._start_syscalls()
         self.symbolizer.load_kernel_symbols()
         self._trim_heap()
         self.http.start()
         self.shipper.start()
+        if self.gpu is not None:
+            self.gpu.start()
         if self.pod_watcher is not None:
             self.pod_watcher.start()
         threading.Thread(target=self._poll_events, name="process-events", daemon=True).start()
@@ -210,8 +229,12 @@ class Agent:
         )
 
     def _start_syscalls(self) -> SyscallTracer | None:
-        every = self.config.syscall_latency_sample_every
-        config = SyscallConfig() if every is None else SyscallConfig(latency_sample_every=every)
+        cfg, overrides = self.config, {}
+        if cfg.syscall_latency_sample_every is not None:
+            overrides["latency_sample_every"] = cfg.syscall_latency_sample_every
+        if cfg.syscall_latency_duty is not None:
+            overrides["latency_duty"] = cfg.syscall_latency_duty
+        config = SyscallConfig(**overrides)
         try:
             return SyscallTracer(config)
         except BpfUnavailable as err:
@@ -247,4 +270,6 @@ class Agent:
             self.sampler.close()
         if self.syscalls is not None:
             self.syscalls.close()
+        if self.gpu is not None:
+            self.gpu.stop()
         self.http.stop()

@@ -22,7 +22,15 @@ class AgentCounters:
         "count_table_full",
         "unknown_process",
         "events_lost",
+        # Python-aware stacks (agent/python): samples of CPython processes that kept native frames only.
+        "python_thread_unknown",
+        "python_unwind_failed",
+        "python_truncated",
+        "python_stack_table_full",
+        "python_namespace_mismatch",
+        "python_unsupported_samples",
     )
+    PYTHON_PROCESS_OUTCOMES = ("supported", "unsupported_version", "no_runtime_symbol", "unreadable")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -30,6 +38,8 @@ class AgentCounters:
         self.drains = 0
         self.drain_failures = 0
         self.outcomes = dict.fromkeys(self.STACK_OUTCOMES, 0)
+        self.python_processes = dict.fromkeys(self.PYTHON_PROCESS_OUTCOMES, 0)
+        self.python_samples = 0
 
     def add_drain(self, stats: dict[str, int], samples: int) -> None:
         with self._lock:
@@ -37,6 +47,9 @@ class AgentCounters:
             self.samples += samples
             for k in self.STACK_OUTCOMES:
                 self.outcomes[k] += stats.get(k, 0)
+            for k in self.PYTHON_PROCESS_OUTCOMES:
+                self.python_processes[k] += stats.get(f"python_processes_{k}", 0)
+            self.python_samples += stats.get("python_merged_samples", 0)
 
     def add_failure(self) -> None:
         with self._lock:
@@ -45,6 +58,10 @@ class AgentCounters:
     def snapshot(self) -> tuple[int, int, int, dict[str, int]]:
         with self._lock:
             return self.samples, self.drains, self.drain_failures, dict(self.outcomes)
+
+    def python_snapshot(self) -> tuple[int, dict[str, int]]:
+        with self._lock:
+            return self.python_samples, dict(self.python_processes)
 
 
 class _AgentCollector:
@@ -72,6 +89,18 @@ class _AgentCollector:
             labels=["reason"],
         )
         for k, v in outcomes.items():
+            m.add_metric([k], v)
+        yield m
+        py_samples, py_procs = self._counters.python_snapshot()
+        yield CounterMetricFamily(
+            "fleetprof_agent_python_samples", "Samples whose stack carries CPython frames", value=py_samples
+        )
+        m = CounterMetricFamily(
+            "fleetprof_agent_python_processes",
+            "CPython processes detected, by outcome (only 'supported' ones get Python frames)",
+            labels=["outcome"],
+        )
+        for k, v in py_procs.items():
             m.add_metric([k], v)
         yield m
         s = self._shipper()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from agent.process.cgroups import CgroupIdentity
 from agent.process.table import ProcessInfo, ProcessTable
+from agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from agent.sampler import STACK_LOST, STACK_NONE, Drain
 from agent.symbols.symbolizer import Frame, Symbolizer
 from agent.syscalls import SyscallDrain, SyscallStat
@@ -37,6 +38,7 @@ class Window:
     stats: dict[str, int] = field(default_factory=dict)
     syscalls: list[tuple[ProcessInfo, SyscallStat]] = field(default_factory=list)
     syscall_sample_every: int = 0
+    syscall_duty: float = 0.0  # fraction of the time in syscall timing windows
     syscall_counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -59,9 +61,16 @@ class Resolver:
     stack in every window: the cache makes steady-state drains nearly free.
     """
 
-    def __init__(self, processes: ProcessTable, symbolizer: Symbolizer, cache_size: int = 32768):
+    def __init__(
+        self,
+        processes: ProcessTable,
+        symbolizer: Symbolizer,
+        cache_size: int = 32768,
+        python: PythonStacks | None = None,
+    ):
         self._processes = processes
         self._symbolizer = symbolizer
+        self._python = python
         self._user_cache = _Lru(cache_size)
         self._kernel_cache = _Lru(cache_size)
 
@@ -69,6 +78,7 @@ class Resolver:
         samples: list[ResolvedSample] = []
         unknown_process = 0
         remapped: set[int] = set()
+        python = _PythonWindow(self._python) if self._python is not None else None
         for s in drain.samples:
             proc = self._process(s.tgid, s.comm)
             if not proc.start_ticks:
@@ -76,6 +86,10 @@ class Resolver:
                 # samples with what the kernel told us; user addresses cannot be symbolized.
                 unknown_process += s.count
             user = self._user(proc, s.user_stack, drain.stacks, remapped)
+            if python is not None:
+                user = python.user_frames(
+                    proc, s.user_stack, s.python_stack, s.count, user, drain.python_stacks
+                )
             kernel = self._kernel(s.kernel_stack, drain.stacks)
             frames = user + kernel
             if not frames:
@@ -83,6 +97,8 @@ class Resolver:
             samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count))
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
+        if python is not None:
+            stats.update(python.stats())
         window = Window(drain.start_ns, drain.end_ns, samples, stats)
         if syscalls is not None:
             window.syscalls = [(self._process(st.tgid, ""), st) for st in syscalls.stats]
@@ -135,3 +151,54 @@ class Resolver:
         result = tuple(reversed(self._symbolizer.kernel_frames(addrs, return_addresses=True)))
         self._kernel_cache.put(stack_id, result)
         return result
+
+
+class _PythonWindow:
+    """One window's Python frames: each distinct (process, Python stack) is named once per window (code
+    objects are re-checked per window, see agent/python/codes.py), then merged into native stacks."""
+
+    def __init__(self, python: PythonStacks):
+        self._python = python
+        self._detected = python.begin_window()
+        self._named: dict[tuple[int, int, int], tuple[Frame, ...]] = {}
+        self._merged: dict[tuple[int, int, int, int], tuple[Frame, ...]] = {}
+        self.unsupported_samples = 0
+        self.merged_samples = 0
+
+    def user_frames(
+        self,
+        proc: ProcessInfo,
+        native_id: int,
+        stack_id: int,
+        count: int,
+        native: tuple[Frame, ...],
+        stacks: dict[int, tuple[tuple[int, int, int], ...]],
+    ) -> tuple[Frame, ...]:
+        p = self._python.process(proc.pid, proc.start_ticks) if proc.start_ticks else None
+        if p is None:
+            return native
+        if not p.supported:
+            self.unsupported_samples += count
+            return native
+        if stack_id == STACK_NONE:
+            return native
+        key = (proc.pid, proc.start_ticks, stack_id)
+        named = self._named.get(key)
+        if named is None:
+            if stack_id == STACK_LOST or stack_id not in stacks:
+                named = (LOST_PYTHON_STACK,)
+            else:
+                named = self._python.frames(p, stacks[stack_id])
+            self._named[key] = named
+        mkey = (*key, native_id)
+        merged = self._merged.get(mkey)
+        if merged is None:
+            merged = self._merged[mkey] = self._python.merged(native, named)
+        self.merged_samples += count
+        return merged
+
+    def stats(self) -> dict[str, int]:
+        out = {f"python_processes_{k}": v for k, v in self._detected.items()}
+        out["python_unsupported_samples"] = self.unsupported_samples
+        out["python_merged_samples"] = self.merged_samples
+        return out

@@ -14,6 +14,7 @@ from agent.bpfmaps import CounterDeltas, DoubleBuffer
 from agent.bpfmaps import drain_map as _drain_map
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
+from agent.python.offsets import PyProc
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,8 @@ BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
 
 # Mirrors of cpu_sampler.c's constants and structs (keep in sync with the .c file).
 MAX_DEPTH = 127
+PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
+PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 STACK_NONE = 0
 STACK_LOST = 1
 EVENT_NEW, EVENT_EXEC, EVENT_EXIT = 1, 2, 3
@@ -33,6 +36,12 @@ STAT_NAMES = (
     "count_table_full",
     "events_lost",
     "idle_skipped",
+    "python_samples",
+    "python_thread_unknown",
+    "python_unwind_failed",
+    "python_truncated",
+    "python_stack_table_full",
+    "python_namespace_mismatch",
 )
 
 # Perf event constants (include/uapi/linux/perf_event.h).
@@ -47,8 +56,17 @@ class SampleKey(ct.Structure):
         ("cgroup_id", ct.c_uint64),
         ("user_stack", ct.c_uint64),
         ("kernel_stack", ct.c_uint64),
+        ("python_stack", ct.c_uint64),
         ("comm", ct.c_char * 16),
     ]
+
+
+class PyFrame(ct.Structure):
+    _fields_ = [("code", ct.c_uint64), ("instr", ct.c_uint32), ("tag", ct.c_uint32)]
+
+
+class PyStack(ct.Structure):
+    _fields_ = [("len", ct.c_uint64), ("frames", PyFrame * PY_MAX_DEPTH)]
 
 
 class StackTrace(ct.Structure):
@@ -68,6 +86,12 @@ class SampleCount:
     user_stack: int  # stack id, STACK_NONE or STACK_LOST
     kernel_stack: int
     count: int
+    python_stack: int = STACK_NONE  # CPython frames of the thread, for processes running one
+
+
+# One CPython frame as BPF recorded it: (code address, instruction pointer - code address, owner<<24 |
+# qualname fingerprint); see struct py_frame in agent/bpf/python_stack.h.
+PyFrameRef = tuple[int, int, int]
 
 
 @dataclass
@@ -79,6 +103,7 @@ class Drain:
     samples: list[SampleCount]
     stacks: dict[int, tuple[int, ...]]
     stats: dict[str, int] = field(default_factory=dict)
+    python_stacks: dict[int, tuple[PyFrameRef, ...]] = field(default_factory=dict)  # leaf first
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,8 @@ class SamplerConfig:
     interval_s: float = 10.0
     include_idle: bool = False
     seen_size: int = 65536
+    python: bool = True  # walk CPython frames of processes that user space registers (set_python_process)
+    python_procs: int = 4096  # CPython processes walked at once
 
     def table_sizes(self, ncpus: int) -> tuple[int, int]:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
@@ -99,6 +126,13 @@ class SamplerConfig:
         counts = min(max(_pow2(per_window), 4096), 65536)
         stacks = min(max(_pow2(2 * per_window), 4096), 65536)
         return counts, stacks
+
+    def python_stacks_size(self, stacks_size: int) -> int:
+        """Entries per python_stacks map: ~1 KB each, preallocated; a quarter of the native stack table
+        (Python processes are a part of a node's samples), 1024 to 16k (at most 32 MB for both sets)."""
+        if not self.python:
+            return 1
+        return min(max(stacks_size // 4, 1024), 16384)
 
 
 def _pow2(n: int) -> int:
@@ -120,6 +154,12 @@ class CpuSampler:
             f"-DSEEN_SIZE={config.seen_size}",
             f"-DINCLUDE_IDLE={1 if config.include_idle else 0}",
             "-DSTACKS_MAP_FLAGS=0",
+            f"-DPYTHON_STACKS={1 if config.python else 0}",
+            f"-DPY_MAX_DEPTH={PY_MAX_DEPTH}",
+            f"-DPY_MAX_THREADS={PY_MAX_THREADS}",
+            f"-DPY_STACKS_SIZE={config.python_stacks_size(self.stacks_size)}",
+            f"-DPY_PROCS_SIZE={config.python_procs}",
+            f"-I{BPF_SOURCE.parent}",
         ]
         try:
             self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
@@ -128,6 +168,8 @@ class CpuSampler:
         self._buffers = DoubleBuffer(self._bpf["control"])
         self._counts = (self._bpf["counts0"], self._bpf["counts1"])
         self._stacks = (self._bpf["stacks0"], self._bpf["stacks1"])
+        self._python_stacks = (self._bpf["python_stacks0"], self._bpf["python_stacks1"])
+        self._python_procs = self._bpf["python_procs"]
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
         self._events_cb = on_process_event
         if on_process_event is not None:
@@ -157,6 +199,18 @@ class CpuSampler:
         """Deliver pending process events to the callback; call from one dedicated thread."""
         self._bpf.ring_buffer_poll(timeout_ms)
 
+    # -- CPython processes ------------------------------------------------------------------------
+    def set_python_process(self, pid: int, proc: PyProc) -> None:
+        """Walk the CPython frames of `pid` from now on (BPF forgets it at exec and exit)."""
+        if self._config.python:
+            self._python_procs[ct.c_uint32(pid)] = proc
+
+    def forget_python_process(self, pid: int) -> None:
+        try:
+            del self._python_procs[ct.c_uint32(pid)]
+        except KeyError:
+            pass
+
     # -- draining --------------------------------------------------------------------------------
     def drain(self) -> Drain:
         """Flip to the other map set, then read and empty the one that was being written."""
@@ -171,6 +225,7 @@ class CpuSampler:
                     user_stack=k.user_stack,
                     kernel_stack=k.kernel_stack,
                     count=v,
+                    python_stack=k.python_stack,
                 )
                 for k, v in _drain_map(self._counts[idle], SampleKey, ct.c_uint64)
             ]
@@ -178,7 +233,11 @@ class CpuSampler:
                 k: tuple(v.ip[: min(v.len, MAX_DEPTH)])
                 for k, v in _drain_map(self._stacks[idle], ct.c_uint64, StackTrace)
             }
-            return Drain(start_ns, end_ns, samples, stacks, self._stat_deltas())
+            python_stacks = {
+                k: tuple((f.code, f.instr, f.tag) for f in v.frames[: min(v.len, PY_MAX_DEPTH)])
+                for k, v in _drain_map(self._python_stacks[idle], ct.c_uint64, PyStack)
+            }
+            return Drain(start_ns, end_ns, samples, stacks, self._stat_deltas(), python_stacks)
 
     def close(self) -> None:
         with self._lock:

@@ -368,9 +368,11 @@ class FleetprofAgent:
         interval_s: float,
         workdir: Path,
         warmup: Callable[[], None] | None = None,
+        extra_args: tuple[str, ...] = (),  # more agent flags (bench/python.py: --python / --no-python)
     ):
         self._children = children
         self._warmup = warmup
+        self._extra_args = extra_args
         self._collector = collector
         self.frequency = frequency
         self.interval_s = interval_s
@@ -389,7 +391,7 @@ class FleetprofAgent:
         argv = [
             sys.executable, "-m", "fleetprof.cli", "agent", "--collector", self._collector.grpc,
             "--http", http, "--frequency", str(self.frequency), "--interval", f"{self.interval_s:g}",
-            "--node", "bench",
+            "--node", "bench", *self._extra_args,
         ]  # fmt: skip
         with open(self._log, "ab") as log:
             self.proc = self._children.start(argv, stdout=log, stderr=subprocess.STDOUT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import subprocess
@@ -15,7 +16,25 @@ from fleetprof.client import QueryError, fetch, fetch_json
 DEFAULT_COLLECTOR_GRPC = "127.0.0.1:7470"
 DEFAULT_COLLECTOR_HTTP = "127.0.0.1:7471"
 DEFAULT_AGENT_HTTP = "127.0.0.1:7472"
-FLAME_FORMATS = {".svg": "svg", ".folded": "folded", ".txt": "folded", ".json": "json"}
+# Longest suffix first: ".speedscope.json" must not be read as ".json".
+FLAME_FORMATS = {
+    ".speedscope.json": "speedscope",
+    ".grafana.json": "grafana",
+    ".pb.gz": "pprof",
+    ".pprof": "pprof",
+    ".svg": "svg",
+    ".html": "html",
+    ".folded": "folded",
+    ".txt": "folded",
+    ".json": "json",
+}
+DIFF_FORMATS = {".grafana.json": "grafana", ".svg": "svg", ".json": "json"}
+
+
+def format_of(path: str, formats: dict[str, str]) -> str | None:
+    """The output format a file name asks for by its extension (case-insensitive), or None."""
+    name = Path(path).name.lower()
+    return next((fmt for ext, fmt in formats.items() if name.endswith(ext)), None)
 
 
 def _positive_int(text: str) -> int:
@@ -61,6 +80,15 @@ def _sample_fraction(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _latency_duty(text: str):  # noqa: ANN202 - agent.syscalls.LatencyDuty, imported lazily
+    from agent.syscalls import parse_latency_duty
+
+    try:
+        return parse_latency_duty(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _pod_label(text: str) -> str:
     from agent.kube.pods import parse_label_map
 
@@ -101,8 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--retention",
         type=_seconds_or_duration,
-        default=3600.0,
-        help="how long the in-memory store keeps data (>= 15m; default 1h)",
+        default=None,
+        help="how long data is kept, e.g. 36h, 7d (>= 15m; default 1h in memory, 7d with --data-dir)",
+    )
+    c.add_argument(
+        "--data-dir",
+        default=None,
+        help="keep profiles on disk here (DuckDB + write-ahead log); without it, in memory only",
+    )
+    c.add_argument(
+        "--wal-fsync",
+        action="store_true",
+        help="fsync every batch before acknowledging it (survives power loss, not only a crash)",
     )
 
     a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
@@ -118,23 +156,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
     a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
-    # Off by default until its cost meets the agent's budget (measured in bench/syscalls.py; issue #4).
+    # On by default: counting costs about what bcc syscount costs, and latency is timed only inside
+    # duty-cycled windows (measured in bench/syscalls.py; see agent/syscalls.py).
     a.add_argument(
         "--syscalls",
         dest="syscalls",
         action="store_true",
-        default=False,
-        help="attach the syscall tracepoints: per-pod syscall counts and latency (default off)",
+        default=True,
+        help="attach the syscall tracepoints: per-pod syscall counts and latency (default on)",
     )
-    a.add_argument(
-        "--no-syscalls", dest="syscalls", action="store_false", help="do not trace syscalls (default)"
-    )
+    a.add_argument("--no-syscalls", dest="syscalls", action="store_false", help="do not trace syscalls")
     a.add_argument(
         "--syscall-latency-sample",
         type=_sample_fraction,
         default=None,
         metavar="1/N",
-        help="time one syscall in N (a power of two; 0 counts only; default: the measured 1/16)",
+        help="inside timing windows, time one syscall in N (a power of two; 0 counts only; default 1/16)",
+    )
+    a.add_argument(
+        "--syscall-latency-duty",
+        type=_latency_duty,
+        default=None,
+        metavar="W/P",
+        help="timing windows of W seconds every P seconds (default 1/10; 1/1 times all the time)",
+    )
+    a.add_argument(
+        "--python",
+        dest="python",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Python-aware stacks: show CPython 3.11-3.13 functions in place of the interpreter (default on)",
     )
     a.add_argument(
         "--kubeconfig",
@@ -155,15 +206,26 @@ def build_parser() -> argparse.ArgumentParser:
         default="/var/lib/kubelet/pod-resources/kubelet.sock",
         help="kubelet PodResources socket, for GPU → pod ownership (absent: feature off)",
     )
+    a.add_argument("--gpu", dest="gpu", action="store_true", default=True, help="poll GPUs (NVML; default)")
+    a.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not poll GPUs")
+    a.add_argument(
+        "--gpu-interval", type=_seconds, default=1.0, help="seconds between NVML polls (0.5-3600; default 1)"
+    )
 
     d = sub.add_parser("demo", help="collector + agent on this machine, then a first `top`")
     d.add_argument("--frequency", type=_frequency, default=19)
     d.add_argument("--interval", type=_seconds, default=5.0)
     d.add_argument("--warmup", type=_seconds, default=15.0, help="seconds before the first top")
 
-    t = sub.add_parser("top", help="hottest functions (self and total) for a selection")
+    t = sub.add_parser("top", help="hottest functions (self and total), or label groups with --by")
     _add_query_args(t)
     t.add_argument("--limit", type=_positive_int, default=20)
+    t.add_argument(
+        "--sort", choices=("self", "total"), default="self", help="rank functions by self or total samples"
+    )
+    t.add_argument(
+        "--by", default=None, metavar="LABEL[,LABEL]", help="rank label groups instead, e.g. pod or node"
+    )
 
     pods = sub.add_parser("pods", help="pods by CPU share for a selection")
     _add_query_args(pods)
@@ -176,10 +238,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sc.add_argument("--limit", type=_positive_int, default=15)
 
-    f = sub.add_parser("flame", help="write a flame graph (.svg, .folded/.txt, .json) or print folded stacks")
+    f = sub.add_parser(
+        "flame",
+        help="write a flame graph or profile (.svg .html .pb.gz .speedscope.json .json .folded) "
+        "or print folded stacks",
+    )
     _add_query_args(f)
-    f.add_argument("-o", "--output", default=None, help="file to write; the extension picks the format")
+    f.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="file to write; the extension picks the format: " + _exts(FLAME_FORMATS),
+    )
+    f.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
+
+    df = sub.add_parser(
+        "diff",
+        help="compare two selections (two time ranges or two selectors): per-function share deltas",
+        description="The baseline is --query/--since/--from/--until; the comparison is --query2/--since2/"
+        "--from2/--until2, each defaulting to the baseline's (so give a second selector or a second range).",
+    )
+    _add_query_args(df)
+    df.add_argument("--query2", default=None, help="comparison selector (default: --query)")
+    df.add_argument("--since2", default=None, help="comparison window ending at --until2 (default now)")
+    df.add_argument("--from2", default=None, help="comparison start")
+    df.add_argument("--until2", default=None, help="comparison end")
+    df.add_argument(
+        "--sort", choices=("self", "total"), default="self", help="order by |delta| of self or total"
+    )
+    df.add_argument("--limit", type=_positive_int, default=20)
+    df.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="write a file instead: .svg (red/blue diff flame graph), .grafana.json (Grafana's diff frame), "
+        ".json (the table)",
+    )
+    df.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
     return parser
+
+
+def _exts(formats: dict[str, str]) -> str:
+    return ", ".join(formats)
 
 
 def _seconds_or_duration(text: str) -> float:
@@ -199,7 +299,15 @@ def cmd_collector(args: argparse.Namespace) -> int:
     from collector.main import Collector, CollectorConfig
 
     try:
-        col = Collector(CollectorConfig(grpc=args.grpc, http=args.http, retention_s=args.retention))
+        col = Collector(
+            CollectorConfig(
+                grpc=args.grpc,
+                http=args.http,
+                retention_s=args.retention,
+                data_dir=args.data_dir,
+                wal_fsync=args.wal_fsync,
+            )
+        )
     except OSError as err:
         print(f"fleetprof collector: {err}", file=sys.stderr)
         return 1
@@ -227,6 +335,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
         pod_resources_socket=args.pod_resources_socket,
         syscalls=args.syscalls,
         syscall_latency_sample_every=args.syscall_latency_sample,
+        syscall_latency_duty=args.syscall_latency_duty,
+        python=args.python,
+        gpu=args.gpu,
+        gpu_interval_s=args.gpu_interval,
     )
     from agent.kernel import missing_prerequisite
     from agent.kube.config import KubeConfigError
@@ -257,9 +369,43 @@ def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
 
 def cmd_top(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"limit": str(args.limit)}
-    data = fetch_json(args.collector, "/api/v1/top", params)
+    if args.by:
+        print(format_groups(fetch_json(args.collector, "/api/v1/top", params | {"by": args.by})))
+        return 0
+    data = fetch_json(args.collector, "/api/v1/top", params | {"sort": args.sort})
     print(format_top(data))
     return 0
+
+
+def format_groups(data: dict) -> str:
+    """/api/v1/top?by=… as a table: one row per label-value group, heaviest first."""
+    total, freq, by = data["total"], data.get("frequency_hz"), data["by"]
+    cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
+    lines = [f"{data['query']}  by {','.join(by)}  {total} samples{cpu}"]
+    if not total:
+        lines.append("no samples in this range")
+        return "\n".join(lines)
+    header = (*[b.upper() for b in by], "CPU%", "CPU_S", "SAMPLES")
+    rows = [
+        (
+            *[g["labels"][b] or "-" for b in by],
+            f"{g['pct']:.1f}%",
+            f"{g['cpu_seconds']:.1f}" if g.get("cpu_seconds") is not None else "-",
+            str(g["samples"]),
+        )
+        for g in data["groups"]
+    ]
+    return "\n".join(lines + _table(header, rows, align="l" * len(by) + "rrr"))
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], align: str) -> list[str]:
+    """Aligned text rows; align has one letter per column, "l" (left) or "r" (right)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = []
+    for r in [header, *rows]:
+        cells = (c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align, strict=True))
+        out.append("  ".join(cells).rstrip())
+    return out
 
 
 def format_top(data: dict) -> str:
@@ -362,24 +508,93 @@ def format_syscalls(data: dict, sort: str) -> str:
     return "\n".join(lines)
 
 
+def _format_or_complain(command: str, output: str, formats: dict[str, str]) -> str | None:
+    fmt = format_of(output, formats)
+    if fmt is None:
+        print(
+            f"fleetprof {command}: cannot tell the format of {output!r}: use one of {_exts(formats)}",
+            file=sys.stderr,
+        )
+    return fmt
+
+
+def _write(output: str, fmt: str, body: bytes) -> None:
+    Path(output).write_bytes(body)
+    print(f"wrote {output} ({fmt}, {len(body)} bytes)")
+
+
 def cmd_flame(args: argparse.Namespace) -> int:
     fmt = "folded"
     if args.output:
-        fmt = FLAME_FORMATS.get(Path(args.output).suffix.lower())
+        fmt = _format_or_complain("flame", args.output, FLAME_FORMATS)
         if fmt is None:
-            print(
-                f"fleetprof flame: cannot tell the format of {args.output!r}: use one of "
-                + ", ".join(FLAME_FORMATS),
-                file=sys.stderr,
-            )
             return 2
-    body = fetch(args.collector, "/api/v1/profile", _range_params(args) | {"format": fmt})
+    params = _range_params(args) | {"format": fmt}
+    if args.max_nodes:
+        params["max_nodes"] = str(args.max_nodes)
+    body = fetch(args.collector, "/api/v1/profile", params)
     if args.output:
-        Path(args.output).write_bytes(body)
-        print(f"wrote {args.output} ({fmt}, {len(body)} bytes)")
+        _write(args.output, fmt, body)
     else:
         sys.stdout.write(body.decode())
     return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    fmt = "json"
+    if args.output:
+        fmt = _format_or_complain("diff", args.output, DIFF_FORMATS)
+        if fmt is None:
+            return 2
+    params = _range_params(args) | {
+        "query2": args.query2,
+        "since2": args.since2,
+        "from2": args.from2,
+        "until2": args.until2,
+        "format": fmt,
+        "sort": args.sort,
+        "limit": str(args.limit),
+    }
+    if args.max_nodes:
+        params["max_nodes"] = str(args.max_nodes)
+    body = fetch(args.collector, "/api/v1/diff", params)
+    if args.output:
+        _write(args.output, fmt, body)
+    else:
+        print(format_diff(json.loads(body)))
+    return 0
+
+
+def format_diff(data: dict) -> str:
+    """/api/v1/diff as a table: per function, its share of each profile and the change, in points."""
+
+    def side(name: str) -> str:
+        d = data[name]
+        span = f"{time.strftime('%H:%M:%S', time.localtime(d['from']))}–"
+        span += time.strftime("%H:%M:%S", time.localtime(d["until"]))
+        return f"{name} {d['query']} {span} ({d['total']} samples)"
+
+    lines = [side("baseline"), side("comparison")]
+    if not data["functions"]:
+        lines.append("no samples in either selection")
+        return "\n".join(lines)
+    kind = data["sort"]
+    other = "total" if kind == "self" else "self"
+    header = (f"BASE {kind.upper()}%", f"COMP {kind.upper()}%", "DELTA", f"{other.upper()} DELTA", "FUNCTION")
+    rows = []
+    for fn in data["functions"]:
+        name = fn["function"] + ("_[k]" if fn.get("kernel") else "")
+        module = f"  [{fn['module']}]" if fn.get("module") else ""
+        rows.append(
+            (
+                f"{fn[f'baseline_{kind}_pct']:.2f}%",
+                f"{fn[f'comparison_{kind}_pct']:.2f}%",
+                f"{fn[f'{kind}_delta_pct']:+.2f}",
+                f"{fn[f'{other}_delta_pct']:+.2f}",
+                name + module,
+            )
+        )
+    return "\n".join(lines + _table(header, rows, align="rrrrl"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -451,6 +666,7 @@ COMMANDS = {
     "pods": cmd_pods,
     "syscalls": cmd_syscalls,
     "flame": cmd_flame,
+    "diff": cmd_diff,
 }
 
 

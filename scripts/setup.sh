@@ -19,7 +19,8 @@ need_root() {
 
 # --- Debian packages ------------------------------------------------------------------------------
 APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf)
-[ $WANT_TEST = 1 ] && APT_PKGS+=(chromium)
+[ $WANT_TEST = 1 ] && APT_PKGS+=(chromium golang-go prometheus)  # go tool pprof reads our pprof; prometheus: test_prometheus_e2e (own free port, never :9090)
+[ $WANT_TEST = 1 ] && ! command -v npm >/dev/null && APT_PKGS+=(npm)  # fetches speedscope's schema below
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -88,4 +89,15 @@ if [ -z "$bcc_src" ]; then
 fi
 ln -sfn "$bcc_src" "$site/bcc"
 "$VENV/bin/python" -c 'import bcc' || { say "bcc does not import in $VENV"; exit 1; }
+
+# --- speedscope's published file-format schema (tests validate our speedscope output against it) ---
+SPEEDSCOPE_SCHEMA="$VENV/share/speedscope/file-format-schema.json"
+if [ $WANT_TEST = 1 ] && [ ! -s "$SPEEDSCOPE_SCHEMA" ]; then
+  say "fetching speedscope's file-format schema (npm pack speedscope@1.25.0)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent speedscope@1.25.0 >/dev/null && tar xzf speedscope-1.25.0.tgz)
+  mkdir -p "$(dirname "$SPEEDSCOPE_SCHEMA")"
+  cp "$tmp/package/dist/release/file-format-schema.json" "$SPEEDSCOPE_SCHEMA"
+  rm -rf "$tmp"
+fi
 say "ready: $VENV/bin/fleetprof"

@@ -2,7 +2,8 @@
 // kernel and notifies user space of processes it has not described yet.
 //
 // Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE,
-// INCLUDE_IDLE and STACKS_MAP_FLAGS with -D flags and mirrors every struct here with ctypes.
+// INCLUDE_IDLE, STACKS_MAP_FLAGS, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE and
+// PY_PROCS_SIZE with -D flags and mirrors every struct here with ctypes.
 //
 // Rules this file keeps:
 //  * No kernel struct is read through headers. The agent may run with headers of another kernel
@@ -15,6 +16,8 @@
 //    or attributed to the wrong window across a drain.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
+
+#include "python_stack.h"
 
 // A stored stack: `len` return addresses, leaf first (as the kernel unwinds them).
 struct stack_trace {
@@ -30,6 +33,7 @@ struct sample_key {
     u64 cgroup_id;     // cgroup v2 inode of the task (same value for every task on v1-only nodes)
     u64 user_stack;
     u64 kernel_stack;
+    u64 python_stack;  // CPython frames of this thread (python_stacks{0,1}); 0 for other processes
     char comm[16];     // thread name at sample time
 };
 
@@ -52,7 +56,13 @@ struct process_event {
 #define STAT_COUNT_TABLE_FULL    5
 #define STAT_EVENTS_LOST         6
 #define STAT_IDLE_SKIPPED        7
-#define NSTATS                   8
+#define STAT_PY_SAMPLES          8    // samples of processes with a CPython the walker supports
+#define STAT_PY_NO_THREAD        9
+#define STAT_PY_UNWIND_FAILED    10
+#define STAT_PY_TRUNCATED        11
+#define STAT_PY_STACK_TABLE_FULL 12
+#define STAT_PY_NO_NAMESPACE     13
+#define NSTATS                   14
 
 #define STACK_NONE 0
 #define STACK_LOST 1
@@ -72,6 +82,22 @@ BPF_F_TABLE("hash", u64, struct stack_trace, stacks1, STACKS_SIZE, STACKS_MAP_FL
 
 // scratch: per-CPU buffer bpf_get_stack writes into (too large for the 512-byte BPF stack).
 BPF_PERCPU_ARRAY(scratch, struct stack_trace, 1);
+
+// python_stacks{0,1}: our hash of a CPython frame chain -> the frames. Same discipline as stacks{0,1}.
+BPF_F_TABLE("hash", u64, struct py_stack, python_stacks0, PY_STACKS_SIZE, STACKS_MAP_FLAGS);
+BPF_F_TABLE("hash", u64, struct py_stack, python_stacks1, PY_STACKS_SIZE, STACKS_MAP_FLAGS);
+
+// python_procs: tgid -> where its interpreter keeps its state. Filled by user space when it describes a
+// process running a supported CPython (agent/python/), deleted here at exec and exit (and by user space
+// when it forgets the process).
+BPF_HASH(python_procs, u32, struct py_proc, PY_PROCS_SIZE);
+
+// python_threads: pid_tgid -> that thread's PyThreadState, a cache that spares the walk over the thread
+// list; validated on every use (native_thread_id must still match), LRU-bounded.
+BPF_TABLE("lru_hash", u64, u64, python_threads, PY_PROCS_SIZE * 4);
+
+// python_scratch: per-CPU buffer for the frames of one walk (1 KB; too large for the BPF stack).
+BPF_PERCPU_ARRAY(python_scratch, struct py_stack, 1);
 
 // stats: per-CPU counters (see STAT_*). Never cleared; user space computes deltas.
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
@@ -136,6 +162,68 @@ static __always_inline u64 store_stack(u32 set, struct stack_trace *st, u64 seed
     return STACK_LOST;
 }
 
+static __always_inline u64 hash_python_stack(struct py_stack *st) {
+    u64 h = 0x707974686f6e6b31ULL ^ (st->len * 0x9E3779B97F4A7C15ULL);
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < PY_MAX_DEPTH; i++) {
+        if (i >= st->len)
+            break;
+        h ^= st->frames[i].code;
+        h *= 0xff51afd7ed558ccdULL;
+        h ^= h >> 33;
+        h ^= ((u64)st->frames[i].tag << 32) | st->frames[i].instr;
+        h *= 0xc4ceb9fe1a85ec53ULL;
+        h ^= h >> 29;
+    }
+    if (h <= STACK_LOST)
+        h += 2;
+    return h;
+}
+
+// The sampled thread's CPython stack id (STACK_NONE when it has no Python frames or the walk failed).
+static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p) {
+    count_stat(STAT_PY_SAMPLES);
+    struct bpf_pidns_info ns = {};
+    if (bpf_get_ns_current_pid_tgid(p->pidns_dev, p->pidns_ino, &ns, sizeof(ns)) != 0) {
+        count_stat(STAT_PY_NO_NAMESPACE);
+        return STACK_NONE;
+    }
+    u64 *cached = python_threads.lookup(&pid_tgid);
+    u64 ts = py_find_thread(p, ns.pid, cached ? *cached : 0);
+    if (!ts) {
+        count_stat(STAT_PY_NO_THREAD);
+        return STACK_NONE;
+    }
+    if (!cached || *cached != ts)
+        python_threads.update(&pid_tgid, &ts);
+    u32 zero = 0;
+    struct py_stack *st = python_scratch.lookup(&zero);
+    if (!st)
+        return STACK_NONE;
+    u32 outcome = py_walk(p, ts, st);
+    if (outcome == PY_TRUNCATED)
+        count_stat(STAT_PY_TRUNCATED);
+    else if (outcome == PY_UNWIND_FAILED)
+        count_stat(STAT_PY_UNWIND_FAILED);
+    if (st->len == 0)
+        return STACK_NONE;   // idle thread state, or the first read failed: native frames only
+    u64 h = hash_python_stack(st);
+    int err;
+    if (set == 0) {
+        if (python_stacks0.lookup(&h))
+            return h;
+        err = python_stacks0.update(&h, st);
+    } else {
+        if (python_stacks1.lookup(&h))
+            return h;
+        err = python_stacks1.update(&h, st);
+    }
+    if (err == 0 || err == -EEXIST)
+        return h;
+    count_stat(STAT_PY_STACK_TABLE_FULL);
+    return STACK_LOST;
+}
+
 static __always_inline void count_sample(u32 set, struct sample_key *key) {
     u64 zero = 0;
     u64 *c;
@@ -189,6 +277,11 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     } else if (n < 0) {
         count_stat(STAT_KERNEL_STACK_ERROR);
     }
+#if PYTHON_STACKS
+    struct py_proc *py = python_procs.lookup(&tgid);
+    if (py)
+        key.python_stack = python_stack(set, pid_tgid, py);
+#endif
     count_sample(set, &key);
 
     if (tgid != 0 && !seen.lookup(&tgid)) {
@@ -203,6 +296,7 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
 // sampler has seen, so their cost is bounded by the sampled processes.
 TRACEPOINT_PROBE(sched, sched_process_exec) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    python_procs.delete(&tgid);   // the new image is described (and detected) again
     if (seen.lookup(&tgid)) {
         seen.delete(&tgid);
         notify(tgid, EVENT_EXEC);
@@ -215,6 +309,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     u32 tgid = pid_tgid >> 32;
     if ((u32)pid_tgid != tgid)   // a thread, not the whole process
         return 0;
+    python_procs.delete(&tgid);
     if (seen.lookup(&tgid)) {
         seen.delete(&tgid);
         notify(tgid, EVENT_EXIT);

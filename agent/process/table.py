@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.process.cgroups import CgroupIdentity, read_cgroup
@@ -54,7 +55,17 @@ class ProcessTable:
     drain that holds its last samples still symbolizes them. Bounded by `max_processes` (LRU).
     """
 
-    def __init__(self, proc_root: str = "/proc", max_processes: int = 32768):
+    def __init__(
+        self,
+        proc_root: str = "/proc",
+        max_processes: int = 32768,
+        on_capture: Callable[[ProcessInfo], None] | None = None,
+        on_forget: Callable[[int], None] | None = None,
+    ):
+        """on_capture(info) runs after each capture (e.g. CPython detection), on_forget(pid) when a
+        process leaves the table; both outside the table's lock."""
+        self._on_capture = on_capture
+        self._on_forget = on_forget
         self._proc_root = proc_root
         self._max = max_processes
         self._lock = threading.Lock()
@@ -75,6 +86,7 @@ class ProcessTable:
             self.capture_failures += 1
             log.debug("cannot describe process %d: %s", pid, exc)
             return None
+        evicted = []
         with self._lock:
             self._procs[pid] = info
             self._procs.move_to_end(pid)
@@ -82,7 +94,19 @@ class ProcessTable:
             while len(self._procs) > self._max:
                 old, _ = self._procs.popitem(last=False)
                 self._exited.pop(old, None)
+                evicted.append(old)
+        if self._on_capture is not None:
+            try:
+                self._on_capture(info)
+            except Exception:  # a hook must not keep the process from being described
+                log.exception("describing process %d: capture hook failed", pid)
+        self._forgotten(evicted)
         return info
+
+    def _forgotten(self, pids: list[int]) -> None:
+        if self._on_forget is not None:
+            for pid in pids:
+                self._on_forget(pid)
 
     def mark_exited(self, pid: int) -> None:
         with self._lock:
@@ -106,9 +130,12 @@ class ProcessTable:
 
     def end_window(self) -> None:
         """Called after each drain: forget processes that exited before the previous drain."""
+        gone = []
         with self._lock:
             for pid in list(self._exited):
                 self._exited[pid] -= 1
                 if self._exited[pid] <= 0:
                     del self._exited[pid]
                     self._procs.pop(pid, None)
+                    gone.append(pid)
+        self._forgotten(gone)

@@ -232,6 +232,11 @@ class ElfFile:
                 raise ElfError(f"section {sec.name}: decompressed to {len(data)} bytes, expected {ch_size}")
         return data
 
+    def read(self, offset: int, size: int) -> bytes:
+        """`size` raw bytes of the file at `offset` (e.g. initialised data of a PT_LOAD segment)."""
+        self._check_range(offset, size, "the bytes read")
+        return bytes(self._buf[offset : offset + size])
+
     def file_offset_to_vaddr(self, offset: int) -> int | None:
         """The virtual address that file offset `offset` is loaded at, or None outside every PT_LOAD."""
         return offset_to_vaddr(self.load_segments, offset)

@@ -1,0 +1,243 @@
+"""Name CPython frames: code object address -> `qualname (file:line)`, read from the target's memory.
+
+Code objects are read from /proc/PID/mem (one pread for the object, one per string), cached per
+(process, code address) in a bounded LRU. Code objects can be freed and their memory reused by another
+one, so each cached entry keeps a fingerprint (its filename, qualname and line table pointers and its
+first line) and is re-checked against the live object once per window before it is trusted again; and
+each sampled frame carries bits of its co_qualname pointer from the moment of the sample, so a frame whose
+code object was replaced between the sample and the drain is shown as freed, never under a newer name. A
+process that has exited keeps the names it had.
+
+Lines: the frame's instruction offset is decoded through co_linetable (the 3.11+ location table, see
+CPython's Objects/locations.md), so a caller's frame names its call site and the leaf the line it runs:
+in 3.12+ an inlined list comprehension (PEP 709) shows as its own line of the enclosing function.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from agent.python.detect import PythonProcess
+from agent.python.offsets import Offsets
+from agent.symbols.symbolizer import Frame
+
+PYTHON_MODULE = "[python]"
+MAX_STRING = 1024  # longer names and paths are cut
+MAX_LINETABLE = 1 << 16
+_CODE_READ = 144  # bytes of PyCodeObject read: through co_linetable (136) on 3.11-3.13
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    qualname: str
+    filename: str
+    firstlineno: int
+    linetable: bytes
+    fingerprint: bytes
+    qualname_tag: int  # bits 4-27 of the co_qualname pointer, as BPF records them
+
+    def frame(self, line: int) -> Frame:
+        return Frame(f"{self.qualname} ({os.path.basename(self.filename)}:{line})", self.filename)
+
+
+class _Entry:
+    __slots__ = ("info", "window")
+
+    def __init__(self, info: CodeInfo | None, window: int):
+        self.info = info
+        self.window = window
+
+
+class CodeNames:
+    """Frames for (process, code address, instruction offset); thread-safe, bounded by `max_codes`."""
+
+    def __init__(self, proc_root: str = "/proc", max_codes: int = 32768) -> None:
+        self._proc_root = proc_root
+        self._max = max_codes
+        self._lock = threading.Lock()
+        self._codes: OrderedDict[tuple[int, int, int], _Entry] = OrderedDict()
+        self._window = 0
+        self._mem: dict[int, int | None] = {}  # pid -> open /proc/PID/mem fd (None: cannot read) this window
+        self.reads = 0
+        self.read_failures = 0
+        self.stale = 0  # frames whose code object was replaced between the sample and the drain
+
+    def begin_window(self) -> None:
+        """Cached names are re-checked against live memory once per window; close last window's files."""
+        with self._lock:
+            self._window += 1
+            for fd in self._mem.values():
+                if fd is not None:
+                    os.close(fd)
+            self._mem.clear()
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            for key in [k for k in self._codes if k[0] == pid]:
+                del self._codes[key]
+
+    def __len__(self) -> int:
+        return len(self._codes)
+
+    def frame(self, proc: PythonProcess, code: int, instr: int, qualname_tag: int) -> Frame:
+        """`qualname_tag`: bits 4-27 of co_qualname's address when BPF sampled the frame."""
+        assert proc.offsets is not None
+        with self._lock:
+            info = self._info(proc, code)
+        if info is None:
+            return Frame(f"[unknown python code] (0x{code:x})", PYTHON_MODULE)
+        if info.qualname_tag != qualname_tag:
+            # Freed since the sample, its memory now another code object: the name would be wrong.
+            self.stale += 1
+            return Frame(f"[freed python code] (0x{code:x})", PYTHON_MODULE)
+        index = (instr - proc.offsets.code_adaptive) // 2
+        return info.frame(line_at(info.linetable, info.firstlineno, index))
+
+    def _info(self, proc: PythonProcess, code: int) -> CodeInfo | None:
+        key = (proc.pid, proc.start_ticks, code)
+        entry = self._codes.get(key)
+        if entry is not None:
+            self._codes.move_to_end(key)
+            if entry.window == self._window:
+                return entry.info
+            fd = self._fd(proc.pid)
+            head = self._read(fd, code, _CODE_READ) if fd is not None else None
+            if head is None or (
+                entry.info is not None and _fingerprint(head, proc.offsets) == entry.info.fingerprint
+            ):
+                entry.window = self._window  # unchanged, or the process is gone: what we had is all there is
+                return entry.info
+        fd = self._fd(proc.pid)
+        info = self._load(fd, code, proc.offsets) if fd is not None else None
+        self._codes[key] = _Entry(info, self._window)
+        if len(self._codes) > self._max:
+            self._codes.popitem(last=False)
+        return info
+
+    def _fd(self, pid: int) -> int | None:
+        if pid not in self._mem:
+            try:
+                self._mem[pid] = os.open(f"{self._proc_root}/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._mem[pid] = None
+        return self._mem[pid]
+
+    def _read(self, fd: int, addr: int, size: int) -> bytes | None:
+        self.reads += 1
+        try:
+            data = os.pread(fd, size, addr)
+        except (OSError, OverflowError, ValueError):
+            data = b""
+        if len(data) != size:
+            self.read_failures += 1
+            return None
+        return data
+
+    def _load(self, fd: int, code: int, off: Offsets) -> CodeInfo | None:
+        head = self._read(fd, code, _CODE_READ)
+        if head is None:
+            return None
+        filename_p, qualname_p, linetable_p = (
+            struct.unpack_from("<Q", head, o)[0]
+            for o in (off.code_filename, off.code_qualname, off.code_linetable)
+        )
+        firstlineno = struct.unpack_from("<i", head, off.code_firstlineno)[0]
+        qualname = self._string(fd, qualname_p, off)
+        filename = self._string(fd, filename_p, off)
+        if qualname is None or filename is None:
+            return None
+        linetable = self._bytes(fd, linetable_p) or b""
+        tag = (qualname_p >> 4) & 0xFFFFFF
+        return CodeInfo(qualname, filename, firstlineno, linetable, _fingerprint(head, off), tag)
+
+    def _string(self, fd: int, addr: int, off: Offsets) -> str | None:
+        """A compact str object's text (what code objects' names and paths are)."""
+        head = self._read(fd, addr, off.compact_data) if addr else None
+        if head is None:
+            return None
+        length, state = struct.unpack_from("<qI", head, 16)[0], struct.unpack_from("<I", head, 32)[0]
+        kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
+        if not compact or kind not in (1, 2, 4) or not 0 <= length:
+            return None
+        n = min(length, MAX_STRING)
+        data = self._read(fd, addr + (off.ascii_data if ascii_ else off.compact_data), n * kind) if n else b""
+        if data is None:
+            return None
+        codec = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind]
+        return data.decode(codec, "replace")
+
+    def _bytes(self, fd: int, addr: int) -> bytes | None:
+        """A bytes object's content (co_linetable): ob_size at 16, data at 32 (3.11-3.13)."""
+        head = self._read(fd, addr, 32) if addr else None
+        if head is None:
+            return None
+        size = struct.unpack_from("<q", head, 16)[0]
+        if not 0 <= size <= MAX_LINETABLE:
+            return None
+        return self._read(fd, addr + 32, size) if size else b""
+
+
+def _fingerprint(head: bytes, off: Offsets) -> bytes:
+    return (
+        head[off.code_filename : off.code_filename + 8]
+        + head[off.code_qualname : off.code_qualname + 8]
+        + head[off.code_linetable : off.code_linetable + 8]
+        + head[off.code_firstlineno : off.code_firstlineno + 4]
+    )
+
+
+def line_at(table: bytes, firstlineno: int, index: int) -> int:
+    """The source line of instruction `index` (code units) from a 3.11+ co_linetable; firstlineno when
+    the table says nothing (or the index lies outside it)."""
+    line = firstlineno
+    addr = 0
+    i = 0
+    n = len(table)
+    index = max(index, 0)
+    while i < n:
+        first = table[i]
+        i += 1
+        code = (first >> 3) & 15
+        length = (first & 7) + 1
+        if code == 15:  # no location
+            delta = None
+        elif code == 14:  # long form: line delta, end line delta, column, end column
+            delta, i = _svarint(table, i)
+            for _ in range(3):
+                _, i = _varint(table, i)
+        elif code == 13:  # no column
+            delta, i = _svarint(table, i)
+        elif code >= 10:  # one-line forms: line delta in the code, two column bytes
+            delta = code - 10
+            i += 2
+        else:  # short form: same line, one column byte
+            delta = 0
+            i += 1
+        if delta is not None:
+            line += delta
+        if addr <= index < addr + length:
+            return line if delta is not None else firstlineno
+        addr += length
+    return firstlineno
+
+
+def _varint(table: bytes, i: int) -> tuple[int, int]:
+    b = table[i] if i < len(table) else 0
+    i += 1
+    value = b & 63
+    shift = 0
+    while b & 64 and i < len(table):
+        b = table[i]
+        i += 1
+        shift += 6
+        value |= (b & 63) << shift
+    return value, i
+
+
+def _svarint(table: bytes, i: int) -> tuple[int, int]:
+    v, i = _varint(table, i)
+    return (-(v >> 1) if v & 1 else v >> 1), i
