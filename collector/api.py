@@ -10,7 +10,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collector.query.selector import Selector, SelectorError, parse_selector
+from collector.gpu_usage import GpuUsageLog
+from collector.query.selector import Matcher, Selector, SelectorError, parse_selector
 from collector.query.timerange import TimeRangeError, resolve_range
 from collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
@@ -19,7 +20,7 @@ from collector.render.pprof import to_pprof
 from collector.render.speedscope import to_speedscope
 from collector.render.svg import render_svg
 from collector.render.tree import Stacks, to_folded, to_json, top_functions, truncate
-from collector.store.base import ProfileStore, Selection
+from collector.store.base import GPU_STATE_NAME, ProfileStore, Selection
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 WEB_DIR = Path(__file__).parent / "web"
@@ -36,11 +37,16 @@ class QueryApi:
     """Handlers for /api/v1/*; each turns bad input into HTTP 400 with a message that names it."""
 
     def __init__(
-        self, store: ProfileStore, registry: CollectorRegistry, clock: Callable[[], float] = time.time
+        self,
+        store: ProfileStore,
+        registry: CollectorRegistry,
+        clock: Callable[[], float] = time.time,
+        gpu_usage: GpuUsageLog | None = None,
     ):
         self._store = store
         self._registry = registry
         self._clock = clock
+        self._gpu_usage = gpu_usage or GpuUsageLog()
 
     def routes(self) -> dict[str, Callable[[Request], Response]]:
         return {
@@ -49,6 +55,7 @@ class QueryApi:
             "/api/v1/diff": self.diff,
             "/api/v1/labels": self.labels,
             "/api/v1/syscalls": self.syscalls,
+            "/api/v1/gpus": self.gpus,
             "/metrics": self.metrics,
             "/healthz": lambda _r: json_response({"status": "ok"}),
             "/": self.static,
@@ -62,9 +69,18 @@ class QueryApi:
     # -- parameters ------------------------------------------------------------------------------
     def _selector(self, req: Request, name: str = "query") -> Selector:
         try:
-            return parse_selector(req.param(name, "{}") or "{}")
+            selector = parse_selector(req.param(name, "{}") or "{}")
         except SelectorError as err:
             raise HttpError(400, f'bad "{name}": {err}' if name != "query" else str(err)) from err
+        # gpu=idle|busy: only CPU samples taken while the process's GPUs were idle (busy). The same
+        # parameter (gpu2 for a diff's comparison side) works wherever a selector does.
+        gpu_param = "gpu" if name == "query" else f"gpu{name.removeprefix('query')}"
+        gpu = req.param(gpu_param)
+        if gpu:
+            if gpu not in ("idle", "busy"):
+                raise HttpError(400, f'"{gpu_param}" must be "idle" or "busy", got {gpu!r}')
+            selector = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=", gpu)))
+        return selector
 
     def _range(self, req: Request, suffix: str = "") -> tuple[float, float]:
         """from/until/since, or from2/until2/since2 with suffix "2" (the diff's comparison)."""
@@ -209,6 +225,42 @@ class QueryApi:
             }
         )
 
+    def gpus(self, req: Request) -> Response:
+        """Per pod on a GPU: utilization, memory, idle fraction, and the CPU's hottest functions while its
+        GPUs sat idle. `query` selects on node, namespace, pod, container and gpu."""
+        limit = self._int(req, "limit", 50, 1, 10_000)
+        functions = self._int(req, "functions", 5, 0, 100)
+        selector = self._selector(req)
+        start, end = self._range(req)
+        pods = []
+        for p in self._gpu_usage.pods(selector, start, end)[:limit]:
+            pod_sel = Selector(
+                (*selector.matchers, Matcher("namespace", "=", p.namespace), Matcher("pod", "=", p.pod))
+            )
+            idle = self._store.select(
+                Selector((*pod_sel.matchers, Matcher(GPU_STATE_NAME, "=", "idle"))), start, end
+            )
+            busy = self._store.select(
+                Selector((*pod_sel.matchers, Matcher(GPU_STATE_NAME, "=", "busy"))), start, end
+            )
+            pods.append(
+                {
+                    "namespace": p.namespace,
+                    "pod": p.pod,
+                    "gpus": sorted(p.gpus),
+                    "utilization_ratio": _round(p.utilization),
+                    "memory_used_bytes": p.memory_bytes,
+                    "idle_ratio": _round(p.idle_ratio),
+                    "seconds": round(p.seconds, 3),
+                    "cpu_samples_gpu_idle": idle.total,
+                    "cpu_samples_gpu_busy": busy.total,
+                    "idle_top_functions": top_functions(idle.stacks, functions) if functions else [],
+                }
+            )
+        return json_response(
+            {"from": start, "until": end, "query": str(selector), "pods": pods}
+        )
+
     def _top_groups(self, req: Request, limit: int) -> Response:
         """The label-value groups (e.g. pods) burning the most CPU: /api/v1/top?by=namespace,pod."""
         by = [b.strip() for b in (req.param("by") or "").split(",")]
@@ -311,6 +363,10 @@ class QueryApi:
         if "/" in name or name.startswith(".") or not path.is_file() or path.suffix not in _CONTENT_TYPES:
             raise HttpError(404, f"no such page: {req.path}")
         return Response(path.read_bytes(), _CONTENT_TYPES[path.suffix])
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def _fmt_time(t: float) -> str:

@@ -106,7 +106,7 @@ class GpuMetrics:
                 node.devices = {
                     strings[d.uuid]: self._reading(node_name, d, strings) for d in batch.gpu_devices
                 }
-                node.pods = self._pods(node_name, batch)
+                node.pods = self.pod_usage(node_name, batch)
             node.updated = now
             for name in [n for n, v in self._nodes.items() if now - v.updated > self._expire_s]:
                 del self._nodes[name]
@@ -138,7 +138,7 @@ class GpuMetrics:
         )
 
     @staticmethod
-    def _pods(node: str, batch: pb.Batch) -> dict[tuple[str, ...], tuple[float | None, ...]]:
+    def pod_usage(node: str, batch: pb.Batch) -> dict[tuple[str, ...], tuple[float | None, ...]]:
         """(node, namespace, pod, container, gpu) -> (utilization ratio, memory bytes, idle ratio).
 
         A process is credited to the pod its own labels name; one without (it exited, or no API server

@@ -11,7 +11,15 @@ import grpc
 
 from collector.gpu_metrics import gpu_section_problem
 from collector.render.tree import FrameKey
-from collector.store.base import DurableBatches, Labels, ProfileRows, ProfileStore, Stack, SyscallAgg
+from collector.store.base import (
+    GPU_STATE_NAME,
+    DurableBatches,
+    Labels,
+    ProfileRows,
+    ProfileStore,
+    Stack,
+    SyscallAgg,
+)
 from collector.store.ids import frame_id, labels_id, stack_id_of_frames
 from collector.store.sequences import SeenSequences
 from fleetprof.v1 import ingest_pb2 as pb
@@ -19,6 +27,7 @@ from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_FREQUENCY_HZ = 100_000
 MAX_STACK_DEPTH = 4096
@@ -130,6 +139,8 @@ def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
             fail("bad_sample", f"sample {i} refers to stack {s.stack}, but there are {nstack}")
         if s.count == 0 or s.count > MAX_COUNT:
             fail("bad_count", f"sample {i} has count {s.count}: counts must be in 1..{MAX_COUNT}")
+        if s.gpu not in GPU_STATE_LABEL:
+            fail("bad_sample", f"sample {i} has an unknown GPU state {s.gpu}")
 
 
 class Decoder:
@@ -199,8 +210,13 @@ class Decoder:
             procs.append((self._label_id(lset), lset))
         rows = []
         keys = []
+        tagged: dict[tuple[int, int], tuple[int, Labels]] = {}  # (process, GPU state) -> its label set
         for s in batch.samples:
-            lid, lset = procs[s.process]
+            if s.gpu:
+                lid, lset = tagged.get((s.process, s.gpu)) or self._gpu_tagged(procs[s.process][1], s.gpu)
+                tagged[(s.process, s.gpu)] = (lid, lset)
+            else:
+                lid, lset = procs[s.process]
             sid, stack = stacks[s.stack]
             rows.append((lset, stack, s.count))
             keys.append((lid, sid))
@@ -215,6 +231,10 @@ class Decoder:
         return ProfileRows(
             batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows, syscalls, keys
         )
+
+    def _gpu_tagged(self, lset: Labels, state: int) -> tuple[int, Labels]:
+        tagged = tuple(sorted((*lset, (GPU_STATE_NAME, GPU_STATE_LABEL[state]))))
+        return self._label_id(tagged), tagged
 
 
 def decode_batch(batch: pb.Batch) -> ProfileRows:

@@ -16,12 +16,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from collector.api import QueryApi
 from collector.cpu_metrics import CpuMetrics
 from collector.gpu_metrics import GpuMetrics
+from collector.gpu_usage import GpuUsageLog
 from collector.ingest import IngestLimits, IngestService
 from collector.store.base import ProfileRows, ProfileStore
 from collector.store.memory import MemoryStore
 from collector.store.timing import QueryTimer, TimedStore
 from collector.syscall_metrics import SyscallMetrics
 from fleetprof.httpserve import HttpServer
+from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -101,11 +103,12 @@ class Collector:
         self.cpu_metrics = CpuMetrics()
         self.query_timer = QueryTimer()
         self.gpu_metrics = GpuMetrics()
+        self.gpu_usage = GpuUsageLog(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
         self.ingest = IngestService(
             self.store,
             IngestLimits(max_batch_bytes=config.max_batch_bytes),
             on_rows=self._export_rows,
-            on_batch=self.gpu_metrics.observe,
+            on_batch=self._observe_batch,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_IngestMetrics(self.ingest, self.store))
@@ -113,7 +116,7 @@ class Collector:
         self.registry.register(self.gpu_metrics)
         self.registry.register(self.cpu_metrics)
         self.registry.register(self.query_timer)
-        api = QueryApi(TimedStore(self.store, self.query_timer), self.registry)
+        api = QueryApi(TimedStore(self.store, self.query_timer), self.registry, gpu_usage=self.gpu_usage)
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(host or "127.0.0.1", int(port), api.routes(), api.prefixes())
         # gRPC's own limit sits well above ours so oversized batches reach validation and get a clear
@@ -128,6 +131,10 @@ class Collector:
         if self.grpc_port == 0:
             raise OSError(f"cannot listen for gRPC on {config.grpc} (address in use?)")
         self._stopped = threading.Event()
+
+    def _observe_batch(self, batch: pb.Batch) -> None:
+        self.gpu_metrics.observe(batch)
+        self.gpu_usage.observe(batch)
 
     def _export_rows(self, rows: ProfileRows) -> None:
         if rows.rows:

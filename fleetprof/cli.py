@@ -109,13 +109,19 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--from", dest="from_", default=None, help="start: unix seconds, RFC 3339, or now-15m")
     p.add_argument("--until", default=None, help="end: unix seconds, RFC 3339, or now-5m (default now)")
+    p.add_argument(
+        "--gpu",
+        choices=("idle", "busy"),
+        default=None,
+        help="only CPU samples taken while the process's GPUs were idle (busy)",
+    )
 
 
 def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
     since = args.since
     if since is None and args.from_ is None:
         since = "5m"
-    return {"query": args.query, "since": since, "from": args.from_, "until": args.until}
+    return {"query": args.query, "since": since, "from": args.from_, "until": args.until, "gpu": args.gpu}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,6 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="file to write; the extension picks the format: " + _exts(FLAME_FORMATS),
     )
     f.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
+    f.add_argument(
+        "--gpu-idle",
+        dest="gpu",
+        action="store_const",
+        const="idle",
+        help="the CPU time spent while the processes' GPUs sat idle (same as --gpu idle)",
+    )
+
+    g = sub.add_parser(
+        "gpus", help="per pod: GPU utilization, memory, idle fraction, and the CPU's top functions while idle"
+    )
+    _add_query_args(g)
+    g.add_argument("--limit", type=_positive_int, default=30)
+    g.add_argument("--functions", type=_positive_int, default=3, help="top idle-time functions per pod")
 
     df = sub.add_parser(
         "diff",
@@ -462,6 +482,47 @@ def format_pods(data: dict) -> str:
     return "\n".join(lines)
 
 
+def cmd_gpus(args: argparse.Namespace) -> int:
+    params = _range_params(args) | {"limit": str(args.limit), "functions": str(args.functions)}
+    params.pop("gpu")
+    print(format_gpus(fetch_json(args.collector, "/api/v1/gpus", params)))
+    return 0
+
+
+def _pct(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def format_gpus(data: dict) -> str:
+    lines = [f"{data['query']}  GPUs by pod (idle: below the agents' threshold, 5% by default)"]
+    if not data["pods"]:
+        lines.append("no pods on GPUs in this range")
+        return "\n".join(lines)
+    header = ("NAMESPACE", "POD", "GPUS", "UTIL", "MEMORY", "IDLE", "CPU WHILE IDLE")
+    rows = []
+    for p in data["pods"]:
+        cpu = p["cpu_samples_gpu_idle"] + p["cpu_samples_gpu_busy"]
+        mem = p["memory_used_bytes"]
+        rows.append(
+            (
+                p["namespace"],
+                p["pod"],
+                ",".join(p["gpus"]),
+                _pct(p["utilization_ratio"]),
+                "-" if mem is None else f"{mem / 2**30:.1f}GiB",
+                _pct(p["idle_ratio"]),
+                _pct(p["cpu_samples_gpu_idle"] / cpu) if cpu else "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r, p in zip([header, *rows], [None, *data["pods"]], strict=True):
+        cells = (c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        lines.append("  ".join(cells).rstrip())
+        for f in (p or {}).get("idle_top_functions", []):
+            lines.append(f"    {f['self_pct']:5.1f}% of its CPU while idle: {f['function']}")
+    return "\n".join(lines)
+
+
 def cmd_syscalls(args: argparse.Namespace) -> int:
     base = _range_params(args) | {"by": args.by, "limit": str(args.limit)}
     by_time = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "time"})
@@ -665,6 +726,7 @@ COMMANDS = {
     "top": cmd_top,
     "pods": cmd_pods,
     "syscalls": cmd_syscalls,
+    "gpus": cmd_gpus,
     "flame": cmd_flame,
     "diff": cmd_diff,
 }

@@ -9,6 +9,10 @@ from typing import Protocol, runtime_checkable
 from collector.query.selector import Selector
 from collector.render.tree import FrameKey
 
+# Samples of processes on a GPU carry the GPU's state at sample time under this label ("idle" or "busy";
+# absent for everything else). Set by ingest, selected by the API's gpu=idle|busy.
+GPU_STATE_NAME = "gpu_state"
+
 Labels = tuple[tuple[str, str], ...]
 """A label set, sorted by name, without empty values."""
 

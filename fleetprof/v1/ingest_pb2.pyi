@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class GpuState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GPU_STATE_NONE: _ClassVar[GpuState]
+    GPU_STATE_IDLE: _ClassVar[GpuState]
+    GPU_STATE_BUSY: _ClassVar[GpuState]
+GPU_STATE_NONE: GpuState
+GPU_STATE_IDLE: GpuState
+GPU_STATE_BUSY: GpuState
 
 class AgentIdentity(_message.Message):
     __slots__ = ("node", "agent_id", "boot_time_unix_ns", "version")
@@ -205,16 +215,18 @@ class Process(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., start_time_ticks: _Optional[int] = ..., comm: _Optional[int] = ..., exe: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
 
 class Sample(_message.Message):
-    __slots__ = ("process", "tid", "stack", "count")
+    __slots__ = ("process", "tid", "stack", "count", "gpu")
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     TID_FIELD_NUMBER: _ClassVar[int]
     STACK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
     process: int
     tid: int
     stack: int
     count: int
-    def __init__(self, process: _Optional[int] = ..., tid: _Optional[int] = ..., stack: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+    gpu: GpuState
+    def __init__(self, process: _Optional[int] = ..., tid: _Optional[int] = ..., stack: _Optional[int] = ..., count: _Optional[int] = ..., gpu: _Optional[_Union[GpuState, str]] = ...) -> None: ...
 
 class SamplerStats(_message.Message):
     __slots__ = ("samples", "user_stack_missing", "user_stack_errors", "kernel_stack_errors", "stack_table_full", "count_table_full", "unknown_process")

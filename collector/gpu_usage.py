@@ -1,0 +1,113 @@
+"""Per-pod GPU usage over time (utilization, memory, idle fraction per window), for /api/v1/gpus.
+
+Kept in memory for the collector's retention (at most a day): it is small (one row per pod and GPU per
+window) and what it answers — "which pods' GPUs idled in the last minutes" — is about recent time. The
+CPU side of the question (what the CPUs did meanwhile) lives in the profile store, under the samples'
+`gpu_state` label.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from collector.gpu_metrics import GpuMetrics
+from collector.query.selector import Selector
+from fleetprof.v1 import ingest_pb2 as pb
+
+
+@dataclass(frozen=True)
+class PodGpuWindow:
+    """One pod's use of one GPU during one agent window."""
+
+    start: float  # unix seconds
+    end: float
+    labels: dict[str, str]  # node, namespace, pod, container, gpu
+    utilization: float | None  # ratio 0..1 (mean over the window)
+    memory_bytes: int | None  # the most it held
+    idle_ratio: float | None  # of the polls with a known utilization, the share below the idle threshold
+
+
+@dataclass
+class PodGpuSummary:
+    """One pod over a time range: what `fleetprof gpus` prints per row."""
+
+    namespace: str
+    pod: str
+    gpus: set[str] = field(default_factory=set)  # "node/gpu"
+    seconds: float = 0.0  # window time covered
+    util_seconds: float = 0.0  # utilization x seconds, where known
+    util_known_seconds: float = 0.0
+    idle_seconds: float = 0.0  # idle ratio x seconds, where known
+    idle_known_seconds: float = 0.0
+    memory_bytes: int | None = None  # the most held by the pod at once (summed over its GPUs)
+
+    @property
+    def utilization(self) -> float | None:
+        return self.util_seconds / self.util_known_seconds if self.util_known_seconds else None
+
+    @property
+    def idle_ratio(self) -> float | None:
+        return self.idle_seconds / self.idle_known_seconds if self.idle_known_seconds else None
+
+
+class GpuUsageLog:
+    """Thread-safe ring of PodGpuWindows, fed by ingest (deduplicated batches only)."""
+
+    def __init__(
+        self, retention_s: float = 3600.0, max_rows: int = 500_000, clock: Callable[[], float] = time.time
+    ):
+        self._retention_s = min(retention_s, 86400.0)
+        self._rows: deque[PodGpuWindow] = deque(maxlen=max_rows)
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def observe(self, batch: pb.Batch) -> None:
+        if not batch.gpu_processes:
+            return
+        start, end = batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9
+        rows = [
+            PodGpuWindow(
+                start,
+                end,
+                dict(zip(("node", "namespace", "pod", "container", "gpu"), key, strict=True)),
+                util,
+                int(mem) if mem is not None else None,
+                idle,
+            )
+            for key, (util, mem, idle) in GpuMetrics.pod_usage(batch.agent.node, batch).items()
+        ]
+        horizon = self._clock() - self._retention_s
+        with self._lock:
+            self._rows.extend(rows)
+            while self._rows and self._rows[0].end < horizon:
+                self._rows.popleft()
+
+    def pods(self, selector: Selector, start: float, end: float) -> list[PodGpuSummary]:
+        """Per pod (namespace, pod), the windows overlapping [start, end) that match the selector."""
+        with self._lock:
+            rows = [r for r in self._rows if r.end > start and r.start < end and selector.matches(r.labels)]
+        out: dict[tuple[str, str], PodGpuSummary] = {}
+        memory_by_window: dict[tuple[str, str, float, str], int] = {}
+        for r in rows:
+            key = (r.labels["namespace"], r.labels["pod"])
+            acc = out.setdefault(key, PodGpuSummary(*key))
+            acc.gpus.add(f"{r.labels['node']}/{r.labels['gpu']}")
+            secs = max(r.end - r.start, 0.0)
+            acc.seconds += secs
+            if r.utilization is not None:
+                acc.util_seconds += r.utilization * secs
+                acc.util_known_seconds += secs
+            if r.idle_ratio is not None:
+                acc.idle_seconds += r.idle_ratio * secs
+                acc.idle_known_seconds += secs
+            if r.memory_bytes is not None:
+                wkey = (*key, r.end, r.labels["node"])
+                memory_by_window[wkey] = memory_by_window.get(wkey, 0) + r.memory_bytes
+        for (ns, pod, _end, _node), mem in memory_by_window.items():
+            acc = out[(ns, pod)]
+            acc.memory_bytes = max(acc.memory_bytes or 0, mem)
+        return sorted(out.values(), key=lambda p: (-(p.idle_ratio or 0.0), p.namespace, p.pod))

@@ -1,0 +1,103 @@
+"""GPU-idle profiles on the collector: samples tagged with their GPU's state are selectable with
+gpu=idle|busy, and /api/v1/gpus (and `fleetprof gpus`) joins per-pod GPU usage with idle-time CPU stacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+
+import pytest
+
+from collector.render.tree import parse_folded
+from fleetprof.v1 import ingest_pb2 as pb
+from tests.conftest import REPO, RunningCollector, http_get
+from tests.test_gpu_e2e import T0, gpu_batch
+from tests.test_ingest import push
+
+NOW = time.time()
+RANGE = {"from": str(NOW - 60), "until": str(NOW + 60)}
+
+
+def tagged_batch(monkeypatch: pytest.MonkeyPatch) -> pb.Batch:
+    """The GPU test batch (trainer-0's GPU idle in 2 of 4 polls) plus CPU samples of its pid 1001:
+    30 while the GPU was idle, 10 while busy, 5 untagged (unknown state)."""
+    batch = gpu_batch(monkeypatch)
+    shift = int((NOW - T0) * 1e9)  # the scripted polls ran at T0; the store keeps only recent windows
+    batch.start_unix_ns += shift
+    batch.end_unix_ns += shift
+    proc = next(i for i, p in enumerate(batch.processes) if p.pid == 1001)
+    base = len(batch.strings)
+    batch.strings.extend(["load_batch", "collate", "launch_kernels", "python3"])
+    batch.stacks.append(pb.Stack(functions=[base + 1, base], modules=[base + 3] * 2, kernel_start=2))
+    batch.stacks.append(pb.Stack(functions=[base + 2], modules=[base + 3], kernel_start=1))
+    idle, busy = len(batch.stacks) - 2, len(batch.stacks) - 1
+    batch.samples.extend(
+        [
+            pb.Sample(process=proc, tid=1001, stack=idle, count=30, gpu=pb.GPU_STATE_IDLE),
+            pb.Sample(process=proc, tid=1001, stack=busy, count=10, gpu=pb.GPU_STATE_BUSY),
+            pb.Sample(process=proc, tid=1001, stack=busy, count=5),
+        ]
+    )
+    return batch
+
+
+def folded(col: RunningCollector, **params: str) -> dict:
+    q = urllib.parse.urlencode({"query": '{pod="trainer-0"}', "format": "folded", **RANGE, **params})
+    return {
+        tuple(f.function for f in stack): n
+        for stack, n in parse_folded(http_get(f"{col.url}/api/v1/profile?{q}").decode()).items()
+    }
+
+
+def test_samples_select_by_the_gpu_state_at_sample_time(
+    collector: RunningCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert push(collector.grpc_target, [tagged_batch(monkeypatch)]) == [1]
+    assert folded(collector, gpu="idle") == {("collate", "load_batch"): 30}
+    assert folded(collector, gpu="busy") == {("launch_kernels",): 10}
+    assert folded(collector) == {("collate", "load_batch"): 30, ("launch_kernels",): 15}
+    # gpu_state is an ordinary label too, and gpu= composes with any selector.
+    assert collector.json("/api/v1/labels/gpu_state/values", **RANGE)["values"] == ["busy", "idle"]
+    top = collector.json("/api/v1/top", query='{namespace="ml"}', gpu="idle", **RANGE)
+    assert top["total"] == 30 and top["functions"][0]["function"] == "load_batch"
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        folded(collector, gpu="sleepy")
+    assert bad.value.code == 400
+    assert json.loads(bad.value.read())["error"] == '"gpu" must be "idle" or "busy", got \'sleepy\''
+
+
+def test_gpus_joins_pod_gpu_usage_with_idle_time_stacks(
+    collector: RunningCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    push(collector.grpc_target, [tagged_batch(monkeypatch)])
+    pods = {(p["namespace"], p["pod"]): p for p in collector.json("/api/v1/gpus", **RANGE)["pods"]}
+    trainer = pods[("ml", "trainer-0")]
+    assert trainer["gpus"] == ["gpu-node-1/0"]
+    assert trainer["idle_ratio"] == 0.5  # the GPU was below 5% in 2 of its 4 polls
+    assert trainer["memory_used_bytes"] == 8 << 30  # pids 1001 + 1002
+    assert (trainer["cpu_samples_gpu_idle"], trainer["cpu_samples_gpu_busy"]) == (30, 10)
+    assert [f["function"] for f in trainer["idle_top_functions"]][:2] == ["load_batch", "collate"]
+    # The inference pod's GPU reports no per-process utilization: it is alone there, so it gets the GPU's.
+    assert pods[("ml", "infer-0")]["utilization_ratio"] == 0.03
+    only = collector.json("/api/v1/gpus", query='{pod="infer-0"}', **RANGE)["pods"]
+    assert [p["pod"] for p in only] == ["infer-0"]
+
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetprof.cli", "gpus", "--collector", collector.url, "--from", RANGE["from"],
+         "--until", RANGE["until"]],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+    row = next(line for line in out.splitlines() if "trainer-0" in line)
+    assert row.split()[:3] == ["ml", "trainer-0", "gpu-node-1/0"] and row.split()[-2:] == ["50%", "75%"]
+    assert "100.0% of its CPU while idle: load_batch" in out  # self time, of its idle-time samples
+
+    flame = subprocess.run(
+        [sys.executable, "-m", "fleetprof.cli", "flame", "--gpu-idle", "--collector", collector.url,
+         "--query", '{pod="trainer-0"}', "--from", RANGE["from"], "--until", RANGE["until"]],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    ).stdout  # fmt: skip
+    assert flame.strip().endswith("load_batch 30") and "launch_kernels" not in flame
