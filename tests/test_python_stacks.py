@@ -1,0 +1,252 @@
+"""Python-aware stacks with real eBPF and real CPython builds (pyenv 3.9-3.13, Debian's 3.11)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.process.table import ProcessTable
+from agent.python.codes import line_at
+from agent.python.merge import merge
+from agent.python.unwinder import PythonStacks
+from agent.resolver import Resolver
+from agent.sampler import CpuSampler, SamplerConfig
+from agent.symbols.symbolizer import Frame, Symbolizer
+from tests.conftest import (
+    WORKLOADS,
+    RunningAgent,
+    RunningCollector,
+    require_bpf,
+    samples_of,
+    settled_profile,
+    start_agent,
+    stop_agent,
+)
+
+STORY = WORKLOADS / "py_story.py"
+HOT_LINE = next(i for i, text in enumerate(STORY.read_text().splitlines(), 1) if "the hot line" in text)
+
+
+def python(version: str) -> str:
+    """A CPython of this machine: "3.12" (pyenv) or "debian-3.11" (/usr/bin)."""
+    if version.startswith("debian-"):
+        path = f"/usr/bin/python{version.removeprefix('debian-')}"
+        found = [path] if Path(path).exists() else []
+    else:
+        found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python{version}"))
+    if not found:
+        pytest.fail(f"CPython {version} is not installed here (pyenv or Debian)")
+    return found[-1]
+
+
+def share(stacks: dict, predicate) -> float:  # noqa: ANN001
+    return sum(n for st, n in stacks.items() if any(predicate(f.function) for f in st)) / samples_of(stacks)
+
+
+def named(function: str):  # noqa: ANN201
+    return lambda name: name.startswith(f"{function} (py_story.py:")
+
+
+# -- pure functions ---------------------------------------------------------------------------------
+def test_line_table_decoding_matches_the_interpreter() -> None:
+    """line_at() against CPython's own decoding of the same tables (the venv's 3.11)."""
+
+    def walk(code):  # noqa: ANN001, ANN202
+        yield code
+        for c in code.co_consts:
+            if hasattr(c, "co_linetable"):
+                yield from walk(c)
+
+    checked = 0
+    for code in walk(compile(STORY.read_text(), str(STORY), "exec")):
+        for index, (line, *_cols) in enumerate(code.co_positions()):
+            if line is not None:
+                assert line_at(code.co_linetable, code.co_firstlineno, index) == line, (code.co_name, index)
+                checked += 1
+    assert checked > 200
+
+
+def test_merge_puts_python_frames_in_place_of_the_interpreter() -> None:
+    f = Frame
+    py = (f("outer (a.py:3)", "a.py"), f("middle (a.py:7)", "a.py"))
+    full = (
+        f("_start", "python3"),
+        f("main", "python3"),
+        f("_PyEval_EvalFrameDefault", "libpython"),
+        f("_PyFunction_Vectorcall", "libpython"),
+        f("_PyEval_EvalFrameDefault", "libpython"),
+        f("ext_call", "ext.so"),
+        f("memcpy", "libc"),
+    )
+    assert [x.function for x in merge(full, py)] == [
+        "_start",
+        "main",
+        "outer (a.py:3)",
+        "middle (a.py:7)",
+        "ext_call",
+        "memcpy",
+    ]
+    # A short stack (no frame pointers) never reached the interpreter: its frames are the leaf.
+    short = (f("list_append", "libpython"),)
+    assert [x.function for x in merge(short, py)] == ["outer (a.py:3)", "middle (a.py:7)", "list_append"]
+    assert merge(short, ()) == short
+    # Truncated (no entry point at the root): what lies root-ward of the evaluation loop is not trusted.
+    stray = (f("[unknown] ([unmapped]+0x7f00)", "[unmapped]"), f("_PyEval_EvalFrameDefault", "libpython"))
+    assert [x.function for x in merge(stray, py)] == ["outer (a.py:3)", "middle (a.py:7)"]
+
+
+# -- the agent end to end ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def py_agent(module_collector: RunningCollector) -> Iterator[RunningAgent]:
+    # 199 Hz x 6 s: ~1,200 samples a run, so a share's sampling error is ~1.4 points (1σ) against the
+    # ±5-point check (at 99 Hz x 4 s it was 2.4 points: 2σ, and the test failed one run in three).
+    a = start_agent(module_collector.grpc_target, 199, 1.0)
+    # An always-on agent has long since described the node's processes and read each interpreter file
+    # once; a fresh one is still busy with that backlog when the first workload starts.
+    for version in ("3.11", "3.12", "3.13", "debian-3.11"):
+        subprocess.run([python(version), "-c", "sum(range(3_000_000))"], check=True)
+    time.sleep(2 * a.interval)
+    yield a
+    stop_agent(a)
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13", "debian-3.11"])
+def test_flame_graph_shows_the_python_functions_with_their_true_shares(
+    version: str, py_agent: RunningAgent, module_collector: RunningCollector
+) -> None:
+    proc = subprocess.Popen([python(version), str(STORY), "6", "70"], stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    truth = json.loads(out)
+    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent.interval)
+    # The truth covers story()'s loop; samples before the agent registered the new process (its first
+    # sample wakes the agent, which describes it) and interpreter start-up/exit lie outside it.
+    stacks = {st: n for st, n in everything.items() if any(named("story")(f.function) for f in st)}
+    total = samples_of(stacks)
+    assert total > 0.85 * samples_of(everything), "too many samples without Python frames"
+    assert total > 200, f"too few samples to judge shares: {total}"
+
+    true_outer = truth["outer_ns"] / truth["total_ns"]
+    true_comp = truth["comprehension_ns"] / truth["total_ns"]
+    true_decoy = truth["decoy_ns"] / truth["total_ns"]
+    assert share(stacks, named("outer")) == pytest.approx(true_outer, abs=0.05)
+    assert share(stacks, named("middle")) == pytest.approx(true_outer, abs=0.05)
+    # The comprehension: its own frame up to 3.11, inlined into middle() from 3.12 (PEP 709); either way
+    # the frames that run it name its line.
+    assert share(stacks, lambda n: n.endswith(f"(py_story.py:{HOT_LINE})")) == pytest.approx(
+        true_comp, abs=0.05
+    )
+    assert share(stacks, named("decoy")) == pytest.approx(true_decoy, abs=0.05)
+    if version.endswith("3.11"):
+        assert share(stacks, named("middle.<locals>.<listcomp>")) == pytest.approx(true_comp, abs=0.05)
+
+    # Root first, the Python frames in call order, in place of the interpreter's evaluation loop.
+    heaviest = max((st for st in stacks if any(named("middle")(f.function) for f in st)), key=stacks.get)
+    names = [f.function for f in heaviest]
+    order = [
+        next(i for i, n in enumerate(names) if named(fn)(n))
+        for fn in ("<module>", "main", "story", "outer", "middle")
+    ]
+    assert order == sorted(order), names
+    assert not any(f.function == "_PyEval_EvalFrameDefault" for st in stacks for f in st if st), names
+    assert "fleetprof_agent_python_samples_total" in py_agent.metrics()
+
+
+# -- sampler + resolver in-process: per-thread and unsupported checks --------------------------------
+class Pipeline:
+    def __init__(self) -> None:
+        require_bpf()
+        self.python = PythonStacks()
+        self.table = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
+        self.sampler = CpuSampler(SamplerConfig(frequency_hz=99, interval_s=1.0))
+        self.python.attach(self.sampler)
+        self.resolver = Resolver(self.table, Symbolizer(), python=self.python)
+
+    def profile(self, argv: list[str]) -> tuple[list, dict, dict]:
+        """Run a workload to the end, describing it as soon as it runs; its samples and window stats."""
+        self.resolver.resolve(self.sampler.drain())  # start from an empty window
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        time.sleep(0.05)  # let the interpreter map its libraries
+        self.table.refresh(proc.pid)
+        samples, stats = [], {}
+        while proc.poll() is None:
+            time.sleep(1.0)
+            window = self.resolver.resolve(self.sampler.drain())
+            samples += [s for s in window.samples if s.process.pid == proc.pid]
+            stats = {k: stats.get(k, 0) + window.stats.get(k, 0) for k in {*stats, *window.stats}}
+        out, _ = proc.communicate()
+        window = self.resolver.resolve(self.sampler.drain())
+        samples += [s for s in window.samples if s.process.pid == proc.pid]
+        stats = {k: stats.get(k, 0) + window.stats.get(k, 0) for k in {*stats, *window.stats}}
+        return samples, stats, json.loads(out)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+@pytest.fixture(scope="module")
+def pipeline() -> Iterator[Pipeline]:
+    p = Pipeline()
+    yield p
+    p.close()
+
+
+@pytest.mark.bpf
+def test_each_thread_gets_its_own_python_stack(pipeline: Pipeline) -> None:
+    samples, stats, truth = pipeline.profile([python("3.12"), str(STORY), "2", "0", "threads"])
+    by_tid: dict[int, dict[str, int]] = {truth["alpha_tid"]: {}, truth["beta_tid"]: {}}
+    for s in samples:
+        if s.tid in by_tid:
+            workers = {w for w in ("alpha_worker", "beta_worker") for f in s.frames if named(w)(f.function)}
+            key = ",".join(sorted(workers)) or "none"
+            by_tid[s.tid][key] = by_tid[s.tid].get(key, 0) + s.count
+    alpha, beta = by_tid[truth["alpha_tid"]], by_tid[truth["beta_tid"]]
+    # Both threads ran at once (hashing releases the GIL): each one's samples name its own function.
+    assert alpha.get("alpha_worker", 0) > 100 and beta.get("beta_worker", 0) > 100, by_tid
+    assert "beta_worker" not in alpha and "alpha_worker" not in beta, by_tid
+    # (The rest ran before the test registered the process, or in thread start-up and exit.)
+    assert alpha.get("alpha_worker", 0) >= 0.9 * sum(alpha.values()), by_tid
+    assert beta.get("beta_worker", 0) >= 0.9 * sum(beta.values()), by_tid
+    # hashlib's native frames (OpenSSL's libcrypto) stay under the Python function that called it.
+    beta = [s for s in samples if s.tid == truth["beta_tid"]]
+    under = sum(
+        s.count
+        for s in beta
+        if any(named("beta_worker")(f.function) for f in s.frames)
+        and any(
+            "libcrypto" in f.module
+            for f in s.frames[
+                [f.function for f in s.frames].index(
+                    next(f.function for f in s.frames if named("beta_worker")(f.function))
+                ) :
+            ]
+        )
+    )
+    assert under > 0.5 * sum(s.count for s in beta), [f.function for f in beta[0].frames]
+    assert stats["python_samples"] > 200, stats
+
+
+@pytest.mark.bpf
+def test_unsupported_python_keeps_native_stacks_and_is_counted(pipeline: Pipeline) -> None:
+    samples, stats, _ = pipeline.profile([python("3.9"), str(STORY), "1.5", "70"])
+    total = sum(s.count for s in samples)
+    assert total > 100
+    assert not any("(py_story.py:" in f.function for s in samples for f in s.frames)
+    # Its native frames as before (short without frame pointers: half or more name a libpython function).
+    named_native = sum(
+        s.count for s in samples if any(not f.is_unknown and "libpython3.9" in f.module for f in s.frames)
+    )
+    assert named_native > 0.5 * total, "native frames are missing for an unsupported Python"
+    assert stats["python_processes_unsupported_version"] == 1, stats
+    assert stats["python_unsupported_samples"] > 0.5 * total, stats
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
