@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agent.batch import stack_wire_id  # noqa: E402
 from collector.ingest import decode_payload  # noqa: E402
 from collector.query.selector import parse_selector  # noqa: E402
 from collector.render.tree import FrameKey  # noqa: E402
@@ -55,9 +56,10 @@ def free_port() -> int:
 
 
 # -- realistic batches -------------------------------------------------------------------------------
-def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Batch]:
+def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bool = True) -> list[pb.Batch]:
     """Batches as an agent on a busy 64-CPU node sends them: a string table, `stacks` distinct stacks drawn
-    from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples."""
+    from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples. Stacks carry
+    the agent's wire ids (Stack.id) unless `stack_ids` is false (an agent from before them)."""
     rng = random.Random(seed)
     funcs = [f"func_{i}" for i in range(4000)]
     mods = ["/usr/bin/python3.11", "/usr/lib/libc.so.6", "/opt/app/train", "[kernel]", "/usr/lib/libcuda.so"]
@@ -78,11 +80,13 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Ba
 
         batch = pb.Batch(frequency_hz=HZ)
         for fr, m in rng.sample(pool, stacks):
+            names, modules = [funcs[f] for f in fr], [mods[m]] * len(fr)
             batch.stacks.append(
                 pb.Stack(
-                    functions=[s(funcs[f]) for f in fr],
-                    modules=[s(mods[m])] * len(fr),
+                    functions=[s(f) for f in names],
+                    modules=[s(x) for x in modules],
                     kernel_start=len(fr) - 3,
+                    id=stack_wire_id(names, modules, len(fr) - 3) if stack_ids else 0,
                 )
             )
         for p in range(procs):
@@ -410,6 +414,9 @@ def main() -> int:
     ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
     ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
     ap.add_argument("--processes", type=int, default=300, help="processes per batch")
+    ap.add_argument(
+        "--no-stack-ids", action="store_true", help="batches without Stack.id, as agents before it sent them"
+    )
     args = ap.parse_args()
     seconds = 10.0 if args.quick else args.seconds
     repeats = 5 if args.quick else 11
@@ -418,9 +425,10 @@ def main() -> int:
     print(table(run_engines(engine_rows)))
     print(
         f"\n## ingest through gRPC ({args.agents} agents, batches of {SAMPLES_PER_BATCH:,} samples, "
-        f"{args.stacks:,} stacks, {args.processes} processes; {seconds:.0f} s per store)\n"
+        f"{args.stacks:,} stacks{'' if args.no_stack_ids else ' with wire ids'}, {args.processes} processes; "
+        f"{seconds:.0f} s per store)\n"
     )
-    templates = make_templates(6, args.stacks, args.processes)
+    templates = make_templates(6, args.stacks, args.processes, stack_ids=not args.no_stack_ids)
     print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
     rows = [run_ingest("in-memory (baseline)", None, templates, args.agents, seconds)]
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))

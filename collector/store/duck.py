@@ -21,6 +21,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 import duckdb
@@ -45,6 +46,7 @@ CREATE TABLE IF NOT EXISTS seen (agent_id VARCHAR, sequence BIGINT);
 """
 TABLES = ("frames", "stacks", "label_sets", "samples", "syscalls", "syscall_hist", "seen")
 _CACHE_LIMIT = 1_000_000
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 @dataclass(frozen=True)
@@ -73,26 +75,29 @@ class Chunk:
 
     def add(self, profile: ProfileRows) -> None:
         b = int((profile.start + profile.end) / 2 // self.bucket_s * self.bucket_s)
+        rows = profile.rows
         keys = profile.keys
         if keys is None:
-            keys = [(labels_id(labels), stack_id(stack)) for labels, stack, _ in profile.rows]
+            keys = [(labels_id(labels), stack_id(stack)) for labels, stack, _ in rows]
         n = len(keys)
         self.bucket.extend([b] * n)
         self.freq.extend([profile.frequency_hz] * n)
-        stacks, labels = self.stacks, self.labels
-        for (lset, stack, count), (lid, sid) in zip(profile.rows, keys, strict=True):
-            self.lid.append(lid)
-            self.sid.append(sid)
-            self.count.append(count)
-            if sid not in stacks:
-                stacks[sid] = stack
-            if lid not in labels:
-                labels[lid] = lset
-        for lset, name, agg in profile.syscalls:
-            lid = labels_id(lset)
-            labels.setdefault(lid, lset)
-            self.sys_rows.append((b, lid, name, agg.count, agg.timed, agg.timed_ns))
-            self.hist_rows.extend((b, lid, name, i, v) for i, v in enumerate(agg.hist) if v)
+        # Column by column at C speed; definitions seen again just overwrite themselves.
+        self.lid.extend(map(_FIRST, keys))
+        self.sid.extend(map(_SECOND, keys))
+        self.count.extend(map(_THIRD, rows))
+        self.stacks.update(zip(map(_SECOND, keys), map(_SECOND, rows), strict=True))
+        label_sets = dict(zip(map(_FIRST, keys), map(_FIRST, rows), strict=True))
+        self.labels.update(label_sets)
+        if profile.syscalls:
+            ids = {lset: lid for lid, lset in label_sets.items()}
+            for lset, name, agg in profile.syscalls:
+                lid = ids.get(lset)
+                if lid is None:
+                    lid = ids[lset] = labels_id(lset)
+                    self.labels[lid] = lset
+                self.sys_rows.append((b, lid, name, agg.count, agg.timed, agg.timed_ns))
+                self.hist_rows.extend((b, lid, name, i, v) for i, v in enumerate(agg.hist) if v)
 
     @property
     def rows(self) -> int:

@@ -183,14 +183,16 @@ class SyscallTracerStats(_message.Message):
     def __init__(self, table_full: _Optional[int] = ..., stale_starts: _Optional[int] = ...) -> None: ...
 
 class Stack(_message.Message):
-    __slots__ = ("functions", "modules", "kernel_start")
+    __slots__ = ("functions", "modules", "kernel_start", "id")
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     MODULES_FIELD_NUMBER: _ClassVar[int]
     KERNEL_START_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     functions: _containers.RepeatedScalarFieldContainer[int]
     modules: _containers.RepeatedScalarFieldContainer[int]
     kernel_start: int
-    def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ...) -> None: ...
+    id: int
+    def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ..., id: _Optional[int] = ...) -> None: ...
 
 class Label(_message.Message):
     __slots__ = ("name", "value")

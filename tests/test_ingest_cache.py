@@ -1,0 +1,149 @@
+"""Ingest remembers stacks by the agent's wire id and label sets by content: known stacks are not decoded or
+checked again, yet every agent's rows are exactly what it sent and bad batches are still refused by name."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from agent.batch import stack_wire_id
+from collector.ingest import BatchError, Decoder, IngestLimits, decode_batch
+from collector.render.tree import FrameKey
+from fleetprof.v1 import ingest_pb2 as pb
+from tests.conftest import RunningCollector
+from tests.test_ingest import make_batch, push
+
+NOW = time.time_ns()
+
+
+def batch_of(
+    stacks: list[tuple[list[str], int]],
+    agent_id: str = "agent-a",
+    node: str = "node-a",
+    seq: int = 1,
+    ids: bool = True,
+    shuffle: bool = False,
+    gpu: int = 0,
+) -> pb.Batch:
+    """One sample per stack of ([function, ...], wire id); `shuffle` reverses the string table's order."""
+    names = sorted({f for fs, _ in stacks for f in fs} | {"mod", "worker", "pod", "p-1"}, reverse=shuffle)
+    strings = ["", *names]
+    ix = {s: i for i, s in enumerate(strings)}
+    b = pb.Batch(
+        agent=pb.AgentIdentity(node=node, agent_id=agent_id),
+        sequence=seq,
+        start_unix_ns=NOW - 10**10,
+        end_unix_ns=NOW,
+        frequency_hz=19,
+        strings=strings,
+    )
+    b.processes.append(
+        pb.Process(pid=7, comm=ix["worker"], labels=[pb.Label(name=ix["pod"], value=ix["p-1"])])
+    )
+    for i, (fs, wire_id) in enumerate(stacks):
+        b.stacks.append(
+            pb.Stack(
+                functions=[ix[f] for f in fs],
+                modules=[ix["mod"]] * len(fs),
+                kernel_start=len(fs),
+                id=wire_id if ids else 0,
+            )
+        )
+        b.samples.append(pb.Sample(process=0, tid=7, stack=i, count=i + 1, gpu=gpu))
+    return b
+
+
+def frames(*names: str) -> tuple[FrameKey, ...]:
+    return tuple(FrameKey(n, "mod") for n in names)
+
+
+STACKS = [(["main", "a"], 11), (["main", "b", "c"], 12), (["main"], 13)]
+
+
+def test_rows_are_the_same_with_and_without_wire_ids_and_for_known_stacks() -> None:
+    plain = decode_batch(batch_of(STACKS, ids=False))
+    decoder = Decoder()
+    first = decoder.decode(batch_of(STACKS))
+    # The next window interns its strings in another order: known stacks are found by id, not index.
+    again = decoder.decode(batch_of(STACKS, seq=2, shuffle=True))
+    assert list(plain.rows) == list(first.rows) == list(again.rows)
+    assert list(plain.keys) == list(first.keys) == list(again.keys)
+    assert [st for _, st, _ in again.rows] == [frames("main", "a"), frames("main", "b", "c"), frames("main")]
+
+
+def test_one_agents_wire_ids_do_not_touch_another_agents_stacks() -> None:
+    decoder = Decoder()
+    decoder.decode(batch_of([(["x", "y"], 99)], agent_id="agent-a"))
+    # The same id from another agent means another stack: it is decoded from its own strings.
+    rows = decoder.decode(batch_of([(["p", "q", "r"], 99)], agent_id="agent-b", node="node-b")).rows
+    assert [st for _, st, _ in rows] == [frames("p", "q", "r")]
+    rows = decoder.decode(batch_of([(["x", "y"], 99)], agent_id="agent-a", seq=2)).rows
+    assert [st for _, st, _ in rows] == [frames("x", "y")]
+
+
+def test_a_bad_new_stack_is_refused_and_not_remembered() -> None:
+    decoder = Decoder()
+    bad = batch_of([(["main", "a"], 21)])
+    bad.stacks[0].functions[1] = 999
+    with pytest.raises(BatchError, match="stack 0 refers to string 999"):
+        decoder.decode(bad, IngestLimits())
+    rows = decoder.decode(batch_of([(["main", "a"], 21)], seq=2), IngestLimits()).rows
+    assert [st for _, st, _ in rows] == [frames("main", "a")]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "problem"),
+    [
+        (lambda b: setattr(b.samples[2], "stack", 9), "sample 2 refers to stack 9, but there are 3"),
+        (lambda b: setattr(b.samples[1], "process", 4), "sample 1 refers to process 4, but there are 1"),
+        (lambda b: setattr(b.samples[1], "count", 0), "sample 1 has count 0"),
+        (lambda b: setattr(b.samples[0], "gpu", 7), "sample 0 has an unknown GPU state 7"),
+    ],
+)
+def test_sample_checks_name_the_first_bad_sample(mutate, problem: str) -> None:  # noqa: ANN001
+    decoder = Decoder()
+    decoder.decode(batch_of(STACKS))  # the stacks are known: only the samples can be wrong
+    b = batch_of(STACKS, seq=2)
+    b.samples[2].count = 0  # a later problem, or one after the first in the same sample
+    mutate(b)
+    with pytest.raises(BatchError, match=problem):
+        decoder.decode(b, IngestLimits())
+
+
+def test_gpu_states_tag_the_label_set() -> None:
+    rows = Decoder().decode(batch_of(STACKS, gpu=pb.GPU_STATE_BUSY)).rows
+    assert {dict(lb).get("gpu_state") for lb, _, _ in rows} == {"busy"}
+    assert [c for _, _, c in rows] == [1, 2, 3]
+
+
+def test_wire_id_names_the_content() -> None:
+    base = stack_wire_id(["main", "a"], ["m", "m"], 2)
+    assert base == stack_wire_id(["main", "a"], ["m", "m"], 2) != 0
+    assert base != stack_wire_id(["main", "a"], ["m", "m"], 1)
+    assert base != stack_wire_id(["main", "b"], ["m", "m"], 2)
+    assert base != stack_wire_id(["main", "a"], ["m", "n"], 2)
+    assert stack_wire_id(["a"], ["b", "c"], 0) != stack_wire_id(["a", "b"], ["c"], 0)
+
+
+def test_known_stacks_from_two_agents_land_under_their_own_nodes(collector: RunningCollector) -> None:
+    one = batch_of([(["main", "left"], 5)], agent_id="agent-1", node="node-1")
+    two = batch_of([(["main", "right", "deep"], 5)], agent_id="agent-2", node="node-2")
+    assert push(collector.grpc_target, [one, two]) == [1, 1]
+    again = [batch_of([(["main", "left"], 5)], agent_id="agent-1", node="node-1", seq=2, shuffle=True)]
+    assert push(collector.grpc_target, again) == [2]
+    left = collector.folded('{node="node-1"}', since="1h")
+    right = collector.folded('{node="node-2"}', since="1h")
+    assert [[f.function for f in st] for st in left] == [["main", "left"]] and sum(left.values()) == 2
+    assert [[f.function for f in st] for st in right] == [["main", "right", "deep"]]
+
+
+def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningCollector) -> None:
+    b = make_batch()
+    b.stacks[0].id = 77
+    b.stacks[0].functions[0] = 500
+    with pytest.raises(grpc.RpcError) as info:
+        push(collector.grpc_target, [b])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "refers to string 500" in info.value.details()
