@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Sequence
+
 from agent.attribution import Attributor
 from agent.gpu.samples import DeviceSample, GpuWindow
 from agent.process.cgroups import CgroupIdentity
@@ -23,15 +26,27 @@ class _Strings:
         return i
 
 
+def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start: int) -> int:
+    """The stack's content id on the wire (Stack.id): a 64-bit hash of its frame strings, never 0 (none).
+    The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
+    text = "\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}"
+    h = int.from_bytes(
+        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
+    )
+    return h or 1
+
+
 def encode_window(
     window: Window,
     identity: pb.AgentIdentity,
     frequency_hz: int,
     attributor: Attributor | None = None,
     gpu: GpuWindow | None = None,
+    gpu_state: Callable[[int, int], int] | None = None,
 ) -> pb.Batch:
     """The Batch for `window`, without a sequence number (the shipper assigns it). `gpu`: the GPU polls of
-    the same window, processes and owners attributed (GpuWindow.attributed); None leaves the section out."""
+    the same window, processes and owners attributed (GpuWindow.attributed); None leaves the section out.
+    `gpu_state(pid, gpu_slot)`: the pb.GpuState of a tagged sample's GPUs at its time slot."""
     attributor = attributor or Attributor()
     strings = _Strings()
     stacks: dict[tuple, int] = {}
@@ -69,17 +84,23 @@ def encode_window(
         sidx = stacks.get(skey)
         if sidx is None:
             sidx = stacks[skey] = len(batch.stacks)
+            functions = [f.function for f in s.frames]
+            modules = [f.module for f in s.frames]
             batch.stacks.append(
                 pb.Stack(
-                    functions=[strings.id(f.function) for f in s.frames],
-                    modules=[strings.id(f.module) for f in s.frames],
+                    functions=[strings.id(f) for f in functions],
+                    modules=[strings.id(m) for m in modules],
                     kernel_start=s.kernel_start,
+                    id=stack_wire_id(functions, modules, s.kernel_start),
                 )
             )
-        # Two raw stacks can symbolize to the same frames: merge them here.
-        ckey = (pidx, s.tid, sidx)
+        # Two raw stacks (or two time slots of a process on a GPU) can come to the same row: merge them.
+        state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
+        ckey = (pidx, s.tid, sidx, state)
         counts[ckey] = counts.get(ckey, 0) + s.count
-    batch.samples.extend(pb.Sample(process=p, tid=t, stack=st, count=c) for (p, t, st), c in counts.items())
+    batch.samples.extend(
+        pb.Sample(process=p, tid=t, stack=st, count=c, gpu=g) for (p, t, st, g), c in counts.items()
+    )
     for proc, st in window.syscalls:
         batch.syscalls.append(
             pb.SyscallStats(

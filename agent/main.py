@@ -77,6 +77,9 @@ def split_hostport(text: str, flag: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+_GPU_STATES = {None: pb.GPU_STATE_NONE, "idle": pb.GPU_STATE_IDLE, "busy": pb.GPU_STATE_BUSY}
+
+
 class Agent:
     """Owns the pipeline's stages and threads. `run()` blocks until `stop()`."""
 
@@ -170,8 +173,17 @@ class Agent:
         while not self._stop.is_set():
             try:
                 self.sampler.poll_events(1000)  # returns at once when events arrive
+                if self.gpu is not None:
+                    self.sampler.set_gpu_processes(self.gpu.timeline.gpu_pids())
             except Exception:  # keep describing processes whatever one event did
                 log.exception("process event handling failed")
+
+    def _gpu_state(self, pid: int, gpu_slot: int) -> int:
+        """The GPU state of a process at a sample's time slot (CLOCK_MONOTONIC, like bpf_ktime_get_ns)."""
+        assert self.gpu is not None
+        slot_s = self.config.gpu_interval_s
+        t = (gpu_slot - 0.5) * slot_s + (time.time() - time.monotonic())  # the slot's middle, wall clock
+        return _GPU_STATES[self.gpu.timeline.state(pid, t)]
 
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
@@ -187,7 +199,14 @@ class Agent:
         self.processes.end_window()
         self.gpu_owners.refresh_if_stale(time.monotonic())
         gpu = self.gpu.drain().attributed(self.processes.get, self.gpu_owners.owner) if self.gpu else None
-        batch = encode_window(window, self.identity, self.config.frequency_hz, self.attributor, gpu)
+        batch = encode_window(
+            window,
+            self.identity,
+            self.config.frequency_hz,
+            self.attributor,
+            gpu,
+            self._gpu_state if self.gpu is not None else None,
+        )
         self.shipper.submit(batch)
         self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
@@ -204,6 +223,7 @@ class Agent:
                 interval_s=cfg.interval_s,
                 include_idle=cfg.include_idle,
                 python=cfg.python,
+                gpu_slot_s=cfg.gpu_interval_s,
             ),
             on_process_event=self._on_process_event,
         )

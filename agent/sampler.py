@@ -57,6 +57,7 @@ class SampleKey(ct.Structure):
         ("user_stack", ct.c_uint64),
         ("kernel_stack", ct.c_uint64),
         ("python_stack", ct.c_uint64),
+        ("gpu_slot", ct.c_uint64),
         ("comm", ct.c_char * 16),
     ]
 
@@ -87,6 +88,7 @@ class SampleCount:
     kernel_stack: int
     count: int
     python_stack: int = STACK_NONE  # CPython frames of the thread, for processes running one
+    gpu_slot: int = 0  # processes on a GPU: which GPU_SLOT of CLOCK_MONOTONIC the samples fell in, + 1
 
 
 # One CPython frame as BPF recorded it: (code address, instruction pointer - code address, owner<<24 |
@@ -114,6 +116,8 @@ class SamplerConfig:
     seen_size: int = 65536
     python: bool = True  # walk CPython frames of processes that user space registers (set_python_process)
     python_procs: int = 4096  # CPython processes walked at once
+    gpu_slot_s: float = 1.0  # time resolution of GPU-state tagging: the GPU poll interval
+    gpu_procs: int = 4096  # processes on GPUs tagged at once
 
     def table_sizes(self, ncpus: int) -> tuple[int, int]:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
@@ -146,6 +150,8 @@ class CpuSampler:
         bcc = load_bcc()
         self._config = config
         self._lock = threading.Lock()
+        self._gpu_lock = threading.Lock()
+        self._gpu_pids: set[int] = set()
         self.counts_size, self.stacks_size = config.table_sizes(os.cpu_count() or 1)
         cflags = [
             f"-DMAX_DEPTH={MAX_DEPTH}",
@@ -159,6 +165,8 @@ class CpuSampler:
             f"-DPY_MAX_THREADS={PY_MAX_THREADS}",
             f"-DPY_STACKS_SIZE={config.python_stacks_size(self.stacks_size)}",
             f"-DPY_PROCS_SIZE={config.python_procs}",
+            f"-DGPU_SLOT_NS={int(config.gpu_slot_s * 1e9)}ULL",
+            f"-DGPU_PROCS_SIZE={config.gpu_procs}",
             f"-I{BPF_SOURCE.parent}",
         ]
         try:
@@ -200,6 +208,23 @@ class CpuSampler:
         self._bpf.ring_buffer_poll(timeout_ms)
 
     # -- CPython processes ------------------------------------------------------------------------
+    def set_gpu_processes(self, pids: set[int]) -> None:
+        """The processes holding a GPU context now: their samples get time slots (SampleCount.gpu_slot)."""
+        with self._gpu_lock:
+            table = self._bpf["gpu_procs"]
+            for pid in self._gpu_pids - pids:
+                try:
+                    del table[ct.c_uint32(pid)]
+                except KeyError:
+                    pass
+                self._gpu_pids.discard(pid)
+            for pid in pids - self._gpu_pids:
+                try:
+                    table[ct.c_uint32(pid)] = ct.c_uint8(1)
+                except Exception:  # noqa: BLE001 - BCC raises bare Exception: the map is full, go untagged
+                    continue
+                self._gpu_pids.add(pid)
+
     def set_python_process(self, pid: int, proc: PyProc) -> None:
         """Walk the CPython frames of `pid` from now on (BPF forgets it at exec and exit)."""
         if self._config.python:
@@ -226,6 +251,7 @@ class CpuSampler:
                     kernel_stack=k.kernel_stack,
                     count=v,
                     python_stack=k.python_stack,
+                    gpu_slot=k.gpu_slot,
                 )
                 for k, v in _drain_map(self._counts[idle], SampleKey, ct.c_uint64)
             ]

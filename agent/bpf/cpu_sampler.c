@@ -2,7 +2,7 @@
 // kernel and notifies user space of processes it has not described yet.
 //
 // Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE,
-// INCLUDE_IDLE, STACKS_MAP_FLAGS, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE and
+// INCLUDE_IDLE, STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE and
 // PY_PROCS_SIZE with -D flags and mirrors every struct here with ctypes.
 //
 // Rules this file keeps:
@@ -34,6 +34,8 @@ struct sample_key {
     u64 user_stack;
     u64 kernel_stack;
     u64 python_stack;  // CPython frames of this thread (python_stacks{0,1}); 0 for other processes
+    u64 gpu_slot;      // processes on a GPU: bpf_ktime_get_ns() / GPU_SLOT_NS + 1, so user space can
+                       // join the sample with the GPU's busy/idle state at that time; 0 for others
     char comm[16];     // thread name at sample time
 };
 
@@ -98,6 +100,11 @@ BPF_TABLE("lru_hash", u64, u64, python_threads, PY_PROCS_SIZE * 4);
 
 // python_scratch: per-CPU buffer for the frames of one walk (1 KB; too large for the BPF stack).
 BPF_PERCPU_ARRAY(python_scratch, struct py_stack, 1);
+
+// gpu_procs: tgid -> 1 for processes that hold a GPU context (from NVML's process lists). Written only by
+// user space after each GPU poll; their samples carry a time slot (sample_key.gpu_slot). GPU_PROCS_SIZE
+// entries; a process not in it (the map full, or no GPU) is profiled as usual, untagged.
+BPF_HASH(gpu_procs, u32, u8, GPU_PROCS_SIZE);
 
 // stats: per-CPU counters (see STAT_*). Never cleared; user space computes deltas.
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
@@ -282,6 +289,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     if (py)
         key.python_stack = python_stack(set, pid_tgid, py);
 #endif
+    if (gpu_procs.lookup(&tgid))
+        key.gpu_slot = bpf_ktime_get_ns() / GPU_SLOT_NS + 1;
     count_sample(set, &key);
 
     if (tgid != 0 && !seen.lookup(&tgid)) {
