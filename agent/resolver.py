@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from agent.process.cgroups import CgroupIdentity
 from agent.process.table import ProcessInfo, ProcessTable
+from agent.python.codes import PYTHON_MODULE
 from agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from agent.sampler import STACK_LOST, STACK_NONE, Drain
 from agent.symbols.symbolizer import Frame, Symbolizer
@@ -28,6 +29,7 @@ class ResolvedSample:
     frames: tuple[Frame, ...]  # root first
     kernel_start: int  # index of the first kernel frame (len(frames) if none)
     count: int
+    gpu_slot: int = 0  # see SampleCount.gpu_slot
 
 
 @dataclass
@@ -73,12 +75,16 @@ class Resolver:
         self._python = python
         self._user_cache = _Lru(cache_size)
         self._kernel_cache = _Lru(cache_size)
+        self._py_named = _Lru(cache_size // 2)
+        self._py_merged = _Lru(cache_size)
 
     def resolve(self, drain: Drain, syscalls: SyscallDrain | None = None) -> Window:
         samples: list[ResolvedSample] = []
         unknown_process = 0
         remapped: set[int] = set()
-        python = _PythonWindow(self._python) if self._python is not None else None
+        python = (
+            _PythonWindow(self._python, self._py_named, self._py_merged) if self._python is not None else None
+        )
         for s in drain.samples:
             proc = self._process(s.tgid, s.comm)
             if not proc.start_ticks:
@@ -94,7 +100,7 @@ class Resolver:
             frames = user + kernel
             if not frames:
                 frames = (NO_STACK,)
-            samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count))
+            samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot))
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
         if python is not None:
@@ -154,14 +160,19 @@ class Resolver:
 
 
 class _PythonWindow:
-    """One window's Python frames: each distinct (process, Python stack) is named once per window (code
-    objects are re-checked per window, see agent/python/codes.py), then merged into native stacks."""
+    """One window's Python frames: each distinct (process, Python stack) is named once, then merged into
+    native stacks. Names are kept across windows (`named`, `merged`: the resolver's bounded LRUs): a Python
+    stack id hashes each frame's code address, instruction and a fingerprint of its qualname pointer taken
+    at sample time, so a later sample with the same id ran the same code (a code object freed and replaced
+    by one with another name changes the id). Results that met a freed or unreadable code object are not
+    kept. Without this, every window re-read every sampled code object and re-decoded its line table:
+    ~1% of a core for a handful of Python processes, most of the agent's CPU."""
 
-    def __init__(self, python: PythonStacks):
+    def __init__(self, python: PythonStacks, named: _Lru, merged: _Lru):
         self._python = python
         self._detected = python.begin_window()
-        self._named: dict[tuple[int, int, int], tuple[Frame, ...]] = {}
-        self._merged: dict[tuple[int, int, int, int], tuple[Frame, ...]] = {}
+        self._named = named
+        self._merged = merged
         self.unsupported_samples = 0
         self.merged_samples = 0
 
@@ -189,11 +200,14 @@ class _PythonWindow:
                 named = (LOST_PYTHON_STACK,)
             else:
                 named = self._python.frames(p, stacks[stack_id])
-            self._named[key] = named
+            if not any(f.module == PYTHON_MODULE for f in named):
+                self._named.put(key, named)
         mkey = (*key, native_id)
         merged = self._merged.get(mkey)
         if merged is None:
-            merged = self._merged[mkey] = self._python.merged(native, named)
+            merged = self._python.merged(native, named)
+            if not any(f.module == PYTHON_MODULE for f in named):
+                self._merged.put(mkey, merged)
         self.merged_samples += count
         return merged
 

@@ -257,9 +257,7 @@ class QueryApi:
                     "idle_top_functions": top_functions(idle.stacks, functions) if functions else [],
                 }
             )
-        return json_response(
-            {"from": start, "until": end, "query": str(selector), "pods": pods}
-        )
+        return json_response({"from": start, "until": end, "query": str(selector), "pods": pods})
 
     def _top_groups(self, req: Request, limit: int) -> Response:
         """The label-value groups (e.g. pods) burning the most CPU: /api/v1/top?by=namespace,pod."""

