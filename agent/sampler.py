@@ -152,6 +152,7 @@ class CpuSampler:
         self._lock = threading.Lock()
         self._gpu_lock = threading.Lock()
         self._gpu_pids: set[int] = set()
+        self._gpu_table = None  # the BCC map, looked up once the BPF object exists
         self.counts_size, self.stacks_size = config.table_sizes(os.cpu_count() or 1)
         cflags = [
             f"-DMAX_DEPTH={MAX_DEPTH}",
@@ -174,6 +175,7 @@ class CpuSampler:
         except Exception as exc:  # BCC raises bare Exception for compile and verifier failures
             raise BpfUnavailable(f"the CPU sampler BPF program did not compile or load: {exc}") from exc
         self._buffers = DoubleBuffer(self._bpf["control"])
+        self._gpu_table = self._bpf["gpu_procs"]
         self._counts = (self._bpf["counts0"], self._bpf["counts1"])
         self._stacks = (self._bpf["stacks0"], self._bpf["stacks1"])
         self._python_stacks = (self._bpf["python_stacks0"], self._bpf["python_stacks1"])
@@ -211,7 +213,9 @@ class CpuSampler:
     def set_gpu_processes(self, pids: set[int]) -> None:
         """The processes holding a GPU context now: their samples get time slots (SampleCount.gpu_slot)."""
         with self._gpu_lock:
-            table = self._bpf["gpu_procs"]
+            if pids == self._gpu_pids:
+                return
+            table = self._gpu_table
             for pid in self._gpu_pids - pids:
                 try:
                     del table[ct.c_uint32(pid)]
