@@ -64,8 +64,14 @@ def profile_batch(
     return batch
 
 
-def push_profile(grpc_target: str, rows: list[Row], ago_s: float = 0.0, window_s: float = 10.0) -> None:
-    batch = profile_batch(rows, ago_s, window_s)
+def push_profile(
+    grpc_target: str,
+    rows: list[Row],
+    ago_s: float = 0.0,
+    window_s: float = 10.0,
+    frequency_hz: int = FREQUENCY_HZ,
+) -> None:
+    batch = profile_batch(rows, ago_s, window_s, frequency_hz)
     with grpc.insecure_channel(grpc_target) as channel:
         acks = list(pb_grpc.IngestStub(channel).Push(iter([batch]), timeout=10))
     assert [a.sequence for a in acks] == [1]

@@ -3,82 +3,30 @@
 from __future__ import annotations
 
 import os
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
-import grpc
 import pytest
-
-from fleetprof.v1 import ingest_pb2 as pb
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
 from .browser import CHROMIUM, Chromium, Page
 from .conftest import RunningCollector
+from .profiles import PROFILE, push_profile
 
 pytestmark = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK), reason=f"needs Chromium at {CHROMIUM} (Debian package chromium)"
 )
 
 FREQUENCY_HZ = 19
-# (pid, comm, labels, stack root first as (function, module), index of the first kernel frame, samples).
-# hot_loop: 300 samples, cold_path: 60 + 40 = 100; only the server ever runs accept_loop and sys_read.
-PROFILE = [
-    (101, "worker", {"namespace": "ml", "pod": "trainer-0"},
-     [("main", "/app/worker"), ("run", "/app/worker"), ("hot_loop", "/app/worker")], 3, 300),
-    (101, "worker", {"namespace": "ml", "pod": "trainer-0"},
-     [("main", "/app/worker"), ("run", "/app/worker"), ("cold_path", "/app/worker")], 3, 60),
-    (202, "server", {"namespace": "web", "pod": "api-0"},
-     [("main", "/app/server"), ("accept_loop", "/app/server"), ("cold_path", "/app/server"),
-      ("sys_read", "")], 3, 40),
-]  # fmt: skip
+# PROFILE (tests/profiles.py): hot_loop 300 samples, cold_path 60 + 40 = 100; only the server ever runs
+# accept_loop and sys_read.
 TOTAL = 400
-
-
-def profile_batch(sequence: int, agent_id: str) -> pb.Batch:
-    """PROFILE as one agent batch covering the last ten seconds, in the wire's interned shape."""
-    strings: dict[str, int] = {"": 0}
-
-    def sid(text: str) -> int:
-        return strings.setdefault(text, len(strings))
-
-    now = time.time_ns()
-    batch = pb.Batch(
-        agent=pb.AgentIdentity(node="test-node", agent_id=agent_id, version="test"),
-        sequence=sequence,
-        start_unix_ns=now - 10_000_000_000,
-        end_unix_ns=now,
-        frequency_hz=FREQUENCY_HZ,
-    )
-    processes: dict[int, int] = {}
-    for pid, comm, labels, frames, kernel_start, count in PROFILE:
-        if pid not in processes:
-            processes[pid] = len(batch.processes)
-            batch.processes.add(
-                pid=pid,
-                comm=sid(comm),
-                exe=sid(frames[0][1]),
-                labels=[pb.Label(name=sid(k), value=sid(v)) for k, v in labels.items()],
-            )
-        batch.samples.add(process=processes[pid], tid=pid, stack=len(batch.stacks), count=count)
-        batch.stacks.add(
-            functions=[sid(f) for f, _ in frames],
-            modules=[sid(m) for _, m in frames],
-            kernel_start=kernel_start,
-        )
-    batch.strings.extend(strings)  # dicts keep insertion order, which is id order
-    return batch
 
 
 @pytest.fixture(scope="module")
 def profiled(module_collector: RunningCollector) -> RunningCollector:
     """The module's collector holding PROFILE, pushed through the real gRPC ingest path."""
-    agent_id = f"web-ui-test-{uuid.uuid4()}"
-    with grpc.insecure_channel(module_collector.grpc_target) as channel:
-        acks = list(pb_grpc.IngestStub(channel).Push(iter([profile_batch(1, agent_id)]), timeout=10))
-    assert [a.sequence for a in acks] == [1]
+    push_profile(module_collector.grpc_target, PROFILE, frequency_hz=FREQUENCY_HZ)
     return module_collector
 
 
