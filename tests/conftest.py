@@ -18,6 +18,7 @@ import pytest
 
 from collector.main import Collector, CollectorConfig
 from collector.render.tree import parse_folded
+from tests.browser import Chromium, Page
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -105,6 +106,22 @@ def module_collector() -> Iterator[RunningCollector]:
     col = start_collector()
     yield RunningCollector(col)
     col.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chromium]:
+    """Headless Chromium (tests/browser.py), one per test module."""
+    with Chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Chromium) -> Iterator[Page]:
+    p = browser.new_page()
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 def require_bpf() -> None:

@@ -11,14 +11,13 @@ import sys
 import urllib.error
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from collector.render.html import render_html
 from collector.render.tree import FrameKey
-from tests.browser import CHROMIUM, Chromium, Page
+from tests.browser import CHROMIUM, Page
 from tests.conftest import REPO, RunningCollector, http_get
 from tests.profiles import PROFILE, push_profile, wide_rows
 
@@ -144,21 +143,6 @@ def test_flame_picks_the_format_from_the_extension(
 
 
 # ---- the HTML flame graph in Chromium -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Chromium]:
-    with Chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Chromium) -> Iterator[Page]:
-    p = browser.new_page()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def widths(page: Page) -> dict[str, float]:

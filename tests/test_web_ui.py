@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
 
-from .browser import CHROMIUM, Chromium, Page
+from .browser import CHROMIUM, Page
 from .conftest import RunningCollector
 from .profiles import PROFILE, push_profile
 
@@ -28,21 +27,6 @@ def profiled(module_collector: RunningCollector) -> RunningCollector:
     """The module's collector holding PROFILE, pushed through the real gRPC ingest path."""
     push_profile(module_collector.grpc_target, PROFILE, frequency_hz=FREQUENCY_HZ)
     return module_collector
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Chromium]:
-    with Chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Chromium) -> Iterator[Page]:
-    p = browser.new_page()
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def frame_names(page: Page) -> list[str]:

@@ -46,6 +46,22 @@ CREATE TABLE IF NOT EXISTS seen (agent_id VARCHAR, sequence BIGINT);
 """
 TABLES = ("frames", "stacks", "label_sets", "samples", "syscalls", "syscall_hist", "seen")
 _CACHE_LIMIT = 1_000_000
+
+
+def _known(ids: Iterable[int], cache: dict, pending: Sequence[dict]) -> tuple[dict, list[int]]:
+    """What the cache or a pending (not yet flushed) chunk already holds for `ids`, and the ids to query."""
+    out, missing = {}, []
+    for i in ids:
+        value = cache.get(i)
+        if value is None:
+            value = next((v for v in (p.get(i) for p in pending) if v is not None), None)
+        if value is None:
+            missing.append(i)
+        else:
+            out[i] = value
+    return out, missing
+
+
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
@@ -292,19 +308,7 @@ class DuckStore:
     )
 
     def labels_of(self, lids: Iterable[int], pending: Sequence[Chunk] = ()) -> dict[int, Labels]:
-        out: dict[int, Labels] = {}
-        missing = []
-        for lid in lids:
-            lb = self._label_cache.get(lid)
-            if lb is None:
-                for c in pending:
-                    lb = c.labels.get(lid)
-                    if lb is not None:
-                        break
-            if lb is None:
-                missing.append(lid)
-            else:
-                out[lid] = lb
+        out, missing = _known(lids, self._label_cache, [c.labels for c in pending])
         if missing:
             rows = (
                 self._cursor()
@@ -323,19 +327,7 @@ class DuckStore:
         return out
 
     def stacks_of(self, sids: Iterable[int], pending: Sequence[Chunk] = ()) -> dict[int, Stack]:
-        out: dict[int, Stack] = {}
-        missing = []
-        for sid in sids:
-            st = self._stack_cache.get(sid)
-            if st is None:
-                for c in pending:
-                    st = c.stacks.get(sid)
-                    if st is not None:
-                        break
-            if st is None:
-                missing.append(sid)
-            else:
-                out[sid] = st
+        out, missing = _known(sids, self._stack_cache, [c.stacks for c in pending])
         if missing:
             rows = (
                 self._cursor()
