@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import generate_latest
@@ -181,12 +182,13 @@ class Agent:
             except Exception:  # keep describing processes whatever one event did
                 log.exception("process event handling failed")
 
-    def _gpu_state(self, pid: int, gpu_slot: int) -> int:
-        """The GPU state of a process at a sample's time slot (CLOCK_MONOTONIC, like bpf_ktime_get_ns)."""
+    def _gpu_states(self) -> Callable[[int, int], int]:
+        """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
+        clock), for one window: the wall-clock offset is read once."""
         assert self.gpu is not None
-        slot_s = self.config.gpu_interval_s
-        t = (gpu_slot - 0.5) * slot_s + (time.time() - time.monotonic())  # the slot's middle, wall clock
-        return _GPU_STATES[self.gpu.timeline.state(pid, t)]
+        timeline, slot_s = self.gpu.timeline, self.config.gpu_interval_s
+        offset = time.time() - time.monotonic()
+        return lambda pid, gpu_slot: _GPU_STATES[timeline.state(pid, (gpu_slot - 0.5) * slot_s + offset)]
 
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
@@ -208,7 +210,7 @@ class Agent:
             self.config.frequency_hz,
             self.attributor,
             gpu,
-            self._gpu_state if self.gpu is not None else None,
+            self._gpu_states() if self.gpu is not None else None,
         )
         self.shipper.submit(batch)
         self._trim_heap()

@@ -232,17 +232,15 @@ class QueryApi:
         functions = self._int(req, "functions", 5, 0, 100)
         selector = self._selector(req)
         start, end = self._range(req)
+        tagged = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=~", "idle|busy")))
+        cpu = self._store.group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
         pods = []
         for p in self._gpu_usage.pods(selector, start, end)[:limit]:
-            pod_sel = Selector(
-                (*selector.matchers, Matcher("namespace", "=", p.namespace), Matcher("pod", "=", p.pod))
-            )
-            idle = self._store.select(
-                Selector((*pod_sel.matchers, Matcher(GPU_STATE_NAME, "=", "idle"))), start, end
-            )
-            busy = self._store.select(
-                Selector((*pod_sel.matchers, Matcher(GPU_STATE_NAME, "=", "busy"))), start, end
-            )
+            idle_stacks = {}
+            if functions:
+                pod_idle = (Matcher("namespace", "=", p.namespace), Matcher("pod", "=", p.pod))
+                idle = Selector((*selector.matchers, *pod_idle, Matcher(GPU_STATE_NAME, "=", "idle")))
+                idle_stacks = self._store.select(idle, start, end).stacks
             pods.append(
                 {
                     "namespace": p.namespace,
@@ -252,9 +250,9 @@ class QueryApi:
                     "memory_used_bytes": p.memory_bytes,
                     "idle_ratio": _round(p.idle_ratio),
                     "seconds": round(p.seconds, 3),
-                    "cpu_samples_gpu_idle": idle.total,
-                    "cpu_samples_gpu_busy": busy.total,
-                    "idle_top_functions": top_functions(idle.stacks, functions) if functions else [],
+                    "cpu_samples_gpu_idle": cpu.get((p.namespace, p.pod, "idle"), 0),
+                    "cpu_samples_gpu_busy": cpu.get((p.namespace, p.pod, "busy"), 0),
+                    "idle_top_functions": top_functions(idle_stacks, functions) if functions else [],
                 }
             )
         return json_response({"from": start, "until": end, "query": str(selector), "pods": pods})

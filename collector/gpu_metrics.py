@@ -88,8 +88,8 @@ class GpuMetrics:
         self._lock = threading.Lock()
         self._nodes: dict[str, _Node] = {}
 
-    def observe(self, batch: pb.Batch) -> None:
-        """Feed one ingested (validated, not duplicate) batch."""
+    def observe(self, batch: pb.Batch, pods: dict | None = None) -> None:
+        """Feed one ingested (validated, not duplicate) batch; `pods`: its pod_usage, if already computed."""
         if not batch.HasField("gpu_source") and not batch.gpu_devices:
             return  # the agent runs with --no-gpu
         now = self._clock()
@@ -106,7 +106,7 @@ class GpuMetrics:
                 node.devices = {
                     strings[d.uuid]: self._reading(node_name, d, strings) for d in batch.gpu_devices
                 }
-                node.pods = self.pod_usage(node_name, batch)
+                node.pods = self.pod_usage(node_name, batch) if pods is None else pods
             node.updated = now
             for name in [n for n, v in self._nodes.items() if now - v.updated > self._expire_s]:
                 del self._nodes[name]

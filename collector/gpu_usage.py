@@ -65,9 +65,12 @@ class GpuUsageLog:
         self._lock = threading.Lock()
         self._clock = clock
 
-    def observe(self, batch: pb.Batch) -> None:
+    def observe(self, batch: pb.Batch, usage: dict | None = None) -> None:
+        """Record one ingested batch's per-pod GPU use; `usage`: GpuMetrics.pod_usage of it, if computed."""
         if not batch.gpu_processes:
             return
+        if usage is None:
+            usage = GpuMetrics.pod_usage(batch.agent.node, batch)
         start, end = batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9
         rows = [
             PodGpuWindow(
@@ -78,7 +81,7 @@ class GpuUsageLog:
                 int(mem) if mem is not None else None,
                 idle,
             )
-            for key, (util, mem, idle) in GpuMetrics.pod_usage(batch.agent.node, batch).items()
+            for key, (util, mem, idle) in usage.items()
         ]
         horizon = self._clock() - self._retention_s
         with self._lock:

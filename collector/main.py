@@ -133,8 +133,9 @@ class Collector:
         self._stopped = threading.Event()
 
     def _observe_batch(self, batch: pb.Batch) -> None:
-        self.gpu_metrics.observe(batch)
-        self.gpu_usage.observe(batch)
+        usage = GpuMetrics.pod_usage(batch.agent.node, batch) if batch.gpu_processes else {}
+        self.gpu_metrics.observe(batch, usage)
+        self.gpu_usage.observe(batch, usage)
 
     def _export_rows(self, rows: ProfileRows) -> None:
         if rows.rows:

@@ -189,14 +189,19 @@ def start_agent(
     return agent
 
 
-def stop_agent(agent: RunningAgent) -> None:
-    if agent.proc.poll() is None:
-        agent.proc.send_signal(signal.SIGTERM)
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            agent.proc.wait(timeout=30)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            agent.proc.kill()
-            agent.proc.wait()
+            proc.kill()
+            proc.wait()
+
+
+def stop_agent(agent: RunningAgent) -> None:
+    stop_process(agent.proc, 30)
     if agent.proc.stderr:
         agent.proc.stderr.close()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, stop_process, wait_until
 
 SCRAPE_INTERVAL = "1s"
 
@@ -151,13 +150,7 @@ def start_prometheus(targets: list[Target], workdir: Path, timeout: float = 30.0
 
 
 def stop_prometheus(prom: Prometheus) -> None:
-    if prom.proc.poll() is None:
-        prom.proc.send_signal(signal.SIGTERM)
-        try:
-            prom.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            prom.proc.kill()
-            prom.proc.wait()
+    stop_process(prom.proc, 15)
 
 
 def wait_for(prom: Prometheus, expr: str, timeout: float = 30.0) -> list[dict]:
