@@ -171,14 +171,9 @@ class Agent:
 
     def _poll_events(self) -> None:
         assert self.sampler is not None
-        next_gpu_sync = 0.0
         while not self._stop.is_set():
             try:
                 self.sampler.poll_events(1000)  # returns at once when events arrive
-                now = time.monotonic()
-                if self.gpu is not None and now >= next_gpu_sync:  # at most once a GPU poll
-                    next_gpu_sync = now + self.config.gpu_interval_s
-                    self.sampler.set_gpu_processes(self.gpu.timeline.gpu_pids())
             except Exception:  # keep describing processes whatever one event did
                 log.exception("process event handling failed")
 
@@ -240,6 +235,7 @@ class Agent:
         self.http.start()
         self.shipper.start()
         if self.gpu is not None:
+            self.gpu.on_gpu_pids = self.sampler.set_gpu_processes
             self.gpu.start()
         if self.pod_watcher is not None:
             self.pod_watcher.start()

@@ -119,6 +119,20 @@ def test_snapshots_match_the_script(monkeypatch: pytest.MonkeyPatch, clock: Cloc
     assert poller.timeline.gpu_pids() == {4242, 4243}
 
 
+def test_each_poll_hands_the_gpu_pids_to_the_sampler(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
+    gpu = h100(utilization=[(90, 40)])
+    world = install(monkeypatch, FakeNvml([gpu]))
+    poller = poller_for(clock)
+    seen: list[set[int]] = []
+    poller.on_gpu_pids = seen.append
+    tick(world, clock, poller)
+    gpu.compute = {4242: 1 << 30}  # a process opens a CUDA context: the very next poll names it
+    tick(world, clock, poller)
+    gpu.compute = {}
+    tick(world, clock, poller)
+    assert seen == [set(), {4242}, set()]
+
+
 def test_not_supported_fields_are_skipped_from_then_on(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
     gpu = h100(
         not_supported={

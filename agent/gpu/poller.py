@@ -80,6 +80,9 @@ class GpuPoller:
         timeline: GpuTimeline | None = None,
     ):
         self.config = config or GpuPollerConfig()
+        # Called from the poll thread after every poll with the pids on any GPU: the sampler tags their
+        # samples with time slots from then on, so a new GPU process is tagged within one poll.
+        self.on_gpu_pids: Callable[[set[int]], None] | None = None
         self._nvml = nvml or Nvml()
         self._clock = clock
         self._monotonic = monotonic
@@ -177,6 +180,8 @@ class GpuPoller:
             {ident.uuid: s.gpu_util_percent for ident, s in snap.devices},
             _pids_by_device(snap.processes),
         )
+        if self.on_gpu_pids is not None:
+            self.on_gpu_pids(self.timeline.gpu_pids())
         return snap
 
     def _open(self, now: float) -> bool:
