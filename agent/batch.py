@@ -36,6 +36,18 @@ def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start
     return h or 1
 
 
+def process_wire_id(
+    pid: int, start_ticks: int, comm: str, exe: str, labels: Sequence[tuple[str, str]]
+) -> int:
+    """The process description's content id on the wire (Process.id), never 0 (none): equal ids must mean
+    equal descriptions, the collector caches what it decoded under it."""
+    text = f"{pid}\1{start_ticks}\1{comm}\1{exe}\1" + "\1".join(f"{k}\0{v}" for k, v in labels)
+    h = int.from_bytes(
+        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
+    )
+    return h or 1
+
+
 def encode_window(
     window: Window,
     identity: pb.AgentIdentity,
@@ -50,6 +62,7 @@ def encode_window(
     attributor = attributor or Attributor()
     strings = _Strings()
     stacks: dict[tuple, int] = {}
+    stack_ids: list[int] = []  # Batch.stack_ids, parallel to batch.stacks
     processes: dict[tuple[int, int], int] = {}
     batch = pb.Batch(
         agent=identity,
@@ -64,16 +77,15 @@ def encode_window(
         pidx = processes.get(pkey)
         if pidx is None:
             pidx = processes[pkey] = len(batch.processes)
+            labels = sorted(attributor.labels(p).items())
             batch.processes.append(
                 pb.Process(
                     pid=p.pid,
                     start_time_ticks=p.start_ticks,
                     comm=strings.id(p.comm),
                     exe=strings.id(p.exe),
-                    labels=[
-                        pb.Label(name=strings.id(k), value=strings.id(v))
-                        for k, v in sorted(attributor.labels(p).items())
-                    ],
+                    labels=[pb.Label(name=strings.id(k), value=strings.id(v)) for k, v in labels],
+                    id=process_wire_id(p.pid, p.start_ticks, p.comm, p.exe, labels),
                 )
             )
         return pidx
@@ -91,16 +103,23 @@ def encode_window(
                     functions=[strings.id(f) for f in functions],
                     modules=[strings.id(m) for m in modules],
                     kernel_start=s.kernel_start,
-                    id=stack_wire_id(functions, modules, s.kernel_start),
                 )
             )
+            stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
         # Two raw stacks (or two time slots of a process on a GPU) can come to the same row: merge them.
         state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
         ckey = (pidx, s.tid, sidx, state)
         counts[ckey] = counts.get(ckey, 0) + s.count
-    batch.samples.extend(
-        pb.Sample(process=p, tid=t, stack=st, count=c, gpu=g) for (p, t, st, g), c in counts.items()
-    )
+    batch.stack_ids.extend(stack_ids)
+    if counts:
+        cols = batch.sample_columns
+        pcol, tcol, scol, gcol = zip(*counts, strict=True)
+        cols.process.extend(pcol)
+        cols.tid.extend(tcol)
+        cols.stack.extend(scol)
+        cols.count.extend(counts.values())
+        if any(gcol):
+            cols.gpu.extend(gcol)
     for proc, st in window.syscalls:
         batch.syscalls.append(
             pb.SyscallStats(

@@ -5,8 +5,11 @@ for a 500-node fleet ("now" from the hot tier, 24 h from DuckDB), and the DuckDB
 
 Ingest: a collector subprocess per store; simulated agents (threads here, one gRPC stream each) push
 realistic batches (thousands of distinct stacks ~24 frames deep, hundreds of processes, 64 CPUs × 19 Hz ×
-10 s = 12,160 samples) as fast as it acknowledges. Rates are per collector CPU-second (from /proc), so the
-sender sharing the machine does not distort them. Queries: a store in this process, pre-loaded directly.
+10 s = 12,160 samples, in sample columns) as fast as it acknowledges. Each agent first sends each of its
+batches once (the collector learns its stacks, as in an agent's first minute), then the measured run sends
+batches in which a share of the stacks is new (`--new-stacks`, runs at 0% and 5% by default). Rates are
+per collector CPU-second (from /proc), so the sender sharing the machine does not distort them. Queries: a
+store in this process, pre-loaded directly.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.batch import stack_wire_id  # noqa: E402
+from agent.batch import process_wire_id, stack_wire_id  # noqa: E402
 from collector.ingest import decode_payload  # noqa: E402
 from collector.query.selector import parse_selector  # noqa: E402
-from collector.render.tree import FrameKey  # noqa: E402
+from collector.render.tree import FrameKey, top_functions  # noqa: E402
 from collector.store.base import ProfileRows  # noqa: E402
 from collector.store.durable import DurableStore  # noqa: E402
 from collector.store.ids import frame_id, labels_id, labels_json, stack_id_of_frames  # noqa: E402
@@ -58,8 +61,9 @@ def free_port() -> int:
 # -- realistic batches -------------------------------------------------------------------------------
 def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bool = True) -> list[pb.Batch]:
     """Batches as an agent on a busy 64-CPU node sends them: a string table, `stacks` distinct stacks drawn
-    from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples. Stacks carry
-    the agent's wire ids (Stack.id) unless `stack_ids` is false (an agent from before them)."""
+    from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples in sample
+    columns. Stacks and processes carry the agent's wire ids (Batch.stack_ids, Process.id) unless
+    `stack_ids` is false (an agent from before them)."""
     rng = random.Random(seed)
     funcs = [f"func_{i}" for i in range(4000)]
     mods = ["/usr/bin/python3.11", "/usr/lib/libc.so.6", "/opt/app/train", "[kernel]", "/usr/lib/libcuda.so"]
@@ -86,9 +90,10 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bo
                     functions=[s(f) for f in names],
                     modules=[s(x) for x in modules],
                     kernel_start=len(fr) - 3,
-                    id=stack_wire_id(names, modules, len(fr) - 3) if stack_ids else 0,
                 )
             )
+            if stack_ids:
+                batch.stack_ids.append(stack_wire_id(names, modules, len(fr) - 3))
         for p in range(procs):
             labels = [("namespace", f"ns-{p % 7}"), ("pod", f"pod-{b}-{p // 4}"), ("container", f"c{p % 4}")]
             batch.processes.append(
@@ -96,12 +101,17 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bo
                     pid=1000 + p,
                     comm=s(f"proc-{p % 40}"),
                     labels=[pb.Label(name=s(k), value=s(v)) for k, v in labels],
+                    id=process_wire_id(1000 + p, 0, f"proc-{p % 40}", "", labels) if stack_ids else 0,
                 )
             )
         left = SAMPLES_PER_BATCH
+        cols = batch.sample_columns
         for i in range(stacks):
             c = max(1, left // (stacks - i)) if i < stacks - 1 else left
-            batch.samples.append(pb.Sample(process=rng.randrange(procs), tid=1, stack=i, count=c))
+            cols.process.append(rng.randrange(procs))
+            cols.tid.append(1)
+            cols.stack.append(i)
+            cols.count.append(c)
             left -= c
             if left <= 0:
                 break
@@ -128,7 +138,12 @@ def dir_bytes(path: Path) -> int:
 
 
 def run_ingest(
-    label: str, data_dir: Path | None, templates: list[pb.Batch], agents: int, seconds: float
+    label: str,
+    data_dir: Path | None,
+    templates: list[pb.Batch],
+    agents: int,
+    seconds: float,
+    new_stacks: float,
 ) -> dict:
     grpc_port, http_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", f"127.0.0.1:{grpc_port}"]
@@ -151,6 +166,8 @@ def run_ingest(
         stop = threading.Event()
         lock = threading.Lock()
 
+        warm = threading.Barrier(agents + 1)
+
         def agent(a: int) -> None:
             rng = random.Random(a)
             with grpc.insecure_channel(
@@ -158,24 +175,39 @@ def run_ingest(
             ) as ch:
                 stub = pb_grpc.IngestStub(ch)
                 seq = 0
-                while not stop.is_set():
+
+                def push(template: pb.Batch, churn: float) -> float:
+                    nonlocal seq
                     seq += 1
                     b = pb.Batch()
-                    b.CopyFrom(templates[rng.randrange(len(templates))])
+                    b.CopyFrom(template)
+                    # A share of each window's stacks is new (new code paths, new processes' stacks).
+                    for i in rng.sample(range(len(b.stacks)), int(churn * len(b.stacks))):
+                        if b.stack_ids:
+                            b.stack_ids[i] = rng.getrandbits(63) | 1
+                        b.stacks[i].functions[0] = rng.randrange(1, len(b.strings))
                     now = time.time_ns()
                     b.agent.node, b.agent.agent_id, b.sequence = f"node-{a}", f"agent-{a}", seq
                     b.start_unix_ns, b.end_unix_ns = now - WINDOW * 10**9, now
                     t0 = time.perf_counter()
                     list(stub.Push(iter([b]), timeout=60))
+                    return time.perf_counter() - t0
+
+                for t in templates:  # the collector meets this agent's stacks once, as in its first minute
+                    push(t, 0.0)
+                warm.wait()
+                while not stop.is_set():
+                    took = push(templates[rng.randrange(len(templates))], new_stacks)
                     with lock:
-                        latencies.append(time.perf_counter() - t0)
+                        latencies.append(took)
                         acked[0] += 1
 
-        cpu0 = proc_cpu_s(proc.pid)
-        t0 = time.perf_counter()
         threads = [threading.Thread(target=agent, args=(a,), daemon=True) for a in range(agents)]
         for t in threads:
             t.start()
+        warm.wait()
+        cpu0 = proc_cpu_s(proc.pid)
+        t0 = time.perf_counter()
         time.sleep(seconds)
         stop.set()
         for t in threads:
@@ -215,42 +247,58 @@ class Clock:
         return self.t
 
 
-def fleet_rows(nodes: int, rows_per_node: int, stacks: list, rng: random.Random) -> tuple[list, list]:
-    """One 10 s window of the whole fleet as store rows with their content ids."""
-    rows, keys = [], []
+def node_labels(node: int) -> list[tuple[int, tuple]]:
+    """The (label set id, label set) of a node's 50 processes."""
+    out = []
+    for pid in range(50):
+        lb = (
+            ("comm", f"proc-{pid % 40}"),
+            ("namespace", f"ns-{pid % 7}"),
+            ("node", f"node-{node}"),
+            ("pid", str(1000 + pid)),
+            ("pod", f"pod-{node}-{pid // 4}"),
+        )
+        out.append((labels_id(lb), lb))
+    return out
+
+
+def fleet_window(
+    nodes: int,
+    rows_per_node: int,
+    stacks: list,
+    labels: list[list],
+    start: float,
+    end: float,
+    rng: random.Random,
+) -> list[ProfileRows]:
+    """One 10 s window of the whole fleet: one ProfileRows per node, as ingest makes them."""
+    out = []
     for n in range(nodes):
-        for p in range(rows_per_node):
-            pid = p % 50
-            lb = (
-                ("comm", f"proc-{pid % 40}"),
-                ("namespace", f"ns-{pid % 7}"),
-                ("node", f"node-{n}"),
-                ("pid", str(1000 + pid)),
-                ("pod", f"pod-{n}-{pid // 4}"),
+        picks = [rng.randrange(len(stacks)) for _ in range(rows_per_node)]
+        distinct = sorted(set(picks))
+        where = {s: i for i, s in enumerate(distinct)}
+        out.append(
+            ProfileRows(
+                start,
+                end,
+                HZ,
+                labels[n],
+                [stacks[s] for s in distinct],
+                np.arange(rows_per_node, dtype=np.int64) % 50,
+                np.array([where[s] for s in picks], dtype=np.int64),
+                np.array([rng.randrange(1, 40) for _ in range(rows_per_node)], dtype=np.int64),
             )
-            sid, st = stacks[rng.randrange(len(stacks))]
-            rows.append((lb, st, rng.randrange(1, 40)))
-            keys.append((labels_id(lb), sid))
-    return rows, keys
+        )
+    return out
 
 
 def preload_day(store: DurableStore, nodes: int, rows_per_node: int, stacks: list, now: float) -> int:
     """24 h for the fleet straight into DuckDB as rollup leaves it: 10 min rows older than 6 h, 1 min rows
     before that. Rows are generated inside DuckDB; definitions via the store's own insert path."""
     con = store._db._con
-    lids = []
-    labels = []
-    for n in range(nodes):
-        for pid in range(50):
-            lb = (
-                ("comm", f"proc-{pid % 40}"),
-                ("namespace", f"ns-{pid % 7}"),
-                ("node", f"node-{n}"),
-                ("pid", str(1000 + pid)),
-                ("pod", f"pod-{n}-{pid // 4}"),
-            )
-            lids.append(labels_id(lb))
-            labels.append(labels_json(lb))
+    sets = [entry for n in range(nodes) for entry in node_labels(n)]
+    lids = [lid for lid, _ in sets]
+    labels = [labels_json(lb) for _, lb in sets]
     con.execute("INSERT INTO label_sets SELECT unnest($1::BIGINT[]), unnest($2::VARCHAR[])", [lids, labels])
     con.register("lids", {"i": np.arange(len(lids), dtype=np.int64), "lid": np.array(lids, dtype=np.int64)})
     con.register(
@@ -288,12 +336,13 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
     clock = Clock(now - 600)
     store = DurableStore(tmp, decode=decode_payload, clock=clock, background=False)
     mem = MemoryStore(clock=clock)
+    labels = [node_labels(n) for n in range(nodes)]
     for w in range(6):  # the last 60 s, written the way ingest writes (hot tier + pending chunk)
-        rows, keys = fleet_rows(nodes, rows_per_node, stacks, rng)
         t = now - 50 + 10 * w
         clock.t = t
-        store.write(ProfileRows(t - 10, t, HZ, rows, (), keys))
-        mem.write(ProfileRows(t - 10, t, HZ, rows, (), keys))
+        for rows in fleet_window(nodes, rows_per_node, stacks, labels, t - 10, t, rng):
+            store.write(rows)
+            mem.write(rows)
     store.flush()
     t0 = time.perf_counter()
     loaded = preload_day(store, nodes, rows_per_node, stacks, now)
@@ -314,6 +363,7 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
         for _ in range(repeats):
             t0 = time.perf_counter()
             res = st.select(sel, now - span, now)
+            top_functions(res.stacks, 20)  # what /api/v1/top and `fleetprof top` do with it
             times.append(time.perf_counter() - t0)
         out.append(
             {
@@ -410,12 +460,19 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
     ap.add_argument("--seconds", type=float, default=20.0, help="ingest run length per store")
     ap.add_argument("--agents", type=int, default=8, help="concurrent simulated agents (gRPC streams)")
+    ap.add_argument(
+        "--new-stacks",
+        default="0,0.05",
+        help="shares of each batch's stacks the collector has not seen, one ingest run per store each",
+    )
     ap.add_argument("--nodes", type=int, default=500, help="fleet size for the query benchmark")
     ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
     ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
     ap.add_argument("--processes", type=int, default=300, help="processes per batch")
     ap.add_argument(
-        "--no-stack-ids", action="store_true", help="batches without Stack.id, as agents before it sent them"
+        "--no-stack-ids",
+        action="store_true",
+        help="batches without stack and process wire ids (decoded in full every time)",
     )
     args = ap.parse_args()
     seconds = 10.0 if args.quick else args.seconds
@@ -430,12 +487,15 @@ def main() -> int:
     )
     templates = make_templates(6, args.stacks, args.processes, stack_ids=not args.no_stack_ids)
     print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
-    rows = [run_ingest("in-memory (baseline)", None, templates, args.agents, seconds)]
-    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
-    try:
-        rows.append(run_ingest("durable (--data-dir)", tmp, templates, args.agents, seconds))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    rows = []
+    for share in [float(x) for x in args.new_stacks.split(",")]:
+        new = f", {100 * share:g}% new stacks"
+        rows.append(run_ingest("in-memory (baseline)" + new, None, templates, args.agents, seconds, share))
+        tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
+        try:
+            rows.append(run_ingest("durable (--data-dir)" + new, tmp, templates, args.agents, seconds, share))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(table(rows))
     print(
         f"\n## queries, {args.nodes}-node fleet ({args.rows_per_node} rows per node per bucket; medians of "

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from collector.store.base import ProfileRows
@@ -20,6 +21,8 @@ class CpuMetrics:
     `per_node_limit` containers; later ones are summed into pod="other", container="other" (namespace
     kept). Series never change name, so counters stay monotonic; series idle for `expire_s` are dropped."""
 
+    MAX_CACHED = 200_000  # label set ids whose series key is remembered
+
     def __init__(
         self, per_node_limit: int = 500, expire_s: float = 3600.0, clock: Callable[[], float] = time.time
     ):
@@ -30,28 +33,26 @@ class CpuMetrics:
         self._seconds: dict[tuple[str, ...], float] = {}
         self._last_update: dict[tuple[str, ...], float] = {}
         self._named: dict[str, set[tuple[str, ...]]] = {}  # node -> series keys with their own name
+        self._series_of: dict[int, tuple[str, ...]] = {}  # label set id -> its series key
 
     def observe(self, rows: ProfileRows) -> None:
-        # Sum per label set first: a batch has thousands of rows but only hundreds of processes.
-        per_labels: dict = {}
-        keys = rows.keys
-        if keys is not None:
-            first: dict[int, object] = {}
-            for (lid, _), (labels, _, count) in zip(keys, rows.rows, strict=True):
-                per_labels[lid] = per_labels.get(lid, 0) + count
-                if lid not in first:
-                    first[lid] = labels
-            sums = [(first[lid], n) for lid, n in per_labels.items()]
-        else:
-            for labels, _, count in rows.rows:
-                per_labels[labels] = per_labels.get(labels, 0) + count
-            sums = list(per_labels.items())
+        # Sum per label set first, in numpy: a batch has thousands of rows but only hundreds of processes.
+        if not len(rows.counts):
+            return
+        per_set = np.bincount(rows.label_index, weights=rows.counts, minlength=len(rows.label_sets)).tolist()
         freq = rows.frequency_hz
         now = self._clock()
+        series_of = self._series_of
         with self._lock:
-            for labels, n in sums:
-                lb = dict(labels)
-                key = tuple(lb.get(name, "") for name in SERIES_LABELS)
+            if len(series_of) > self.MAX_CACHED:
+                series_of.clear()
+            for (lid, labels), n in zip(rows.label_sets, per_set, strict=True):
+                if not n:
+                    continue
+                key = series_of.get(lid)
+                if key is None:
+                    lb = dict(labels)
+                    key = series_of[lid] = tuple(lb.get(name, "") for name in SERIES_LABELS)
                 named = self._named.setdefault(key[0], set())
                 if key not in named:
                     if len(named) < self._limit:

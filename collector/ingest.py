@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import NoReturn
 
 import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
 
 from collector.gpu_metrics import gpu_section_problem
 from collector.render.tree import FrameKey
@@ -30,12 +32,13 @@ from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
 GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_FREQUENCY_HZ = 100_000
 MAX_STACK_DEPTH = 4096
 MAX_LABEL_BYTES = 1024
-_COUNT = itemgetter(2)  # of a (labels, stack, count) row
 
 
 class BatchError(ValueError):
@@ -90,8 +93,9 @@ def _check_header(batch: pb.Batch, limits: IngestLimits, size: int) -> None:
     nstr = len(batch.strings)
     if nstr > limits.max_strings:
         _fail(seq, "oversized", f"{nstr} strings is over the limit of {limits.max_strings}")
-    if len(batch.samples) > limits.max_samples:
-        _fail(seq, "oversized", f"{len(batch.samples)} samples is over the limit of {limits.max_samples}")
+    nsamples = len(batch.samples) + len(batch.sample_columns.process)
+    if nsamples > limits.max_samples:
+        _fail(seq, "oversized", f"{nsamples} sample rows is over the limit of {limits.max_samples}")
 
 
 def _check_string(seq: int, i: int, nstr: int, where: str) -> None:
@@ -99,7 +103,8 @@ def _check_string(seq: int, i: int, nstr: int, where: str) -> None:
         _fail(seq, "bad_string_id", f"{where} refers to string {i}, but the string table has {nstr} entries")
 
 
-def _check_stack(seq: int, si: int, st: pb.Stack, nstr: int) -> None:
+def _check_stack_shape(seq: int, si: int, st: pb.Stack) -> None:
+    """What indexing the string table does not check (that is _check_stack_strings, on IndexError)."""
     if len(st.modules) and len(st.modules) != len(st.functions):
         _fail(seq, "bad_stack", f"stack {si} has {len(st.functions)} functions but {len(st.modules)} modules")
     if len(st.functions) > MAX_STACK_DEPTH:
@@ -110,13 +115,14 @@ def _check_stack(seq: int, si: int, st: pb.Stack, nstr: int) -> None:
             "bad_stack",
             f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames",
         )
-    # max() runs in C: only a bad stack needs the loop that names the frame.
-    if st.functions and max(st.functions) >= nstr:
-        for f in st.functions:
-            _check_string(seq, f, nstr, f"stack {si}")
-    if st.modules and max(st.modules) >= nstr:
-        for m in st.modules:
-            _check_string(seq, m, nstr, f"stack {si} module")
+
+
+def _check_stack_strings(seq: int, si: int, st: pb.Stack, nstr: int) -> NoReturn:
+    for f in st.functions:
+        _check_string(seq, f, nstr, f"stack {si}")
+    for m in st.modules:
+        _check_string(seq, m, nstr, f"stack {si} module")
+    raise AssertionError("called for a stack whose strings are all in the table")
 
 
 def _check_process(seq: int, pi: int, p: pb.Process, nstr: int) -> None:
@@ -150,20 +156,6 @@ def _check_syscalls(batch: pb.Batch, nproc: int, nstr: int) -> None:
             )
 
 
-def _check_samples(batch: pb.Batch, nproc: int, nstack: int) -> None:
-    """Sample by sample, to name the first bad one (the decoder checks whole columns at once first)."""
-    seq = batch.sequence
-    for i, s in enumerate(batch.samples):
-        if s.process >= nproc:
-            _fail(seq, "bad_sample", f"sample {i} refers to process {s.process}, but there are {nproc}")
-        if s.stack >= nstack:
-            _fail(seq, "bad_sample", f"sample {i} refers to stack {s.stack}, but there are {nstack}")
-        if s.count == 0 or s.count > MAX_COUNT:
-            _fail(seq, "bad_count", f"sample {i} has count {s.count}: counts must be in 1..{MAX_COUNT}")
-        if s.gpu not in GPU_STATE_LABEL:
-            _fail(seq, "bad_sample", f"sample {i} has an unknown GPU state {s.gpu}")
-
-
 def validate_batch(batch: pb.Batch, limits: IngestLimits) -> None:
     """Raise BatchError naming the first problem; silent when the batch is sound."""
     Decoder().decode(batch, limits)
@@ -191,10 +183,11 @@ class Decoder:
     def __init__(self) -> None:
         self._stacks: dict[tuple, _StackEntry] = {}
         self._labels: dict[Labels, int] = {}
-        self._frames: dict[FrameKey, int] = {}
+        self._frames: dict[FrameKey, tuple[FrameKey, int]] = {}  # frame -> (itself, interned; its id)
         self._processes: dict[tuple, _ProcessEntry] = {}
         self._lock = threading.Lock()  # the per-agent table below (batches arrive on many threads)
-        self._by_wire_id: OrderedDict[str, dict[int, _StackEntry]] = OrderedDict()
+        # (agent id, "stack" | "process") -> wire id -> entry
+        self._by_wire_id: OrderedDict[tuple[str, str], dict[int, tuple]] = OrderedDict()
         self._wire_ids = 0
 
     def _stack(self, functions: tuple[str, ...], modules: tuple[str, ...], kernel_start: int) -> _StackEntry:
@@ -203,20 +196,27 @@ class Decoder:
         if hit is None:
             if len(self._stacks) >= self.MAX_CACHED:
                 self._stacks.clear()
-            frames = tuple(
-                FrameKey(f, m, i >= kernel_start)
-                for i, (f, m) in enumerate(zip(functions, modules, strict=True))
+            n = len(functions)
+            kernel = (False,) * kernel_start + (True,) * (n - kernel_start)
+            # Frames are interned: plain (function, module, kernel) tuples find their FrameKey (a named
+            # tuple, equal and of equal hash) and its id, all in C for a stack of known frames.
+            frames = list(map(self._frames.get, zip(functions, modules, kernel, strict=True)))
+            if None in frames:
+                frames = [self._frame(*f) for f in zip(functions, modules, kernel, strict=True)]
+            hit = self._stacks[key] = (
+                stack_id_of_frames(list(map(_SECOND, frames))),
+                tuple(map(_FIRST, frames)),
             )
-            hit = self._stacks[key] = (stack_id_of_frames([self._frame_id(f) for f in frames]), frames)
         return hit
 
-    def _frame_id(self, frame: FrameKey) -> int:
-        fid = self._frames.get(frame)
-        if fid is None:
+    def _frame(self, function: str, module: str, kernel: bool) -> tuple[FrameKey, int]:
+        key = FrameKey(function, module, kernel)
+        hit = self._frames.get(key)
+        if hit is None:
             if len(self._frames) >= self.MAX_CACHED:
                 self._frames.clear()
-            fid = self._frames[frame] = frame_id(frame.function, frame.module, frame.kernel)
-        return fid
+            hit = self._frames[key] = (key, frame_id(function, module, kernel))
+        return hit
 
     def _label_id(self, labels: Labels) -> int:
         lid = self._labels.get(labels)
@@ -226,16 +226,17 @@ class Decoder:
             lid = self._labels[labels] = labels_id(labels)
         return lid
 
-    def _known_stacks(self, agent_id: str) -> dict[int, _StackEntry]:
+    def _known(self, agent_id: str, kind: str) -> dict[int, tuple]:
+        key = (agent_id, kind)
         with self._lock:
-            known = self._by_wire_id.get(agent_id)
+            known = self._by_wire_id.get(key)
             if known is None:
-                known = self._by_wire_id[agent_id] = {}
+                known = self._by_wire_id[key] = {}
             else:
-                self._by_wire_id.move_to_end(agent_id)
+                self._by_wire_id.move_to_end(key)
             return known
 
-    def _learned(self, known: dict[int, _StackEntry], added: int) -> None:
+    def _learned(self, known: dict[int, tuple], added: int) -> None:
         with self._lock:
             self._wire_ids += added
             if len(known) > self.MAX_WIRE_IDS // 4:  # one agent churning stacks: it starts over alone
@@ -245,11 +246,16 @@ class Decoder:
                 _, old = self._by_wire_id.popitem(last=False)
                 self._wire_ids -= len(old)
 
-    def _decode_stacks(self, batch: pb.Batch, strings: list[str]) -> list[_StackEntry]:
+    def _decode_stacks(self, batch: pb.Batch, strings: Sequence[str]) -> list[_StackEntry]:
         seq, nstr = batch.sequence, len(strings)
         stacks = batch.stacks
-        wire_ids = [st.id for st in stacks]
-        known = self._known_stacks(batch.agent.agent_id) if any(wire_ids) else {}
+        if len(batch.stack_ids) == len(stacks):
+            wire_ids = list(batch.stack_ids)  # one packed run: no Stack message is touched for known ones
+        elif len(batch.stack_ids):
+            _fail(seq, "bad_stack", f"{len(batch.stack_ids)} stack_ids for {len(stacks)} stacks")
+        else:
+            wire_ids = [st.id for st in stacks]
+        known = self._known(batch.agent.agent_id, "stack") if any(wire_ids) else {}
         entries = list(map(known.get, wire_ids))
         if None not in entries:
             return entries  # type: ignore[return-value]
@@ -259,9 +265,12 @@ class Decoder:
             if entry is not None:
                 continue
             st = stacks[si]
-            _check_stack(seq, si, st, nstr)
-            functions = tuple(map(get, st.functions))
-            modules = tuple(map(get, st.modules)) if st.modules else ("",) * len(functions)
+            _check_stack_shape(seq, si, st)
+            try:
+                functions = tuple(map(get, st.functions))
+                modules = tuple(map(get, st.modules)) if st.modules else ("",) * len(functions)
+            except IndexError:
+                _check_stack_strings(seq, si, st, nstr)
             entry = entries[si] = self._stack(functions, modules, st.kernel_start)
             if wire_ids[si]:
                 known[wire_ids[si]] = entry
@@ -270,11 +279,20 @@ class Decoder:
             self._learned(known, added)
         return entries  # type: ignore[return-value]
 
-    def _decode_processes(self, batch: pb.Batch, strings: list[str]) -> list[_ProcessEntry]:
+    def _decode_processes(self, batch: pb.Batch, strings: Sequence[str]) -> list[_ProcessEntry]:
+        processes = batch.processes
+        wire_ids = [p.id for p in processes]
+        known = self._known(batch.agent.agent_id, "process") if any(wire_ids) else {}
+        entries = list(map(known.get, wire_ids))
+        if None not in entries:
+            return entries  # type: ignore[return-value]
         seq, nstr, node = batch.sequence, len(strings), batch.agent.node
-        out = []
         cache = self._processes
-        for pi, p in enumerate(batch.processes):
+        added = 0
+        for pi, hit in enumerate(entries):
+            if hit is not None:
+                continue
+            p = processes[pi]
             comm, exe = p.comm, p.exe
             pairs = [(lb.name, lb.value) for lb in p.labels]
             if (
@@ -295,8 +313,13 @@ class Decoder:
                         labels[name] = value
                 lset = tuple(sorted((k, v) for k, v in labels.items() if v))
                 hit = cache[key] = (self._label_id(lset), lset)
-            out.append(hit)
-        return out
+            entries[pi] = hit
+            if wire_ids[pi]:
+                known[wire_ids[pi]] = hit
+                added += 1
+        if added:
+            self._learned(known, added)
+        return entries  # type: ignore[return-value]
 
     def decode(
         self, batch: pb.Batch, limits: IngestLimits | None = None, size: int | None = None
@@ -309,7 +332,7 @@ class Decoder:
         seq = batch.sequence
         if limits is not None:
             _check_header(batch, limits, batch.ByteSize() if size is None else size)
-        strings = list(batch.strings)
+        strings = batch.strings  # read only where something is decoded: most of a batch is known
         if strings and strings[0] != "":
             _fail(seq, "bad_string_table", "strings[0] must be the empty string")
         stacks = self._decode_stacks(batch, strings)
@@ -319,28 +342,20 @@ class Decoder:
             _check_syscalls(batch, nproc, len(strings))
         if gpu_problem := gpu_section_problem(batch):  # GPU section (issue #6): collector/gpu_metrics.py
             _fail(seq, "bad_gpu", gpu_problem)
-        rows: list[tuple[Labels, Stack, int]] = []
-        keys: list[tuple[int, int]] = []
-        cols = [(s.process, s.stack, s.count, s.gpu) for s in batch.samples]
-        if cols:
-            pcol, kcol, ccol, gcol = zip(*cols, strict=True)
-            gpu = any(gcol)
+        label_table: list[_ProcessEntry] = list(procs)
+        pcol, kcol, ccol, gcol = _sample_columns(batch)
+        if len(ccol):
             if (
-                max(pcol) >= nproc
-                or max(kcol) >= nstack
-                or min(ccol) == 0
-                or max(ccol) > MAX_COUNT
-                or (gpu and not set(gcol) <= GPU_STATE_LABEL.keys())
+                pcol.max() >= nproc
+                or kcol.max() >= nstack
+                or ccol.min() == 0
+                or ccol.max() > MAX_COUNT
+                or gcol.max() > max(GPU_STATE_LABEL)
+                or gcol.min() < 0
             ):
-                _check_samples(batch, nproc, nstack)
-            lids = [lid for lid, _ in procs]
-            lsets = [lset for _, lset in procs]
-            if gpu:
-                pcol = self._gpu_tagged_processes(list(pcol), gcol, lids, lsets)
-            sids = [sid for sid, _ in stacks]
-            frames = [st for _, st in stacks]
-            rows = list(zip(map(lsets.__getitem__, pcol), map(frames.__getitem__, kcol), ccol, strict=True))
-            keys = list(zip(map(lids.__getitem__, pcol), map(sids.__getitem__, kcol), strict=True))
+                _check_sample_columns(seq, pcol, kcol, ccol, gcol, nproc, nstack)
+            if gcol.any():
+                pcol = self._gpu_tagged_processes(pcol, gcol, label_table)
         syscalls = [
             (
                 procs[sc.process][1],
@@ -350,31 +365,101 @@ class Decoder:
             for sc in batch.syscalls
         ]
         return ProfileRows(
-            batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9, batch.frequency_hz, rows, syscalls, keys
+            batch.start_unix_ns / 1e9,
+            batch.end_unix_ns / 1e9,
+            batch.frequency_hz,
+            label_table,
+            stacks,
+            pcol.astype(np.int64),
+            kcol.astype(np.int64),
+            ccol.astype(np.int64),
+            syscalls,
         )
 
     def _gpu_tagged_processes(
-        self, pcol: list[int], gcol: tuple[int, ...], lids: list[int], lsets: list[Labels]
-    ) -> list[int]:
-        """Samples taken on a GPU go to their process's label set plus gpu_state: appended to lids/lsets,
-        one per (process, state), and `pcol` repointed to them."""
-        tagged: dict[tuple[int, int], int] = {}
-        for i, state in enumerate(gcol):
-            if state:
-                key = (pcol[i], state)
-                j = tagged.get(key)
-                if j is None:
-                    lset = tuple(sorted((*lsets[pcol[i]], (GPU_STATE_NAME, GPU_STATE_LABEL[state]))))
-                    j = tagged[key] = len(lsets)
-                    lsets.append(lset)
-                    lids.append(self._label_id(lset))
-                pcol[i] = j
+        self, pcol: np.ndarray, gcol: np.ndarray, table: list[_ProcessEntry]
+    ) -> np.ndarray:
+        """Samples taken on a GPU go to their process's label set plus gpu_state: one table entry is
+        appended per (process, state), and those rows repointed to it."""
+        tagged = np.flatnonzero(gcol)
+        keys = pcol[tagged] * 4 + gcol[tagged]
+        distinct, which = np.unique(keys, return_inverse=True)
+        first = len(table)
+        for key in distinct.tolist():
+            process, state = divmod(key, 4)
+            lset = tuple(sorted((*table[process][1], (GPU_STATE_NAME, GPU_STATE_LABEL[state]))))
+            table.append((self._label_id(lset), lset))
+        pcol = pcol.copy()
+        pcol[tagged] = first + which
         return pcol
+
+
+def _sample_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(process, stack, count, gpu) of every sample row: the `samples` messages first, then
+    `sample_columns`. Counts are unsigned, so a huge one stays huge until it is checked."""
+    parts = []
+    if batch.samples:
+        p, k, c, g = zip(*[(s.process, s.stack, s.count, s.gpu) for s in batch.samples], strict=True)
+        parts.append(
+            [np.array(p, np.int64), np.array(k, np.int64), np.array(c, np.uint64), np.array(g, np.int64)]
+        )
+    if batch.HasField("sample_columns"):
+        sc = batch.sample_columns
+        n = len(sc.process)
+        if len(sc.stack) != n or len(sc.count) != n or len(sc.tid) not in (0, n) or len(sc.gpu) not in (0, n):
+            _fail(
+                batch.sequence,
+                "bad_sample",
+                f"sample_columns have {n} processes, {len(sc.stack)} stacks, {len(sc.count)} counts, "
+                f"{len(sc.tid)} tids and {len(sc.gpu)} GPU states: process, stack and count need one per "
+                "row, tid and gpu one per row or none",
+            )
+        gpu = np.array(sc.gpu, dtype=np.int64) if len(sc.gpu) else np.zeros(n, dtype=np.int64)
+        parts.append(
+            [
+                np.array(sc.process, dtype=np.int64),
+                np.array(sc.stack, dtype=np.int64),
+                np.array(sc.count, dtype=np.uint64),
+                gpu,
+            ]
+        )
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0, dtype=np.uint64), empty
+    if len(parts) == 1:
+        return tuple(parts[0])  # type: ignore[return-value]
+    return tuple(np.concatenate(c) for c in zip(*parts, strict=True))  # type: ignore[return-value]
+
+
+def _check_sample_columns(
+    seq: int,
+    pcol: np.ndarray,
+    kcol: np.ndarray,
+    ccol: np.ndarray,
+    gcol: np.ndarray,
+    nproc: int,
+    nstack: int,
+) -> None:
+    """Name the first bad sample row (rows of `samples` first, then of `sample_columns`)."""
+    bad = (pcol >= nproc) | (kcol >= nstack) | (ccol == 0) | (ccol > MAX_COUNT)
+    bad |= (gcol < 0) | (gcol > max(GPU_STATE_LABEL))
+    i = int(np.flatnonzero(bad)[0])
+    p, k, c, g = int(pcol[i]), int(kcol[i]), int(ccol[i]), int(gcol[i])
+    if p >= nproc:
+        _fail(seq, "bad_sample", f"sample {i} refers to process {p}, but there are {nproc}")
+    if k >= nstack:
+        _fail(seq, "bad_sample", f"sample {i} refers to stack {k}, but there are {nstack}")
+    if c == 0 or c > MAX_COUNT:
+        _fail(seq, "bad_count", f"sample {i} has count {c}: counts must be in 1..{MAX_COUNT}")
+    _fail(seq, "bad_sample", f"sample {i} has an unknown GPU state {g}")
 
 
 def decode_batch(batch: pb.Batch) -> ProfileRows:
     """Rows for the store, without caches. Raises BatchError for a batch that cannot be decoded."""
     return Decoder().decode(batch)
+
+
+INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
 
 
 class IngestService(pb_grpc.IngestServicer):
@@ -394,18 +479,22 @@ class IngestService(pb_grpc.IngestServicer):
         self._decoder = Decoder()
         self.stats = IngestStats()
 
-    def ingest(self, batch: pb.Batch) -> bool:
-        """Validate and store one batch; False if it was a duplicate. Raises BatchError."""
+    def _rejected(self, err: BatchError) -> None:
+        reason = getattr(err, "reason", "invalid")
+        with self._lock:
+            self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+
+    def ingest(self, batch: pb.Batch, payload: bytes | None = None) -> bool:
+        """Validate and store one batch (`payload`: its wire bytes, when it arrived as bytes); False if it
+        was a duplicate. Raises BatchError."""
         agent_id = batch.agent.agent_id
         durable = self._store if isinstance(self._store, DurableBatches) else None
-        # The durable store logs the wire bytes anyway: their length is the size check, no ByteSize() pass.
-        payload = batch.SerializeToString() if durable is not None else None
+        if payload is None and durable is not None:
+            payload = batch.SerializeToString()  # the durable store logs the wire bytes
         try:
             rows = self._decoder.decode(batch, self._limits, None if payload is None else len(payload))
         except BatchError as err:
-            reason = getattr(err, "reason", "invalid")
-            with self._lock:
-                self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
+            self._rejected(err)
             raise
         if durable is not None:
             # The store logs the wire bytes before it stores the rows: once this returns, the batch
@@ -424,7 +513,7 @@ class IngestService(pb_grpc.IngestServicer):
             self._on_rows(rows)
         if self._on_batch is not None:
             self._on_batch(batch)
-        samples = sum(map(_COUNT, rows.rows))
+        samples = rows.total
         with self._lock:
             self.stats.batches += 1
             self.stats.samples += samples
@@ -437,14 +526,41 @@ class IngestService(pb_grpc.IngestServicer):
             self.stats.duplicates += 1
         return False
 
-    def Push(self, request_iterator: Iterator[pb.Batch], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
-        for batch in request_iterator:
+    def parse(self, payload: bytes) -> pb.Batch:
+        """The Batch in `payload`; BatchError (reason "unreadable") when the bytes are not one."""
+        try:
+            return pb.Batch.FromString(payload)
+        except DecodeError as err:
+            err2 = BatchError(
+                f"batch (unreadable): {len(payload)} bytes are not a fleetprof.v1.Batch message ({err})"
+            )
+            err2.reason = "unreadable"  # type: ignore[attr-defined]
+            self._rejected(err2)
+            raise err2 from None
+
+    def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
+        """Batches arrive as wire bytes (see serve_ingest): parsed here, and logged as they came."""
+        for payload in request_iterator:
             try:
-                self.ingest(batch)
+                batch = self.parse(payload)
+                self.ingest(batch, payload)
             except BatchError as err:
                 log.warning("rejected from %s: %s", context.peer(), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             yield pb.Ack(sequence=batch.sequence)
+
+
+def serve_ingest(service: IngestService, server: grpc.Server) -> None:
+    """Register the Ingest service on `server` with batches handed over as bytes, not parsed by gRPC:
+    an unreadable batch gets a clear INVALID_ARGUMENT instead of gRPC's internal error, and the durable
+    store logs exactly the bytes that arrived instead of serializing the batch again."""
+    handlers = {
+        "Push": grpc.stream_stream_rpc_method_handler(
+            service.Push, request_deserializer=None, response_serializer=pb.Ack.SerializeToString
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(INGEST_SERVICE, handlers),))
+    server.add_registered_method_handlers(INGEST_SERVICE, handlers)
 
 
 def decode_payload(payload: bytes, decoder: Decoder | None = None) -> ProfileRows:

@@ -17,14 +17,13 @@ from collector.api import QueryApi
 from collector.cpu_metrics import CpuMetrics
 from collector.gpu_metrics import GpuMetrics
 from collector.gpu_usage import GpuUsageLog
-from collector.ingest import IngestLimits, IngestService
+from collector.ingest import IngestLimits, IngestService, serve_ingest
 from collector.store.base import ProfileRows, ProfileStore
 from collector.store.memory import MemoryStore
 from collector.store.timing import QueryTimer, TimedStore
 from collector.syscall_metrics import SyscallMetrics
 from fleetprof.httpserve import HttpServer
 from fleetprof.v1 import ingest_pb2 as pb
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,7 @@ class Collector:
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="ingest"),
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
         )
-        pb_grpc.add_IngestServicer_to_server(self.ingest, self.grpc)
+        serve_ingest(self.ingest, self.grpc)
         self.grpc_port = self.grpc.add_insecure_port(config.grpc)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen for gRPC on {config.grpc} (address in use?)")
@@ -138,8 +137,7 @@ class Collector:
         self.gpu_usage.observe(batch, usage)
 
     def _export_rows(self, rows: ProfileRows) -> None:
-        if rows.rows:
-            self.cpu_metrics.observe(rows)
+        self.cpu_metrics.observe(rows)
         if rows.syscalls:
             self.syscall_metrics.observe(rows.syscalls)
 

@@ -61,8 +61,8 @@ def test_cpu_series_per_node_are_capped_and_the_rest_is_other() -> None:
         ((("container", "c"), ("namespace", "ns"), ("node", "n1"), ("pod", f"p{i}")), (), 10)
         for i in range(5)
     ]
-    m.observe(ProfileRows(0, 10, 10, rows))
-    m.observe(ProfileRows(10, 20, 10, rows[:1]))
+    m.observe(ProfileRows.from_rows(0, 10, 10, rows))
+    m.observe(ProfileRows.from_rows(10, 20, 10, rows[:1]))
     series = {tuple(s.labels.values()): s.value for fam in m.collect() for s in fam.samples}
     assert len(series) == 4
     assert series[("n1", "ns", "p0", "c")] == 2.0

@@ -17,6 +17,7 @@ from agent.main import Agent, AgentConfig
 from fleetprof.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector, free_port, require_bpf
 from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.wire import sample_rows
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -70,7 +71,7 @@ def test_samples_carry_the_gpu_state_at_their_time(
 
     by_state: dict[tuple[str, int], int] = {}
     for b in batches:
-        for s in b.samples:
+        for s in sample_rows(b):
             if b.processes[s.process].pid != proc.pid:
                 continue
             leaf = b.strings[b.stacks[s.stack].functions[-1]]

@@ -82,6 +82,20 @@ def test_malformed_batch_is_refused_with_invalid_argument_naming_the_problem(
     assert metrics.get_sample_value("fleetprof_ingest_batches_total") == 1
 
 
+def test_bytes_that_are_not_a_batch_are_refused_with_invalid_argument(collector: RunningCollector) -> None:
+    with grpc.insecure_channel(collector.grpc_target) as ch:
+        raw = ch.stream_stream(
+            "/fleetprof.v1.Ingest/Push", request_serializer=None, response_deserializer=None
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(raw(iter([b"\xff\xff\xff not protobuf"]), timeout=10))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "batch (unreadable): 16 bytes are not a fleetprof.v1.Batch message" in info.value.details()
+    registry = collector.collector.registry
+    assert registry.get_sample_value("fleetprof_ingest_rejected_batches_total", {"reason": "unreadable"}) == 1
+    assert push(collector.grpc_target, [make_batch(count=3)]) == [1]  # and it keeps serving
+
+
 def test_oversized_batch_is_refused_with_invalid_argument() -> None:
     from tests.conftest import start_collector
 

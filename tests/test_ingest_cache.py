@@ -69,7 +69,8 @@ def test_rows_are_the_same_with_and_without_wire_ids_and_for_known_stacks() -> N
     # The next window interns its strings in another order: known stacks are found by id, not index.
     again = decoder.decode(batch_of(STACKS, seq=2, shuffle=True))
     assert list(plain.rows) == list(first.rows) == list(again.rows)
-    assert list(plain.keys) == list(first.keys) == list(again.keys)
+    assert list(plain.label_ids()) == list(first.label_ids()) == list(again.label_ids())
+    assert list(plain.stack_ids()) == list(first.stack_ids()) == list(again.stack_ids())
     assert [st for _, st, _ in again.rows] == [frames("main", "a"), frames("main", "b", "c"), frames("main")]
 
 
@@ -116,6 +117,65 @@ def test_gpu_states_tag_the_label_set() -> None:
     rows = Decoder().decode(batch_of(STACKS, gpu=pb.GPU_STATE_BUSY)).rows
     assert {dict(lb).get("gpu_state") for lb, _, _ in rows} == {"busy"}
     assert [c for _, _, c in rows] == [1, 2, 3]
+
+
+def as_columns(b: pb.Batch, tid: bool = True, gpu: bool = True) -> pb.Batch:
+    """The same batch with its samples as SampleColumns, the form agents send."""
+    out = pb.Batch()
+    out.CopyFrom(b)
+    del out.samples[:]
+    cols = out.sample_columns
+    for s in b.samples:
+        cols.process.append(s.process)
+        cols.stack.append(s.stack)
+        cols.count.append(s.count)
+        if tid:
+            cols.tid.append(s.tid)
+        if gpu:
+            cols.gpu.append(s.gpu)
+    return out
+
+
+@pytest.mark.parametrize("gpu", [pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE])
+def test_sample_columns_decode_to_the_same_rows_as_sample_messages(gpu: int) -> None:
+    rows = decode_batch(batch_of(STACKS, gpu=gpu)).rows
+    assert decode_batch(as_columns(batch_of(STACKS, gpu=gpu))).rows == rows
+    if gpu == pb.GPU_STATE_NONE:  # tid and gpu may be left out entirely
+        assert decode_batch(as_columns(batch_of(STACKS), tid=False, gpu=False)).rows == rows
+    both = batch_of(STACKS, gpu=gpu)  # rows in both forms: all of them count, messages first
+    both.sample_columns.CopyFrom(as_columns(both).sample_columns)
+    assert decode_batch(both).rows == rows + rows
+
+
+@pytest.mark.parametrize(
+    ("mutate", "problem"),
+    [
+        (lambda c: c.stack.pop(), "sample_columns have 3 processes, 2 stacks"),
+        (lambda c: c.gpu.pop(), "and 2 GPU states"),
+        (lambda c: c.stack.__setitem__(1, 5), "sample 1 refers to stack 5"),
+        (lambda c: c.count.__setitem__(2, 0), "sample 2 has count 0"),
+        (lambda c: c.count.__setitem__(0, 2**64 - 1), f"sample 0 has count {2**64 - 1}"),
+        (lambda c: c.gpu.__setitem__(2, -3), "sample 2 has an unknown GPU state -3"),
+    ],
+)
+def test_bad_sample_columns_are_refused_by_name(mutate, problem: str) -> None:  # noqa: ANN001
+    b = as_columns(batch_of(STACKS))
+    mutate(b.sample_columns)
+    with pytest.raises(BatchError, match=problem):
+        Decoder().decode(b, IngestLimits())
+
+
+def test_known_processes_are_found_by_wire_id_per_agent() -> None:
+    decoder = Decoder()
+    b = batch_of(STACKS)
+    b.processes[0].id = 77
+    first = decoder.decode(b).rows
+    again = batch_of(STACKS, seq=2, shuffle=True)  # other string order: found by id, not by index
+    again.processes[0].id = 77
+    assert decoder.decode(again).rows == first
+    other = batch_of(STACKS, agent_id="agent-b", node="node-b")  # the same id elsewhere: its own content
+    other.processes[0].id = 77
+    assert {dict(lb)["node"] for lb, _, _ in decoder.decode(other).rows} == {"node-b"}
 
 
 def test_wire_id_names_the_content() -> None:

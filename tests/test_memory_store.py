@@ -25,7 +25,7 @@ def labels(pid: int, comm: str = "app", node: str = "n1") -> tuple:
 
 
 def window(t: float, rows: list, freq: int = 19) -> ProfileRows:
-    return ProfileRows(t - 10, t, freq, rows)
+    return ProfileRows.from_rows(t - 10, t, freq, rows)
 
 
 def test_select_merges_matching_label_sets_within_the_range() -> None:

@@ -38,7 +38,7 @@ def labels(pid: int, comm: str = "app", node: str = "n1", pod: str = "") -> tupl
 
 
 def window(t: float, rows: list, syscalls: list = (), freq: int = 19) -> ProfileRows:
-    return ProfileRows(t - 10, t, freq, rows, list(syscalls))
+    return ProfileRows.from_rows(t - 10, t, freq, rows, list(syscalls))
 
 
 def open_store(path: Path, clock: Clock, **kw) -> DurableStore:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class FrameKey:
-    """One frame as the collector knows it; two frames are the same node only if all three fields match."""
+class FrameKey(NamedTuple):
+    """One frame as the collector knows it; two frames are the same node only if all three fields match.
+    A named tuple: hashing and comparing run in C, and ingest and every renderer do both per frame."""
 
     function: str
     module: str = ""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from collector.query.selector import Selector
 from collector.render.tree import FrameKey
@@ -65,20 +69,96 @@ SyscallRow = tuple[Labels, str, SyscallAgg]
 """(process labels, syscall name, its calls in the window)."""
 
 
-@dataclass(frozen=True)
+_EMPTY = np.zeros(0, dtype=np.int64)
+_FIRST = itemgetter(0)
+
+
+@dataclass(frozen=True, eq=False)
 class ProfileRows:
-    """One ingested window: (labels, stack, count) rows at a time range, sampled at `frequency_hz`, and
-    the window's syscall rows."""
+    """One ingested window, in columns: row i is `counts[i]` samples of the label set
+    `label_sets[label_index[i]]` with the stack `stacks[stack_index[i]]`, sampled at `frequency_hz`; and
+    the window's syscall rows.
+
+    `label_sets` and `stacks` are the window's definition tables, each entry (stable content id
+    (collector/store/ids.py), content); the same content may appear twice. Ingest builds the tables from
+    its caches and the index columns straight from the batch's sample columns, so no store does per-row
+    Python work. `from_rows` builds one from (labels, stack, count) rows (tests, tools).
+    """
 
     start: float  # unix seconds
     end: float
     frequency_hz: int
-    rows: Sequence[tuple[Labels, Stack, int]]
+    label_sets: Sequence[tuple[int, Labels]] = ()
+    stacks: Sequence[tuple[int, Stack]] = ()
+    label_index: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row
+    stack_index: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row
+    counts: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row, > 0
     syscalls: Sequence[SyscallRow] = ()
-    # Optional, parallel to `rows`: the stable content ids (collector/store/ids.py) of each row's label set
-    # and stack. Ingest fills them from its caches so stores never hash a stack frame by frame; rows made
-    # without them (tests, tools) get them computed by the store.
-    keys: Sequence[tuple[int, int]] | None = None
+
+    @classmethod
+    def from_rows(
+        cls,
+        start: float,
+        end: float,
+        frequency_hz: int,
+        rows: Iterable[tuple[Labels, Stack, int]],
+        syscalls: Sequence[SyscallRow] = (),
+    ) -> ProfileRows:
+        from collector.store.ids import labels_id, stack_id  # ids imports this module
+
+        label_pos: dict[Labels, int] = {}
+        stack_pos: dict[Stack, int] = {}
+        li, si, counts = [], [], []
+        for labels, stack, count in rows:
+            li.append(label_pos.setdefault(labels, len(label_pos)))
+            si.append(stack_pos.setdefault(stack, len(stack_pos)))
+            counts.append(count)
+        return cls(
+            start,
+            end,
+            frequency_hz,
+            [(labels_id(lb), lb) for lb in label_pos],
+            [(stack_id(st), st) for st in stack_pos],
+            np.array(li, dtype=np.int64),
+            np.array(si, dtype=np.int64),
+            np.array(counts, dtype=np.int64),
+            syscalls,
+        )
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def rows(self) -> list[tuple[Labels, Stack, int]]:
+        """The rows as (labels, stack, count) tuples: for tests and tools, not for hot paths."""
+        return [
+            (self.label_sets[li][1], self.stacks[si][1], c)
+            for li, si, c in zip(
+                self.label_index.tolist(), self.stack_index.tolist(), self.counts.tolist(), strict=True
+            )
+        ]
+
+    @cached_property
+    def label_table_ids(self) -> np.ndarray:
+        """The content ids of `label_sets`, in order."""
+        return np.fromiter(map(_FIRST, self.label_sets), dtype=np.int64, count=len(self.label_sets))
+
+    @cached_property
+    def stack_table_ids(self) -> np.ndarray:
+        """The content ids of `stacks`, in order."""
+        return np.fromiter(map(_FIRST, self.stacks), dtype=np.int64, count=len(self.stacks))
+
+    def label_ids(self) -> np.ndarray:
+        """Per row, the content id of its label set."""
+        return self.label_table_ids[self.label_index]
+
+    def stack_ids(self) -> np.ndarray:
+        """Per row, the content id of its stack."""
+        return self.stack_table_ids[self.stack_index]
 
 
 @dataclass(frozen=True)

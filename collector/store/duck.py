@@ -21,7 +21,6 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 
 import duckdb
@@ -30,7 +29,7 @@ import numpy as np
 from collector.query.selector import Selector
 from collector.render.tree import FrameKey
 from collector.store.base import Labels, ProfileRows, Stack, SyscallAgg
-from collector.store.ids import frame_id, labels_id, labels_json, stack_id
+from collector.store.ids import frame_ids, labels_id, labels_json
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (id BIGINT, function VARCHAR, module VARCHAR, kernel BOOLEAN);
@@ -62,9 +61,6 @@ def _known(ids: Iterable[int], cache: dict, pending: Sequence[dict]) -> tuple[di
     return out, missing
 
 
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
-
-
 @dataclass(frozen=True)
 class RollupPolicy:
     """How long each resolution is kept before it is rolled into the next (the last one until retention)."""
@@ -75,38 +71,30 @@ class RollupPolicy:
 
 @dataclass
 class Chunk:
-    """Rows not yet in the database, in columns ready for one bulk insert (the flusher's unit of work)."""
+    """Rows not yet in the database, in numpy column parts ready for one bulk insert (the flusher's unit
+    of work), with the definitions they use."""
 
     bucket_s: int = 10
-    bucket: list[int] = field(default_factory=list)
-    lid: list[int] = field(default_factory=list)
-    sid: list[int] = field(default_factory=list)
-    freq: list[int] = field(default_factory=list)
-    count: list[int] = field(default_factory=list)
+    # parts of (bucket, lid, sid, freq, count) columns; bucket and freq are one value per part
+    parts: list[tuple[int, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
     stacks: dict[int, Stack] = field(default_factory=dict)
     labels: dict[int, Labels] = field(default_factory=dict)
     sys_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, count, timed, timed_ns)
     hist_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, i, n)
     seen: list[tuple[str, int]] = field(default_factory=list)
+    rows: int = 0
 
     def add(self, profile: ProfileRows) -> None:
         b = int((profile.start + profile.end) / 2 // self.bucket_s * self.bucket_s)
-        rows = profile.rows
-        keys = profile.keys
-        if keys is None:
-            keys = [(labels_id(labels), stack_id(stack)) for labels, stack, _ in rows]
-        n = len(keys)
-        self.bucket.extend([b] * n)
-        self.freq.extend([profile.frequency_hz] * n)
-        # Column by column at C speed; definitions seen again just overwrite themselves.
-        self.lid.extend(map(_FIRST, keys))
-        self.sid.extend(map(_SECOND, keys))
-        self.count.extend(map(_THIRD, rows))
-        self.stacks.update(zip(map(_SECOND, keys), map(_SECOND, rows), strict=True))
-        label_sets = dict(zip(map(_FIRST, keys), map(_FIRST, rows), strict=True))
-        self.labels.update(label_sets)
+        # Definitions seen again just overwrite themselves.
+        self.stacks.update(profile.stacks)
+        self.labels.update(profile.label_sets)
+        if len(profile.counts):
+            lids, sids = profile.label_ids(), profile.stack_ids()
+            self.parts.append((b, lids, sids, profile.frequency_hz, profile.counts))
+            self.rows += len(profile.counts)
         if profile.syscalls:
-            ids = {lset: lid for lid, lset in label_sets.items()}
+            ids = {lset: lid for lid, lset in profile.label_sets}
             for lset, name, agg in profile.syscalls:
                 lid = ids.get(lset)
                 if lid is None:
@@ -115,30 +103,47 @@ class Chunk:
                 self.sys_rows.append((b, lid, name, agg.count, agg.timed, agg.timed_ns))
                 self.hist_rows.extend((b, lid, name, i, v) for i, v in enumerate(agg.hist) if v)
 
-    @property
-    def rows(self) -> int:
-        return len(self.count)
+    def frozen(self) -> Chunk:
+        """A copy that later adds to this chunk do not change (the parts' arrays are never modified)."""
+        return Chunk(
+            self.bucket_s,
+            list(self.parts),
+            dict(self.stacks),
+            dict(self.labels),
+            list(self.sys_rows),
+            list(self.hist_rows),
+            list(self.seen),
+            self.rows,
+        )
 
     def sample_columns(self) -> dict[str, np.ndarray]:
+        parts = self.parts
+        if not parts:
+            return _empty_columns()
+        sizes = [len(p[4]) for p in parts]
         return {
-            "bucket": np.array(self.bucket, dtype=np.int64),
-            "lid": np.array(self.lid, dtype=np.int64),
-            "sid": np.array(self.sid, dtype=np.int64),
-            "freq": np.array(self.freq, dtype=np.int32),
-            "count": np.array(self.count, dtype=np.int64),
+            "bucket": np.repeat(np.array([p[0] for p in parts], dtype=np.int64), sizes),
+            "lid": np.concatenate([p[1] for p in parts]),
+            "sid": np.concatenate([p[2] for p in parts]),
+            "freq": np.repeat(np.array([p[3] for p in parts], dtype=np.int32), sizes),
+            "count": np.concatenate([p[4] for p in parts]),
         }
+
+
+def _empty_columns() -> dict[str, np.ndarray]:
+    return {
+        "bucket": np.zeros(0, np.int64),
+        "lid": np.zeros(0, np.int64),
+        "sid": np.zeros(0, np.int64),
+        "freq": np.zeros(0, np.int32),
+        "count": np.zeros(0, np.int64),
+    }
 
 
 def _merge_columns(chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
     cols = [c.sample_columns() for c in chunks if c.rows]
     if not cols:
-        return {
-            "bucket": np.zeros(0, np.int64),
-            "lid": np.zeros(0, np.int64),
-            "sid": np.zeros(0, np.int64),
-            "freq": np.zeros(0, np.int32),
-            "count": np.zeros(0, np.int64),
-        }
+        return _empty_columns()
     return {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
 
 
@@ -194,13 +199,13 @@ class DuckStore:
         if new_stacks:
             frame_rows: dict[int, FrameKey] = {}
             stack_ids, stack_frames = [], []
+            known = self._known_frames
             for sid, stack in new_stacks.items():
-                fids = []
-                for f in stack:
-                    fid = frame_id(f.function, f.module, f.kernel)
-                    fids.append(fid)
-                    if fid not in self._known_frames:
-                        frame_rows[fid] = f
+                fids = frame_ids(stack)
+                if not known.issuperset(fids):
+                    frame_rows.update(
+                        (fid, f) for fid, f in zip(fids, stack, strict=True) if fid not in known
+                    )
                 stack_ids.append(sid)
                 stack_frames.append(fids)
             if frame_rows:

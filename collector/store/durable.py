@@ -165,21 +165,8 @@ class DurableStore:
         with self._commit_lock:
             with self._lock:
                 pending = [*self._flushing, self._pending]
-                # The live chunk keeps growing: query a frozen copy of its columns.
-                live = self._pending
-                frozen = Chunk(
-                    BUCKET_S,
-                    list(live.bucket),
-                    list(live.lid),
-                    list(live.sid),
-                    list(live.freq),
-                    list(live.count),
-                    dict(live.stacks),
-                    dict(live.labels),
-                    list(live.sys_rows),
-                    list(live.hist_rows),
-                )
-                pending[-1] = frozen
+                # The live chunk keeps growing: query a frozen copy of it.
+                pending[-1] = self._pending.frozen()
             return fn(pending)
 
     def select(self, selector: Selector, start: float, end: float) -> Selection:

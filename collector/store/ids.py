@@ -15,14 +15,32 @@ def _h64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
 
 
+# Frame ids, memoized for the whole process: ingest computes them for new stacks and the DuckDB flusher asks
+# for the same frames moments later. Keyed by (function, module, kernel) tuples, which FrameKeys are.
+_FRAME_IDS: dict[tuple[str, str, bool], int] = {}
+_FRAME_IDS_MAX = 1_000_000
+
+
 def frame_id(function: str, module: str, kernel: bool) -> int:
-    return _h64(
-        b"F"
-        + function.encode("utf-8", "surrogatepass")
-        + b"\0"
-        + module.encode("utf-8", "surrogatepass")
-        + (b"\1" if kernel else b"\0")
-    )
+    key = (function, module, kernel)
+    fid = _FRAME_IDS.get(key)
+    if fid is None:
+        if len(_FRAME_IDS) >= _FRAME_IDS_MAX:
+            _FRAME_IDS.clear()
+        fid = _FRAME_IDS[key] = _h64(
+            b"F"
+            + function.encode("utf-8", "surrogatepass")
+            + b"\0"
+            + module.encode("utf-8", "surrogatepass")
+            + (b"\1" if kernel else b"\0")
+        )
+    return fid
+
+
+def frame_ids(stack: Stack) -> list[int]:
+    """The ids of a stack's frames, in order."""
+    ids = list(map(_FRAME_IDS.get, stack))
+    return [frame_id(*f) for f in stack] if None in ids else ids  # type: ignore[return-value]
 
 
 def stack_id_of_frames(frame_ids: list[int]) -> int:
@@ -30,7 +48,7 @@ def stack_id_of_frames(frame_ids: list[int]) -> int:
 
 
 def stack_id(stack: Stack) -> int:
-    return stack_id_of_frames([frame_id(f.function, f.module, f.kernel) for f in stack])
+    return stack_id_of_frames(frame_ids(stack))
 
 
 def labels_json(labels: Labels) -> str:

@@ -1,28 +1,95 @@
-"""The recent-window store: time buckets of (label set id, stack id) → samples, in memory."""
+"""The recent-window store: time buckets of (label set, stack, samples) columns in memory, for "now"."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
-from operator import itemgetter
+
+import numpy as np
 
 from collector.query.selector import Selector
 from collector.store.base import Grouped, Labels, ProfileRows, Selection, Stack, SyscallAgg
-from collector.store.ids import labels_id, stack_id
+from collector.store.ids import labels_id
 
-_FIRST, _SECOND, _COUNT = itemgetter(0), itemgetter(1), itemgetter(2)
+
+class _Bucket:
+    """One time bucket's rows as numpy columns of dense label and stack indexes and counts. Writes append
+    a part; readers get one concatenation, made when first asked and kept until the next write."""
+
+    MAX_PARTS = 64  # parts folded into one array beyond this, so a busy bucket stays a few arrays
+
+    __slots__ = ("parts", "_joined")
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._joined: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def add(self, lidx: np.ndarray, sidx: np.ndarray, counts: np.ndarray) -> None:
+        self.parts.append((lidx, sidx, counts))
+        self._joined = None
+        if len(self.parts) > self.MAX_PARTS:
+            self.parts = [self.columns()]
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._joined is None:
+            if len(self.parts) == 1:
+                self._joined = self.parts[0]
+            else:
+                self._joined = tuple(np.concatenate(c) for c in zip(*self.parts, strict=True))  # type: ignore[assignment]
+        return self._joined  # type: ignore[return-value]
+
+    def remap(self, label_map: np.ndarray, stack_map: np.ndarray) -> None:
+        lidx, sidx, counts = self.columns()
+        self.parts = [(label_map[lidx], stack_map[sidx], counts)]
+        self._joined = None
+
+    def __len__(self) -> int:
+        return sum(len(p[2]) for p in self.parts)
+
+
+class _Table:
+    """Distinct contents (stacks or label sets) under dense indexes, looked up by stable content id."""
+
+    __slots__ = ("index", "items")
+
+    def __init__(self) -> None:
+        self.index: dict[int, int] = {}  # content id -> dense index
+        self.items: list = []  # dense index -> content
+
+    def map(self, ids: np.ndarray, table: Sequence[tuple[int, object]]) -> np.ndarray:
+        """Dense indexes for a window's (content id, content) table (`ids`: its content ids), adding what
+        is new."""
+        index, items = self.index, self.items
+        out = list(map(index.get, ids.tolist()))
+        if None in out:
+            for i, (cid, content) in enumerate(table):
+                if out[i] is None:
+                    d = index.get(cid)  # the same content twice in one table
+                    if d is None:
+                        d = index[cid] = len(items)
+                        items.append(content)
+                    out[i] = d
+        return np.array(out, dtype=np.int64)
+
+    def keep(self, used: np.ndarray) -> np.ndarray:
+        """Keep only the dense indexes in `used` (sorted, unique); returns old index -> new index."""
+        remap = np.full(len(self.items), -1, dtype=np.int64)
+        remap[used] = np.arange(len(used), dtype=np.int64)
+        by_dense = {d: cid for cid, d in self.index.items()}
+        self.items = [self.items[d] for d in used.tolist()]
+        self.index = {by_dense[d]: i for i, d in enumerate(used.tolist())}
+        return remap
 
 
 class MemoryStore:
     """Keeps `retention_s` of data in `bucket_s` buckets. A window goes to the bucket of its midpoint.
 
-    Buckets map (label set id, stack id) → samples, by the stable content ids ingest already computed, so a
-    write is one dict update per row and each distinct stack and label set is stored once. Stacks and label
-    sets outlive the buckets that used them; buckets older than the retention are dropped on write and the
-    definitions they alone used are forgotten every COMPACT_EVERY expired buckets. Thread-safe: one lock,
-    held briefly by writes and by the scan of a query.
+    Stacks and label sets are stored once each, under dense indexes; a bucket holds numpy columns of
+    (label index, stack index, samples), so a write appends three arrays and a query is a few numpy
+    passes (mask the matching label sets, bincount by stack) whatever the number of rows. Buckets older
+    than the retention are dropped on write, and the stacks and label sets they alone used are forgotten
+    every COMPACT_EVERY expired buckets. Thread-safe: one lock, held by writes and by a query's scan.
     """
 
     COMPACT_EVERY = 30  # expired buckets between compactions (5 minutes of 10 s buckets)
@@ -34,53 +101,59 @@ class MemoryStore:
         self.bucket_s = bucket_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._stacks: dict[int, Stack] = {}  # stack id (collector/store/ids.py) -> frames
-        self._labels: dict[int, Labels] = {}  # label set id -> label set
-        # bucket start -> {(label id, stack id): samples}
-        self._buckets: dict[int, dict[tuple[int, int], int]] = {}
-        # bucket start -> {(label id, syscall name): calls}
+        self._stacks = _Table()
+        self._labels = _Table()
+        self._label_dicts: list[dict[str, str]] = []  # dense label index -> the set as a dict (matching)
+        self._label_freq: list[int] = []  # dense label index -> frequency of its latest window
+        self._buckets: dict[int, _Bucket] = {}
+        # bucket start -> {(dense label index, syscall name): calls}
         self._sys_buckets: dict[int, dict[tuple[int, str], SyscallAgg]] = {}
-        self._label_freq: dict[int, int] = {}  # label id -> frequency of its latest window
-        self._label_last_seen: dict[int, float] = {}
         self._expired_since_compaction = 0
 
     def _bucket_of(self, t: float) -> int:
         return int(t // self.bucket_s * self.bucket_s)
 
+    def _label_map(self, ids: np.ndarray, table: Sequence[tuple[int, Labels]], freq: int) -> np.ndarray:
+        dense = self._labels.map(ids, table)
+        dicts, freqs = self._label_dicts, self._label_freq
+        for d, (_, labels) in zip(dense.tolist(), table, strict=True):
+            if d == len(dicts):
+                dicts.append(dict(labels))
+                freqs.append(freq)
+            else:
+                freqs[d] = freq
+        return dense
+
     def write(self, profile: ProfileRows) -> None:
         bucket_key = self._bucket_of((profile.start + profile.end) / 2)
-        rows = profile.rows
-        keys = profile.keys
-        if keys is None:
-            keys = [(labels_id(labels), stack_id(stack)) for labels, stack, _ in rows]
-        # Definitions of this window, built at C speed (maps and zips, no per-row Python).
-        label_sets = dict(zip(map(_FIRST, keys), map(_FIRST, rows), strict=True))
         with self._lock:
-            bucket = self._buckets.get(bucket_key)
-            if bucket is None:
-                bucket = self._buckets[bucket_key] = {}
-            get = bucket.get
-            for key, count in zip(keys, map(_COUNT, rows), strict=True):
-                bucket[key] = get(key, 0) + count
-            self._stacks.update(zip(map(_SECOND, keys), map(_SECOND, rows), strict=True))
-            self._labels.update(label_sets)
-            self._label_freq.update(dict.fromkeys(label_sets, profile.frequency_hz))
-            self._label_last_seen.update(dict.fromkeys(label_sets, profile.end))
+            label_map = self._label_map(profile.label_table_ids, profile.label_sets, profile.frequency_hz)
+            if len(profile.counts):
+                stack_map = self._stacks.map(profile.stack_table_ids, profile.stacks)
+                bucket = self._buckets.get(bucket_key)
+                if bucket is None:
+                    bucket = self._buckets[bucket_key] = _Bucket()
+                bucket.add(label_map[profile.label_index], stack_map[profile.stack_index], profile.counts)
             if profile.syscalls:
-                ids = {lset: lid for lid, lset in label_sets.items()}
-                sys_bucket = self._sys_buckets.setdefault(bucket_key, {})
-                for labels, name, agg in profile.syscalls:
-                    lid = ids.get(labels)
-                    if lid is None:
-                        lid = ids[labels] = labels_id(labels)
-                        self._labels[lid] = labels
-                    key = (lid, name)
-                    cur = sys_bucket.get(key)
-                    if cur is None:
-                        sys_bucket[key] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
-                    else:
-                        cur.add(agg)
+                self._write_syscalls(bucket_key, profile, label_map)
             self._expire()
+
+    def _write_syscalls(self, bucket_key: int, profile: ProfileRows, label_map: np.ndarray) -> None:
+        dense = {lset: int(d) for (_, lset), d in zip(profile.label_sets, label_map, strict=True)}
+        sys_bucket = self._sys_buckets.setdefault(bucket_key, {})
+        for labels, name, agg in profile.syscalls:
+            d = dense.get(labels)
+            if d is None:
+                lid = labels_id(labels)
+                d = dense[labels] = int(
+                    self._label_map(np.array([lid]), [(lid, labels)], profile.frequency_hz)[0]
+                )
+            key = (d, name)
+            cur = sys_bucket.get(key)
+            if cur is None:
+                sys_bucket[key] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
+            else:
+                cur.add(agg)
 
     def _expire(self) -> None:
         horizon = self._bucket_of(self._clock() - self.retention_s)
@@ -98,55 +171,86 @@ class MemoryStore:
 
     def _compact(self) -> None:
         self._expired_since_compaction = 0
-        sids: set[int] = set()
-        lids: set[int] = set()
-        for bucket in self._buckets.values():
-            sids.update(map(_SECOND, bucket))
-            lids.update(map(_FIRST, bucket))
-        for sys_bucket in self._sys_buckets.values():
-            lids.update(map(_FIRST, sys_bucket))
-        self._stacks = {sid: self._stacks[sid] for sid in sids}
-        self._labels = {lid: self._labels[lid] for lid in lids}
-        self._label_freq = {lid: f for lid, f in self._label_freq.items() if lid in lids}
-        self._label_last_seen = {lid: t for lid, t in self._label_last_seen.items() if lid in lids}
+        cols = [b.columns() for b in self._buckets.values()]
+        sys_lids = [d for sb in self._sys_buckets.values() for d, _ in sb]
+        used_labels = np.unique(np.concatenate([c[0] for c in cols] + [np.array(sys_lids, dtype=np.int64)]))
+        used_stacks = np.unique(np.concatenate([c[1] for c in cols] + [np.zeros(0, dtype=np.int64)]))
+        kept = used_labels.tolist()
+        self._label_dicts = [self._label_dicts[d] for d in kept]
+        self._label_freq = [self._label_freq[d] for d in kept]
+        label_map, stack_map = self._labels.keep(used_labels), self._stacks.keep(used_stacks)
+        for b in self._buckets.values():
+            b.remap(label_map, stack_map)
+        for key, sb in self._sys_buckets.items():
+            self._sys_buckets[key] = {(int(label_map[d]), name): agg for (d, name), agg in sb.items()}
 
-    def _bucket_range(self, start: float, end: float) -> list[dict[tuple[int, int], int]]:
-        lo, hi = self._bucket_of(start), end
-        return [b for k, b in self._buckets.items() if lo <= k <= hi]
+    def _columns(self, start: float, end: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lo = self._bucket_of(start)
+        cols = [b.columns() for k, b in self._buckets.items() if lo <= k <= end]
+        if not cols:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        if len(cols) == 1:
+            return cols[0]
+        return tuple(np.concatenate(c) for c in zip(*cols, strict=True))  # type: ignore[return-value]
 
-    def _scan(self, selector: Selector, start: float, end: float, key_of_label: bool):  # noqa: ANN202
-        """Samples per stack id (or per label id) of matching series, and per sampling frequency.
-        Call with the lock held."""
-        merged: dict[int, int] = defaultdict(int)
-        freqs: dict[int, int] = defaultdict(int)
-        match_cache: dict[int, bool] = {}
-        labels = self._labels
-        for bucket in self._bucket_range(start, end):
-            for (lid, sid), count in bucket.items():
-                ok = match_cache.get(lid)
-                if ok is None:
-                    ok = match_cache[lid] = selector.matches(dict(labels[lid]))
-                if ok:
-                    merged[lid if key_of_label else sid] += count
-                    freqs[self._label_freq.get(lid, 0)] += count
-        freq = max(freqs, key=freqs.get) if freqs else None
-        return merged, freq or None
+    def _matching(self, selector: Selector, lidx: np.ndarray) -> np.ndarray | None:
+        """Per dense label index, whether its set matches (None: the selector matches everything)."""
+        if not selector.matchers:
+            return None
+        ok = np.zeros(len(self._label_dicts), dtype=bool)
+        dicts, matches = self._label_dicts, selector.matches
+        for d in np.unique(lidx).tolist():
+            ok[d] = matches(dicts[d])
+        return ok
+
+    def _per_label(self, selector: Selector, start: float, end: float):  # noqa: ANN202
+        """(label index, stack index, count) columns of the matching rows in range. Lock held."""
+        lidx, sidx, counts = self._columns(start, end)
+        ok = self._matching(selector, lidx)
+        if ok is not None:
+            keep = ok[lidx]
+            lidx, sidx, counts = lidx[keep], sidx[keep], counts[keep]
+        return lidx, sidx, counts
+
+    def _frequency(self, lidx: np.ndarray, counts: np.ndarray) -> int | None:
+        """The sampling frequency most of these samples came at."""
+        if not len(counts):
+            return None
+        per_label = np.bincount(lidx, weights=counts)
+        freqs: dict[int, float] = {}
+        for d in np.flatnonzero(per_label).tolist():
+            f = self._label_freq[d]
+            freqs[f] = freqs.get(f, 0.0) + per_label[d]
+        return max(freqs, key=freqs.__getitem__) or None
 
     def select(self, selector: Selector, start: float, end: float) -> Selection:
         with self._lock:
-            merged, freq = self._scan(selector, start, end, key_of_label=False)
-            stacks = {self._stacks[sid]: n for sid, n in merged.items()}
+            lidx, sidx, counts = self._per_label(selector, start, end)
+            # float64 sums are exact below 2**53 samples per stack
+            per_stack = np.bincount(sidx, weights=counts)
+            nz = np.flatnonzero(per_stack)
+            items = self._stacks.items
+            stacks: dict[Stack, int] = {}
+            for d, n in zip(nz.tolist(), per_stack[nz].astype(np.int64).tolist(), strict=True):
+                st = items[d]
+                stacks[st] = stacks.get(st, 0) + n
+            freq = self._frequency(lidx, counts)
         return Selection(stacks, freq)
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
+        totals: dict[tuple[str, ...], int] = {}
         with self._lock:
-            per_label, freq = self._scan(selector, start, end, key_of_label=True)
-            label_sets = {lid: dict(self._labels[lid]) for lid in per_label}
-        totals: dict[tuple[str, ...], int] = defaultdict(int)
-        for lid, n in per_label.items():
-            labels = label_sets[lid]
-            totals[tuple(labels.get(name, "") for name in by)] += n
-        return Grouped(tuple(by), dict(totals), freq)
+            lidx, _, counts = self._per_label(selector, start, end)
+            per_label = np.bincount(lidx, weights=counts)
+            nz = np.flatnonzero(per_label)
+            dicts = self._label_dicts
+            for d, n in zip(nz.tolist(), per_label[nz].astype(np.int64).tolist(), strict=True):
+                lb = dicts[d]
+                key = tuple(lb.get(name, "") for name in by)
+                totals[key] = totals.get(key, 0) + n
+            freq = self._frequency(lidx, counts)
+        return Grouped(tuple(by), totals, freq)
 
     def syscalls(
         self, selector: Selector, start: float, end: float, by: Sequence[str]
@@ -154,18 +258,18 @@ class MemoryStore:
         out: dict[tuple[str, ...], SyscallAgg] = {}
         lo = self._bucket_of(start)
         with self._lock:
-            labels = self._labels
-            match_cache: dict[int, dict[str, str] | None] = {}
+            dicts = self._label_dicts
+            match_cache: dict[int, bool] = {}
             for key, sys_bucket in self._sys_buckets.items():
                 if not lo <= key <= end:
                     continue
-                for (lid, name), agg in sys_bucket.items():
-                    if lid not in match_cache:
-                        lb = dict(labels[lid])
-                        match_cache[lid] = lb if selector.matches(lb) else None
-                    lb = match_cache[lid]
-                    if lb is None:
+                for (d, name), agg in sys_bucket.items():
+                    ok = match_cache.get(d)
+                    if ok is None:
+                        ok = match_cache[d] = selector.matches(dicts[d])
+                    if not ok:
                         continue
+                    lb = dicts[d]
                     group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
                     cur = out.get(group)
                     if cur is None:
@@ -176,12 +280,16 @@ class MemoryStore:
 
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
         with self._lock:
+            items = self._labels.items
             if start is None and end is None:
-                return list(self._labels.values())
-            lids = set()
-            for bucket in self._bucket_range(start or 0.0, end if end is not None else float("inf")):
-                lids.update(lid for lid, _ in bucket)
-            return [self._labels[i] for i in lids]
+                return list(items)
+            lo, hi = start or 0.0, end if end is not None else float("inf")
+            used = set(np.unique(self._columns(lo, hi)[0]).tolist())
+            lo_key = self._bucket_of(lo)
+            for key, sb in self._sys_buckets.items():
+                if lo_key <= key <= hi:
+                    used.update(d for d, _ in sb)
+            return [items[d] for d in used]
 
     def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
         return sorted({k for labels in self._label_sets(start, end) for k, _ in labels})
@@ -193,8 +301,8 @@ class MemoryStore:
         with self._lock:
             return {
                 "buckets": len(self._buckets),
-                "stacks": len(self._stacks),
-                "label_sets": len(self._labels),
+                "stacks": len(self._stacks.items),
+                "label_sets": len(self._labels.items),
                 "entries": sum(len(b) for b in self._buckets.values()),
             }
 
