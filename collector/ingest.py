@@ -15,7 +15,6 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from collector.gpu_metrics import gpu_section_problem
-from collector.render.tree import FrameKey
 from collector.store.base import (
     GPU_STATE_NAME,
     DurableBatches,
@@ -25,7 +24,7 @@ from collector.store.base import (
     Stack,
     SyscallAgg,
 )
-from collector.store.ids import frame_id, labels_id, stack_id_of_frames
+from collector.store.ids import interned_frames, labels_id, stack_id_of_frames
 from collector.store.sequences import SeenSequences
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
@@ -63,10 +62,14 @@ class IngestStats:
     sampler: dict[str, int] = field(default_factory=dict)  # SamplerStats fields summed over batches
 
 
-def _fail(seq: int, reason: str, problem: str) -> NoReturn:
-    err = BatchError(f"batch {seq}: {problem}")
+def _batch_error(reason: str, message: str) -> BatchError:
+    err = BatchError(message)
     err.reason = reason  # type: ignore[attr-defined]
-    raise err
+    return err
+
+
+def _fail(seq: int, reason: str, problem: str) -> NoReturn:
+    raise _batch_error(reason, f"batch {seq}: {problem}")
 
 
 def _check_header(batch: pb.Batch, limits: IngestLimits, size: int) -> None:
@@ -173,17 +176,17 @@ class Decoder:
     its frames are neither decoded nor checked again (it was checked when first seen, and an agent's id
     names one content). Keying by agent means a lying agent can only garble its own data. Stacks without
     an id, or not seen before, are checked and then looked up by their strings (a C-speed tuple hash), so
-    their FrameKeys and stable ids are shared by all agents. Process label sets are cached by their
+    their FrameKeys (interned in collector/store/ids.py) and stable ids are shared by all agents. Processes
+    with a wire id (Process.id) are remembered per agent the same way; label sets are cached by their
     strings. Samples are checked and turned into rows column by column. The caches are bounded.
     """
 
-    MAX_CACHED = 500_000  # stacks by content, label sets, frames, processes: each starts over when full
+    MAX_CACHED = 500_000  # stacks by content, label sets, processes: each starts over when full
     MAX_WIRE_IDS = 2_000_000  # (agent, wire id) entries, all agents together: least recent agents go first
 
     def __init__(self) -> None:
         self._stacks: dict[tuple, _StackEntry] = {}
         self._labels: dict[Labels, int] = {}
-        self._frames: dict[FrameKey, tuple[FrameKey, int]] = {}  # frame -> (itself, interned; its id)
         self._processes: dict[tuple, _ProcessEntry] = {}
         self._lock = threading.Lock()  # the per-agent table below (batches arrive on many threads)
         # (agent id, "stack" | "process") -> wire id -> entry
@@ -198,24 +201,11 @@ class Decoder:
                 self._stacks.clear()
             n = len(functions)
             kernel = (False,) * kernel_start + (True,) * (n - kernel_start)
-            # Frames are interned: plain (function, module, kernel) tuples find their FrameKey (a named
-            # tuple, equal and of equal hash) and its id, all in C for a stack of known frames.
-            frames = list(map(self._frames.get, zip(functions, modules, kernel, strict=True)))
-            if None in frames:
-                frames = [self._frame(*f) for f in zip(functions, modules, kernel, strict=True)]
+            frames = interned_frames(zip(functions, modules, kernel, strict=True))
             hit = self._stacks[key] = (
                 stack_id_of_frames(list(map(_SECOND, frames))),
                 tuple(map(_FIRST, frames)),
             )
-        return hit
-
-    def _frame(self, function: str, module: str, kernel: bool) -> tuple[FrameKey, int]:
-        key = FrameKey(function, module, kernel)
-        hit = self._frames.get(key)
-        if hit is None:
-            if len(self._frames) >= self.MAX_CACHED:
-                self._frames.clear()
-            hit = self._frames[key] = (key, frame_id(function, module, kernel))
         return hit
 
     def _label_id(self, labels: Labels) -> int:
@@ -246,6 +236,26 @@ class Decoder:
                 _, old = self._by_wire_id.popitem(last=False)
                 self._wire_ids -= len(old)
 
+    def _remembered(
+        self, agent_id: str, kind: str, wire_ids: list[int], decode: Callable[[int], tuple]
+    ) -> list:
+        """Entry i for each wire id: remembered for this agent, or `decode(i)` (and remembered when the
+        wire id is not 0)."""
+        known = self._known(agent_id, kind) if any(wire_ids) else {}
+        entries = list(map(known.get, wire_ids))
+        if None not in entries:
+            return entries
+        added = 0
+        for i, entry in enumerate(entries):
+            if entry is None:
+                entry = entries[i] = decode(i)
+                if wire_ids[i]:
+                    known[wire_ids[i]] = entry
+                    added += 1
+        if added:
+            self._learned(known, added)
+        return entries
+
     def _decode_stacks(self, batch: pb.Batch, strings: Sequence[str]) -> list[_StackEntry]:
         seq, nstr = batch.sequence, len(strings)
         stacks = batch.stacks
@@ -255,15 +265,9 @@ class Decoder:
             _fail(seq, "bad_stack", f"{len(batch.stack_ids)} stack_ids for {len(stacks)} stacks")
         else:
             wire_ids = [st.id for st in stacks]
-        known = self._known(batch.agent.agent_id, "stack") if any(wire_ids) else {}
-        entries = list(map(known.get, wire_ids))
-        if None not in entries:
-            return entries  # type: ignore[return-value]
         get = strings.__getitem__
-        added = 0
-        for si, entry in enumerate(entries):
-            if entry is not None:
-                continue
+
+        def decode(si: int) -> _StackEntry:
             st = stacks[si]
             _check_stack_shape(seq, si, st)
             try:
@@ -271,27 +275,16 @@ class Decoder:
                 modules = tuple(map(get, st.modules)) if st.modules else ("",) * len(functions)
             except IndexError:
                 _check_stack_strings(seq, si, st, nstr)
-            entry = entries[si] = self._stack(functions, modules, st.kernel_start)
-            if wire_ids[si]:
-                known[wire_ids[si]] = entry
-                added += 1
-        if added:
-            self._learned(known, added)
-        return entries  # type: ignore[return-value]
+            return self._stack(functions, modules, st.kernel_start)
+
+        return self._remembered(batch.agent.agent_id, "stack", wire_ids, decode)
 
     def _decode_processes(self, batch: pb.Batch, strings: Sequence[str]) -> list[_ProcessEntry]:
-        processes = batch.processes
-        wire_ids = [p.id for p in processes]
-        known = self._known(batch.agent.agent_id, "process") if any(wire_ids) else {}
-        entries = list(map(known.get, wire_ids))
-        if None not in entries:
-            return entries  # type: ignore[return-value]
         seq, nstr, node = batch.sequence, len(strings), batch.agent.node
+        processes = batch.processes
         cache = self._processes
-        added = 0
-        for pi, hit in enumerate(entries):
-            if hit is not None:
-                continue
+
+        def decode(pi: int) -> _ProcessEntry:
             p = processes[pi]
             comm, exe = p.comm, p.exe
             pairs = [(lb.name, lb.value) for lb in p.labels]
@@ -313,13 +306,9 @@ class Decoder:
                         labels[name] = value
                 lset = tuple(sorted((k, v) for k, v in labels.items() if v))
                 hit = cache[key] = (self._label_id(lset), lset)
-            entries[pi] = hit
-            if wire_ids[pi]:
-                known[wire_ids[pi]] = hit
-                added += 1
-        if added:
-            self._learned(known, added)
-        return entries  # type: ignore[return-value]
+            return hit
+
+        return self._remembered(batch.agent.agent_id, "process", [p.id for p in processes], decode)
 
     def decode(
         self, batch: pb.Batch, limits: IngestLimits | None = None, size: int | None = None
@@ -531,12 +520,12 @@ class IngestService(pb_grpc.IngestServicer):
         try:
             return pb.Batch.FromString(payload)
         except DecodeError as err:
-            err2 = BatchError(
-                f"batch (unreadable): {len(payload)} bytes are not a fleetprof.v1.Batch message ({err})"
+            unreadable = _batch_error(
+                "unreadable",
+                f"batch (unreadable): {len(payload)} bytes are not a fleetprof.v1.Batch message ({err})",
             )
-            err2.reason = "unreadable"  # type: ignore[attr-defined]
-            self._rejected(err2)
-            raise err2 from None
+            self._rejected(unreadable)
+            raise unreadable from None
 
     def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
         """Batches arrive as wire bytes (see serve_ingest): parsed here, and logged as they came."""
