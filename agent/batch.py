@@ -27,13 +27,9 @@ class _Strings:
 
 
 def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start: int) -> int:
-    """The stack's content id on the wire (Stack.id): a 64-bit hash of its frame strings, never 0 (none).
-    The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
-    text = "\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}"
-    h = int.from_bytes(
-        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
-    )
-    return h or 1
+    """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frame strings, never 0
+    (none). The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
+    return _wire_id("\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}")
 
 
 def process_wire_id(
@@ -41,7 +37,11 @@ def process_wire_id(
 ) -> int:
     """The process description's content id on the wire (Process.id), never 0 (none): equal ids must mean
     equal descriptions, the collector caches what it decoded under it."""
-    text = f"{pid}\1{start_ticks}\1{comm}\1{exe}\1" + "\1".join(f"{k}\0{v}" for k, v in labels)
+    return _wire_id(f"{pid}\1{start_ticks}\1{comm}\1{exe}\1" + "\1".join(f"{k}\0{v}" for k, v in labels))
+
+
+def _wire_id(text: str) -> int:
+    """A 64-bit hash of `text`, never 0 (0 means "no id" on the wire)."""
     h = int.from_bytes(
         hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
     )
