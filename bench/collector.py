@@ -26,6 +26,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import duckdb
@@ -36,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.batch import process_wire_id, stack_wire_id  # noqa: E402
 from collector.ingest import decode_payload  # noqa: E402
-from collector.query.selector import parse_selector  # noqa: E402
+from collector.query.selector import Selector, parse_selector  # noqa: E402
 from collector.render.tree import FrameKey, top_functions  # noqa: E402
-from collector.store.base import ProfileRows  # noqa: E402
+from collector.store.base import ProfileRows, ProfileStore, Selection  # noqa: E402
 from collector.store.durable import DurableStore  # noqa: E402
 from collector.store.ids import frame_id, labels_id, labels_json, stack_id_of_frames  # noqa: E402
 from collector.store.memory import MemoryStore  # noqa: E402
@@ -239,6 +241,23 @@ def run_ingest(
 
 
 # -- queries over a 500-node fleet -------------------------------------------------------------------
+def select_and_top(store: ProfileStore, selector: Selector, start: float, end: float) -> Selection:
+    """What /api/v1/top and `fleetprof top` do: select, then rank the functions."""
+    res = store.select(selector, start, end)
+    top_functions(res.stacks, 20)
+    return res
+
+
+def timings(fn: Callable[[], object], repeats: int) -> tuple[list[float], object]:
+    """Seconds of each of `repeats` calls of fn, and the last call's result."""
+    out, res = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = fn()
+        out.append(time.perf_counter() - t0)
+    return out, res
+
+
 class Clock:
     def __init__(self, t: float) -> None:
         self.t = t
@@ -359,12 +378,7 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
         ("durable: DuckDB (cold path)", store, 'top, last 24 h, {namespace="ns-3"}', one_ns, 86400),
     ]
     for name, st, what, sel, span in cases:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            res = st.select(sel, now - span, now)
-            top_functions(res.stacks, 20)  # what /api/v1/top and `fleetprof top` do with it
-            times.append(time.perf_counter() - t0)
+        times, res = timings(partial(select_and_top, st, sel, now - span, now), repeats)
         out.append(
             {
                 "store": name,
@@ -384,6 +398,9 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
 
 
 # -- engine choice -----------------------------------------------------------------------------------
+TOP_QUERY = "SELECT sid, sum(count) FROM s WHERE lid % 3 = 0 GROUP BY sid"
+
+
 def run_engines(rows: int) -> list[dict]:
     """The cold tier's insert and query pattern on DuckDB (numpy columns) and SQLite (executemany)."""
     rng = random.Random(3)
@@ -404,11 +421,7 @@ def run_engines(rows: int) -> list[dict]:
         con.execute("INSERT INTO s SELECT * FROM c")
     ins = time.perf_counter() - t0
     con.execute("CHECKPOINT")
-    q = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        con.execute("SELECT sid, sum(count) FROM s WHERE lid % 3 = 0 GROUP BY sid").fetchall()
-        q.append(time.perf_counter() - t0)
+    q, _ = timings(lambda: con.execute(TOP_QUERY).fetchall(), 5)
     out.append(
         {
             "engine": "DuckDB (numpy columns)",
@@ -428,11 +441,7 @@ def run_engines(rows: int) -> list[dict]:
         with sq:
             sq.executemany("INSERT INTO s VALUES (?, ?, ?, ?)", tuples[i : i + chunk])
     ins = time.perf_counter() - t0
-    q = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        sq.execute("SELECT sid, sum(count) FROM s WHERE lid % 3 = 0 GROUP BY sid").fetchall()
-        q.append(time.perf_counter() - t0)
+    q, _ = timings(lambda: sq.execute(TOP_QUERY).fetchall(), 3)
     out.append(
         {
             "engine": "SQLite (executemany, WAL)",
