@@ -30,6 +30,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fleetprof(*args: str, user: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the `fleetprof` command line (as `user` when given) and capture its text output."""
+    cmd = [sys.executable, "-m", "fleetprof.cli", *args]
+    if user:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
 def http_get(url: str, timeout: float = 10.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -12,15 +10,8 @@ import pytest
 
 from agent.kernel import missing_prerequisite
 from collector.render.tree import parse_folded
-from tests.conftest import REPO, RunningCollector, free_port
+from tests.conftest import RunningCollector, fleetprof, free_port
 from tests.test_ingest import make_batch, push
-
-
-def fleetprof(*args: str, user: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "fleetprof.cli", *args]
-    if user:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -26,7 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof.v1 import ingest_pb2 as pb
-from tests.conftest import REPO, free_port, http_get
+from tests.conftest import REPO, fleetprof, free_port, http_get
 from tests.test_ingest import make_batch, push
 
 DEPLOY = REPO / "deploy"
@@ -353,13 +351,9 @@ def test_network_policies_select_real_pods_and_open_the_listening_ports() -> Non
 
 @cache
 def cli_flags(command: str) -> frozenset[str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", command, "--help"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=True,
-    ).stdout
+    r = fleetprof(command, "--help")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out))
 
 

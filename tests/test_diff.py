@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -15,7 +13,7 @@ import pytest
 from collector.render.diff import build_diff_tree, diff_colour, function_diff, limit_pair, render_diff_svg
 from collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
 from collector.render.tree import OTHER, FrameKey
-from tests.conftest import REPO, RunningCollector, http_get
+from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.profiles import PROFILE, Row, push_profile
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -259,12 +257,6 @@ def test_diff_rejects_bad_parameters_naming_them(
 ) -> None:
     code, error = error_of(two_versions, "/api/v1/diff", query='{image="v1"}', **params)
     assert code == 400 and message in error, error
-
-
-def fleetprof(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60
-    )
 
 
 def test_cli_diff_prints_the_table_and_writes_files(two_versions: RunningCollector, tmp_path: Path) -> None:

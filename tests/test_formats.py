@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import urllib.error
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -18,7 +16,7 @@ import pytest
 from collector.render.html import render_html
 from collector.render.tree import FrameKey
 from tests.browser import CHROMIUM, Page
-from tests.conftest import REPO, RunningCollector, http_get
+from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.profiles import PROFILE, push_profile, wide_rows
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -112,12 +110,6 @@ def test_top_sorts_by_total_and_groups_by_label(profiled: RunningCollector) -> N
     assert lines[1].split() == ["POD", "CPU%", "CPU_S", "SAMPLES"]
     assert lines[2].split() == ["trainer-0", "90.0%", "3.6", "360"]
     assert lines[3].split() == ["api-0", "10.0%", "0.4", "40"]
-
-
-def fleetprof(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=60
-    )
 
 
 @pytest.mark.parametrize(

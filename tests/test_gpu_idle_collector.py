@@ -4,8 +4,6 @@ gpu=idle|busy, and /api/v1/gpus (and `fleetprof gpus`) joins per-pod GPU usage w
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -14,7 +12,7 @@ import pytest
 
 from collector.render.tree import parse_folded
 from fleetprof.v1 import ingest_pb2 as pb
-from tests.conftest import REPO, RunningCollector, http_get
+from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.test_gpu_e2e import T0, gpu_batch
 from tests.test_ingest import push
 
@@ -86,18 +84,17 @@ def test_gpus_joins_pod_gpu_usage_with_idle_time_stacks(
     only = collector.json("/api/v1/gpus", query='{pod="infer-0"}', **RANGE)["pods"]
     assert [p["pod"] for p in only] == ["infer-0"]
 
-    out = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", "gpus", "--collector", collector.url, "--from", RANGE["from"],
-         "--until", RANGE["until"]],
-        capture_output=True, text=True, cwd=REPO, check=True,
-    ).stdout  # fmt: skip
+    r = fleetprof("gpus", "--collector", collector.url, "--from", RANGE["from"], "--until", RANGE["until"])
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     row = next(line for line in out.splitlines() if "trainer-0" in line)
     assert row.split()[:3] == ["ml", "trainer-0", "gpu-node-1/0"] and row.split()[-2:] == ["50%", "75%"]
     assert "100.0% of its CPU while idle: load_batch" in out  # self time, of its idle-time samples
 
-    flame = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", "flame", "--gpu-idle", "--collector", collector.url,
-         "--query", '{pod="trainer-0"}', "--from", RANGE["from"], "--until", RANGE["until"]],
-        capture_output=True, text=True, cwd=REPO, check=True,
-    ).stdout  # fmt: skip
+    r = fleetprof(
+        "flame", "--gpu-idle", "--collector", collector.url, "--query", '{pod="trainer-0"}',
+        "--from", RANGE["from"], "--until", RANGE["until"],
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    flame = r.stdout
     assert flame.strip().endswith("load_batch 30") and "launch_kernels" not in flame

@@ -16,6 +16,7 @@ from tests.conftest import (
     REPO,
     RunningAgent,
     RunningCollector,
+    fleetprof,
     samples_of,
     settled_profile,
     start_agent,
@@ -269,13 +270,7 @@ def _agent_gauge(agent: RunningAgent, name: str) -> float:
 
 
 def test_agent_refuses_a_bad_pod_label_flag() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", "agent", "--pod-label", "app=pod"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=30,
-    )
+    r = fleetprof("agent", "--pod-label", "app=pod", timeout=30)
     assert r.returncode == 2
     assert "'pod' is a label fleetprof sets itself" in r.stderr
     assert "Traceback" not in r.stderr

@@ -6,7 +6,6 @@ import gzip
 import re
 import shutil
 import subprocess
-import sys
 import urllib.parse
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from collector.render.pprof import _varint, to_pprof
 from collector.render.tree import FrameKey
-from tests.conftest import REPO, RunningCollector, http_get
+from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.profiles import FREQUENCY_HZ, PROFILE, push_profile, wide_rows
 
 _ROW = re.compile(r"^\s*(\d+(?:\.\d+)?)(?:ms)?\s+\S+%\s+\S+%\s+(\d+(?:\.\d+)?)(?:ms)?\s+\S+%\s+(.+?)\s*$")
@@ -133,13 +132,7 @@ def test_output_is_gzip_of_a_deterministic_message() -> None:
 
 def test_flame_cli_writes_pprof_for_pb_gz(profiled: RunningCollector, tmp_path: Path) -> None:
     out = tmp_path / "cli.pb.gz"
-    r = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", "flame", "--collector", profiled.url, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    r = fleetprof("flame", "--collector", profiled.url, "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert "(pprof," in r.stdout
     assert pprof_top(out)["hot_loop"][0] == 300 * 1000 / FREQUENCY_HZ

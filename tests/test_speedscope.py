@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tarfile
 import tempfile
 import urllib.parse
@@ -15,7 +14,7 @@ import pytest
 
 from collector.render.speedscope import to_speedscope
 from collector.render.tree import FrameKey
-from tests.conftest import REPO, RunningCollector, http_get
+from tests.conftest import REPO, RunningCollector, fleetprof, http_get
 from tests.profiles import FREQUENCY_HZ, PROFILE, push_profile, wide_rows
 
 # scripts/setup.sh --test puts it here (npm pack speedscope@1.25.0).
@@ -123,12 +122,6 @@ def test_flame_cli_picks_speedscope_from_the_double_extension(
     profiled: RunningCollector, tmp_path: Path, validator: jsonschema.Draft7Validator
 ) -> None:
     out = tmp_path / "cpu.speedscope.json"
-    r = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", "flame", "--collector", profiled.url, "-o", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-    )
+    r = fleetprof("flame", "--collector", profiled.url, "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert check_file(json.loads(out.read_text()), validator)["hot_loop"] == 300 * 10**9 // FREQUENCY_HZ

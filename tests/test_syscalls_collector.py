@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.store.base import SyscallAgg
 from collector.syscall_metrics import SyscallMetrics
 from fleetprof.v1 import ingest_pb2 as pb
-from tests.conftest import REPO, RunningCollector, http_get
+from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.test_ingest import make_batch, push
 
 
@@ -128,13 +125,9 @@ def test_syscalls_command_prints_top_by_time_and_by_count(collector: RunningColl
         ("getppid", 50_000, 3_125, 3_125 * 300, hist(b8=3_125)),
     ]
     push(collector.grpc_target, [with_syscalls(make_batch(), rows)])
-    out = subprocess.run(
-        [sys.executable, "-m", "fleetprof.cli", "syscalls", "--collector", collector.url, "--since", "5m"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=True,
-    ).stdout
+    r = fleetprof("syscalls", "--collector", collector.url, "--since", "5m")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
     by_time, by_count = out.split("\n\n")
     assert "by time" in by_time and by_time.splitlines()[2].split()[0] == "nanosleep"
     assert "by count" in by_count and by_count.splitlines()[2].split()[0] == "getppid"
