@@ -132,13 +132,15 @@ def test_containerd_cgroupfs_v1_process_is_labelled_with_its_pod(cluster: Cluste
         f'workload="trainer", app="trainer", team="vision", node="{NODE}", '
         f'pod_uid="{uid}", container_id="{cid}"}}'
     )
-    stacks = settled_profile(cluster.collector, selector, cluster.agent.interval)
+    # Settle on everything of the pid (the superset), so no late window can arrive between the queries.
+    everything = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent.interval)
+    stacks = cluster.collector.folded(selector)
     assert samples_of(stacks) > 150
     assert any(f.function == "fp_hot_alpha" for st in stacks for f in st)
     pids = cluster.collector.json("/api/v1/labels/pid/values", since="5m")["values"]
     assert str(proc.pid) in pids
     # Every sample of that pid carries the pod: nothing was left as a bare container id.
-    assert cluster.collector.folded(f'{{pid="{proc.pid}"}}') == stacks
+    assert everything == stacks
 
     pods = subprocess.run(
         [
@@ -196,13 +198,12 @@ def test_crio_systemd_v2_process_is_labelled_once_its_pod_arrives(cluster: Clust
     finally:
         remove_cgroups(leaf, V2_ROOT)
 
-    labelled = settled_profile(
-        cluster.collector,
+    # Settle on everything of the pid (the superset), so no late window can arrive between the queries.
+    everything = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent.interval)
+    labelled = cluster.collector.folded(
         '{namespace="jobs", pod="batch-worker", container="worker", '
-        'workload_kind="CronJob", workload="nightly"}',
-        cluster.agent.interval,
+        'workload_kind="CronJob", workload="nightly"}'
     )
-    everything = cluster.collector.folded(f'{{pid="{proc.pid}"}}')
     assert samples_of(labelled) > 0.5 * samples_of(everything), "labels did not follow the pod's arrival"
     unlabelled = cluster.collector.folded(f'{{pid="{proc.pid}", pod=""}}')
     assert samples_of(unlabelled) + samples_of(labelled) == samples_of(everything)
