@@ -25,7 +25,7 @@ from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
 from agent.kube.watcher import PodWatcher
 from agent.memory import HeapTrimmer
 from agent.metrics import AgentCounters, build_registry
-from agent.process.table import ProcessTable
+from agent.process.table import ProcessInfo, ProcessTable
 from agent.python.unwinder import PythonStacks
 from agent.resolver import Resolver
 from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
@@ -169,6 +169,13 @@ class Agent:
         elif kind == EVENT_EXIT:
             self.processes.mark_exited(pid)
 
+    def _on_syscall_process_event(self, pid: int, kind: int, ns: int) -> None:
+        """The syscall tracer met a process (see SyscallTracer): capture its labels while it lives."""
+        if kind in (EVENT_NEW, EVENT_EXEC):
+            self.processes.note(pid, ns, exec_=kind == EVENT_EXEC)
+        elif kind == EVENT_EXIT:
+            self.processes.mark_exited(pid)
+
     def _poll_events(self) -> None:
         assert self.sampler is not None
         while not self._stop.is_set():
@@ -185,6 +192,9 @@ class Agent:
         offset = time.time() - time.monotonic()
         return lambda pid, gpu_slot: _GPU_STATES[timeline.state(pid, (gpu_slot - 0.5) * slot_s + offset)]
 
+    def _labelled(self, pid: int) -> ProcessInfo | None:
+        return self.processes.get(pid, mappings=False)
+
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
         assert self.sampler is not None
@@ -198,7 +208,7 @@ class Agent:
             window.syscall_duty = duty.fraction if duty is not None else 0.0
         self.processes.end_window()
         self.gpu_owners.refresh_if_stale(time.monotonic())
-        gpu = self.gpu.drain().attributed(self.processes.get, self.gpu_owners.owner) if self.gpu else None
+        gpu = self.gpu.drain().attributed(self._labelled, self.gpu_owners.owner) if self.gpu else None
         batch = encode_window(
             window,
             self.identity,
@@ -257,11 +267,14 @@ class Agent:
             overrides["latency_duty"] = cfg.syscall_latency_duty
         config = SyscallConfig(**overrides)
         try:
-            return SyscallTracer(config)
+            tracer = SyscallTracer(config, on_process_event=self._on_syscall_process_event)
         except BpfUnavailable as err:
             # CPU profiling goes on without syscalls; said once.
             log.warning("syscall tracing is off: %s", err)
             return None
+        assert self.sampler is not None and tracer.events_table is not None
+        self.sampler.poll_also(tracer.events_table, tracer.on_event)
+        return tracer
 
     def run(self) -> None:
         self.start()

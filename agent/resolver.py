@@ -107,13 +107,14 @@ class Resolver:
             stats.update(python.stats())
         window = Window(drain.start_ns, drain.end_ns, samples, stats)
         if syscalls is not None:
-            window.syscalls = [(self._process(st.tgid, ""), st) for st in syscalls.stats]
+            window.syscalls = [(self._process(st.tgid, "", mappings=False), st) for st in syscalls.stats]
             window.syscall_counters = dict(syscalls.counters)
+            stats["events_lost"] = stats.get("events_lost", 0) + syscalls.counters.get("events_lost", 0)
         return window
 
-    def _process(self, tgid: int, comm: str) -> ProcessInfo:
+    def _process(self, tgid: int, comm: str, mappings: bool = True) -> ProcessInfo:
         """The process as captured, or (gone before it could be described) what the kernel told us."""
-        proc = self._processes.get(tgid)
+        proc = self._processes.get(tgid, mappings)
         if proc is None:
             proc = ProcessInfo(tgid, 0, comm, "", CgroupIdentity(path=""), ())
         return proc

@@ -45,6 +45,8 @@ STAT_NAMES = (
 )
 
 # Perf event constants (include/uapi/linux/perf_event.h).
+# BCC's ring-buffer callback type (bcc/table.py _RINGBUF_CB_TYPE): int (*)(void *ctx, void *data, int size)
+_RINGBUF_CALLBACK = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_int)
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_SW_CPU_CLOCK = 0
 
@@ -182,6 +184,7 @@ class CpuSampler:
         self._python_procs = self._bpf["python_procs"]
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
         self._events_cb = on_process_event
+        self._extra_callbacks: list = []
         if on_process_event is not None:
             self._bpf["events"].open_ring_buffer(self._on_event)
         try:
@@ -208,6 +211,21 @@ class CpuSampler:
     def poll_events(self, timeout_ms: int = 200) -> None:
         """Deliver pending process events to the callback; call from one dedicated thread."""
         self._bpf.ring_buffer_poll(timeout_ms)
+
+    def poll_also(self, table, callback: Callable[[object, int, int], None]) -> None:  # noqa: ANN001
+        """Deliver another BPF object's ring buffer (`table`, e.g. the syscall tracer's process events) from
+        `poll_events` too: one thread and one epoll wait for both. `callback(ctx, data, size)` as BCC's."""
+
+        def deliver(ctx: object, data: int, size: int) -> int:
+            try:
+                callback(ctx, data, size)
+            except Exception:  # one bad event must not stop the others (ctypes would only print it)
+                log.exception("process event handling failed")
+            return 0
+
+        fn = _RINGBUF_CALLBACK(deliver)
+        self._extra_callbacks.append(fn)  # ctypes keeps no reference: BCC would call freed memory
+        self._bpf._open_ring_buffer(table.map_fd, fn)  # adds it to this object's ring-buffer manager
 
     # -- CPython processes ------------------------------------------------------------------------
     def set_gpu_processes(self, pids: set[int]) -> None:

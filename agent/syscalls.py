@@ -3,7 +3,8 @@
 Every syscall of every process is counted per (tgid, syscall nr); one call in `latency_sample_every`
 (chosen at random) is also timed into a log2 histogram. See DEFAULT_SAMPLE_EVERY for the cost per
 syscall (bench/syscalls.py) and the choice of default. Kernel memory at the default table size: ~3 MB
-plus 256 KB per possible CPU for counts, 8 MB for latencies (both double-buffered).
+plus 256 KB per possible CPU for counts, 8 MB for latencies (both double-buffered); with process events,
+~2 MB for the processes told of and a 256 KB ring buffer.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ctypes as ct
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -24,7 +26,14 @@ BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
 
 # Mirrors of syscalls.c's constants (keep in sync with the .c file).
 NBUCKETS = 40  # hist[i]: [2^i, 2^(i+1)) ns; hist[39] is everything from 2^39 ns (~9 minutes) up
-STAT_NAMES = ("table_full", "latency_table_full", "storage_failed", "idle_skipped", "stale_start")
+STAT_NAMES = (
+    "table_full",
+    "latency_table_full",
+    "storage_failed",
+    "idle_skipped",
+    "stale_start",
+    "events_lost",
+)
 TIMING_OPEN, TIMING_EPOCH = 0, 1  # indices of the `timing` array
 
 # Defaults: time 1 call in 16 during a 1 s timing window every 10 s (LatencyDuty). From bench/syscalls.py
@@ -56,6 +65,14 @@ DEFAULT_SAMPLE_EVERY = 16
 # Mirrors of syscalls.c's structs, as struct layouts (drains parse whole chunks with iter_unpack); their
 # sizes are checked against the maps' own key and value types when the program loads.
 KEY_LAYOUT = struct.Struct("=II")  # struct syscall_key: tgid, nr
+
+
+class ProcessEvent(ct.Structure):
+    """struct process_event: the process kinds are agent/sampler.py's EVENT_NEW/EXEC/EXIT."""
+
+    _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32), ("ns", ct.c_uint64)]
+
+
 LATENCY_LAYOUT = struct.Struct(f"=QQ{NBUCKETS}I")  # struct latency: timed, total_ns, hist[NBUCKETS]
 
 
@@ -120,6 +137,7 @@ class SyscallConfig:
     # "random" (default) or "counter": time every N-th call on each CPU. A counter measured no cheaper
     # and locks onto periodic call patterns; kept so that bench/syscalls.py can show the difference.
     sample_by: str = "random"
+    known_processes: int = 32768  # processes the events speak of at once (LRU: more are told again)
 
 
 def parse_sample_fraction(text: str) -> int:
@@ -181,14 +199,24 @@ def _validate(config: SyscallConfig) -> None:
     duty = config.latency_duty
     if not (duty.window_s > 0 and duty.period_s > 0):
         raise ValueError(f"latency duty {duty}: window and period must be positive")
+    if config.known_processes < 1:
+        raise ValueError(f"known_processes={config.known_processes}: must be at least 1")
     if config.sample_by not in ("random", "counter"):
         raise ValueError(f"sample_by={config.sample_by!r}: use 'random' or 'counter'")
 
 
 class SyscallTracer:
-    """Owns the BPF programs; `drain()` returns one window; thread-safe against itself."""
+    """Owns the BPF programs; `drain()` returns one window; thread-safe against itself.
 
-    def __init__(self, config: SyscallConfig):
+    `on_process_event(tgid, kind, ns)`, when given, hears of each process at its first syscall (EVENT_NEW),
+    at its execs and at its exit (CLOCK_MONOTONIC ns of the event), from whichever thread polls
+    `events_table` (agent/sampler.py's `poll_also` puts it on the process-event thread): the agent reads a
+    syscall-only process's cgroup while it lives, so its calls keep their pod after it exits.
+    """
+
+    def __init__(
+        self, config: SyscallConfig, on_process_event: Callable[[int, int, int], None] | None = None
+    ):
         _validate(config)
         bcc = load_bcc()
         self._config = config
@@ -207,6 +235,8 @@ class SyscallTracer:
             f"-DNBUCKETS={NBUCKETS}",
             f"-DSAMPLE_EVERY={config.latency_sample_every}",
             f"-DSAMPLE_BY_COUNTER={1 if config.sample_by == 'counter' else 0}",
+            f"-DPROCESS_EVENTS={1 if on_process_event is not None else 0}",
+            f"-DKNOWN_SIZE={config.known_processes}",
         ]
         try:
             self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
@@ -219,6 +249,8 @@ class SyscallTracer:
         self._counts = (self._bpf[b"counts0"], self._bpf[b"counts1"])
         self._latency = (self._bpf[b"latency0"], self._bpf[b"latency1"]) if self.latency_sample_every else ()
         self._stat_deltas = CounterDeltas(self._bpf[b"stats"], STAT_NAMES)
+        self._events_cb = on_process_event
+        self.events_table = self._bpf[b"events"] if on_process_event is not None else None
         _check_layout(self._counts[0], 8)
         for table in self._latency:
             _check_layout(table, LATENCY_LAYOUT.size)
@@ -250,6 +282,12 @@ class SyscallTracer:
                 self._cycle = _DutyCycle(self, self.latency_duty)
                 self._cycle.start()
         release_startup_memory()  # LLVM's heap garbage and its code pages, needed only to compile
+
+    def on_event(self, _ctx: object, data: int, _size: int) -> None:
+        """The ring-buffer callback for `events_table`."""
+        ev = ct.cast(data, ct.POINTER(ProcessEvent)).contents
+        assert self._events_cb is not None
+        self._events_cb(ev.tgid, ev.kind, ev.ns)
 
     def _attach(self, tp: bytes, fn: bytes) -> None:
         self._bpf.attach_raw_tracepoint(tp=tp, fn_name=fn)

@@ -230,11 +230,13 @@ def test_syscalls_of_a_pod_are_counted_under_its_labels(cluster: Cluster, worklo
         20,
         "the pod in the agent's cache",
     )
-    calls = 23_456
+    calls = 2_345
     leaf = make_cgroup(V1_CPU / "kubepods" / "besteffort" / f"pod{uid}" / cid)
     try:
-        # Batches of 1,000 calls 40 ms apart: the process lives across several drains.
-        proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("getppid_n")), str(calls), "40"])
+        # Batches of 1,000 calls 30 ms apart: the process lives ~0.1 s on ~2 ms of CPU, most often between
+        # two drains (1 s apart) and never sampled on CPU: the syscall tracer's events alone tell the
+        # agent to read its cgroup while it lives.
+        proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("getppid_n")), str(calls), "30"])
         proc.wait(timeout=60)
     finally:
         remove_cgroups(leaf, V1_CPU)

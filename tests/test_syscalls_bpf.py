@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW
 from agent.syscalls import (
     DEFAULT_SAMPLE_EVERY,
     NBUCKETS,
@@ -23,7 +25,7 @@ from agent.syscalls import (
     parse_sample_fraction,
     syscall_name,
 )
-from tests.conftest import require_bpf
+from tests.conftest import require_bpf, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -166,6 +168,66 @@ def test_processes_killed_inside_syscalls_leave_nothing_behind(
     for d in (first, second, *drains):
         assert d.counters["storage_failed"] == 0
         assert d.counters["table_full"] == 0 and d.counters["latency_table_full"] == 0
+
+
+class EventLog:
+    """A tracer whose process events are polled on a thread of their own, as the agent's event thread
+    polls them (there, through the sampler's ring-buffer manager)."""
+
+    def __init__(self) -> None:
+        require_bpf()
+        self.events: list[tuple[int, int, int]] = []
+        self.tracer = SyscallTracer(SyscallConfig(latency_sample_every=0), on_process_event=self._add)
+        assert self.tracer.events_table is not None
+        self.tracer.events_table.open_ring_buffer(self.tracer.on_event)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _add(self, tgid: int, kind: int, ns: int) -> None:
+        self.events.append((tgid, kind, ns))
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.tracer.events_table.bpf.ring_buffer_poll(50)
+
+    def of(self, pid: int) -> list[int]:
+        return [kind for tgid, kind, _ in list(self.events) if tgid == pid]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.tracer.close()
+
+
+def test_a_process_is_told_at_its_first_syscall_each_exec_and_its_exit(
+    workload_bin: Callable[[str], Path],
+) -> None:
+    log = EventLog()
+    try:
+        before = time.monotonic_ns()
+        # The child of Popen (a fork of this Python) execs sh, which execs the workload: 2 execs.
+        proc = subprocess.Popen(["sh", "-c", f"exec {workload_bin('getppid_n')} 5000 5"])
+        for _ in range(3):  # new (tgid, nr) keys in several windows: still one NEW for the lifetime
+            time.sleep(0.01)
+            log.tracer.drain()
+        assert proc.wait(timeout=30) == 0
+        wait_until(lambda: EVENT_EXIT in log.of(proc.pid), 10, "the workload's exit event")
+        assert log.of(proc.pid) == [EVENT_NEW, EVENT_EXEC, EVENT_EXEC, EVENT_EXIT]
+        times = [ns for tgid, _, ns in log.events if tgid == proc.pid]
+        assert before <= times[0] and times == sorted(times) and times[-1] <= time.monotonic_ns()
+
+        # Thousands of short processes (killed inside a blocking call): each one told once, then its exit.
+        out = subprocess.run(
+            [str(workload_bin("fork_kill")), "1000", "100"], capture_output=True, text=True, timeout=60
+        )
+        pids = {int(x) for x in out.stdout.split()}
+        assert len(pids) == 1000
+        wait_until(lambda: all(EVENT_EXIT in log.of(p) for p in pids), 10, "1,000 exit events")
+        assert all(log.of(p) == [EVENT_NEW, EVENT_EXIT] for p in pids)
+        assert log.tracer.drain().counters["events_lost"] == 0
+    finally:
+        log.close()
 
 
 def test_counters_are_deltas_and_count_full_tables(workload_bin: Callable[[str], Path]) -> None:

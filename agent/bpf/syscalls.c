@@ -2,8 +2,9 @@
 // into log2 latency histograms, aggregated in the kernel.
 //
 // Loaded by agent/syscalls.py, which defines TABLE_SIZE, NBUCKETS, SAMPLE_EVERY (0 = count only, else a
-// power of two: time one call in SAMPLE_EVERY) and SAMPLE_BY_COUNTER with -D flags, and mirrors every
-// struct here with ctypes.
+// power of two: time one call in SAMPLE_EVERY), SAMPLE_BY_COUNTER, PROCESS_EVENTS (1: tell user space
+// of each process at its first syscall) and KNOWN_SIZE with -D flags, and mirrors every struct here with
+// ctypes.
 //
 // Rules this file keeps:
 //  * Raw tracepoints only (no kprobes on this fleet; empty classic tracepoint programs on enter+exit cost
@@ -50,7 +51,8 @@ struct start {
 #define STAT_STORAGE_FAILED      2   // a call not timed: task storage could not be created
 #define STAT_IDLE_SKIPPED        3   // sys_enter seen in the idle task (not expected; skipped)
 #define STAT_STALE_START         4   // a timed call that outlived its timing window: dropped untimed
-#define NSTATS                   5
+#define STAT_EVENTS_LOST         5   // a process event not delivered: ring buffer full
+#define NSTATS                   6
 
 // control[0]: index (0 or 1) of the map set the programs write. Written only by user space.
 BPF_ARRAY(control, u32, 1);
@@ -98,6 +100,67 @@ static __always_inline void count_stat(u32 idx) {
         (*v)++;   // per-CPU slot; syscall probes run with preemption off (bpf_probe.h), no atomics needed
 }
 
+#if PROCESS_EVENTS
+// Process events: user space learns of a process at its first syscall (and again at exec), while it
+// lives, so it can read the process's cgroup (its pod) even when the process exits before the next drain
+// and is never sampled on CPU (a short, syscall-bound process). Mirrors cpu_sampler.c's events, plus the
+// time, so user space can skip an event its own later capture already covers.
+#define EVENT_NEW  1
+#define EVENT_EXEC 2
+#define EVENT_EXIT 3
+struct process_event {
+    u32 tgid;
+    u32 kind;
+    u64 ns;                 // bpf_ktime_get_ns() when it happened (CLOCK_MONOTONIC)
+};
+
+// known: tgid -> 1 for processes user space has been told about; removed at exit. Looked up only when a
+// (tgid, nr) key is new in the window (count_call's insert path), so the per-call cost is unchanged.
+BPF_TABLE("lru_hash", u32, u8, known, KNOWN_SIZE);
+BPF_RINGBUF_OUTPUT(events, 64);
+
+static __always_inline int notify(u32 tgid, u32 kind) {
+    struct process_event *e = events.ringbuf_reserve(sizeof(struct process_event));
+    if (!e) {
+        count_stat(STAT_EVENTS_LOST);
+        return 0;
+    }
+    e->tgid = tgid;
+    e->kind = kind;
+    e->ns = bpf_ktime_get_ns();
+    events.ringbuf_submit(e, 0);
+    return 1;
+}
+
+static __always_inline void note_process(u32 tgid) {
+    if (known.lookup(&tgid))
+        return;
+    if (notify(tgid, EVENT_NEW)) {   // not delivered (a burst filled the buffer): told at a later new key
+        u8 one = 1;
+        known.update(&tgid, &one);
+    }
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec) {
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (known.lookup(&tgid))
+        notify(tgid, EVENT_EXEC);   // its cgroup may have changed before the exec (a container's init)
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    if ((u32)pid_tgid != tgid)   // a thread, not the whole process
+        return 0;
+    if (known.lookup(&tgid)) {
+        known.delete(&tgid);
+        notify(tgid, EVENT_EXIT);
+    }
+    return 0;
+}
+#endif
+
 // counts[set][key] += 1 on this CPU. Inserting with BPF_ANY is race-free for a per-CPU hash: if another
 // CPU inserts the key between our lookup and update, the update only sets this CPU's slot, which the
 // other insert left at zero. (BCC cannot rewrite map calls inside macros, hence one branch per set.)
@@ -119,6 +182,9 @@ static __always_inline void count_call(u32 set, struct syscall_key *key) {
         err = counts1.update(key, &one);
     if (err)
         count_stat(STAT_COUNT_TABLE_FULL);
+#if PROCESS_EVENTS
+    note_process(key->tgid);
+#endif
 }
 
 static __always_inline int should_time(void) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,11 +26,15 @@ class ProcessInfo:
     exe: str
     cgroup: CgroupIdentity
     mappings: tuple[Mapping, ...] = field(repr=False)
+    mapped: bool = True  # False: captured for its labels only, mappings not read (ProcessTable.note)
+    captured_ns: int = field(default=0, compare=False, repr=False)  # CLOCK_MONOTONIC as the capture began
 
 
-def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo:
-    """Capture a live process; raises ProcessLookupError when it is gone."""
+def read_process(pid: int, proc_root: str = "/proc", mappings: bool = True) -> ProcessInfo:
+    """Capture a live process (without its mappings unless `mappings`); raises ProcessLookupError when it
+    is gone."""
     base = f"{proc_root}/{pid}"
+    captured_ns = time.monotonic_ns()  # before reading: what was read is at least this recent
     try:
         with open(f"{base}/stat", "rb") as f:
             stat = f.read().decode("utf-8", "replace")
@@ -41,17 +46,21 @@ def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo:
             exe = os.readlink(f"{base}/exe")
         except OSError:
             exe = ""  # kernel threads, or a zombie
-        mappings = tuple(read_maps(pid, proc_root, exec_only=True))
+        maps = tuple(read_maps(pid, proc_root, exec_only=True)) if mappings else ()
         cgroup = read_cgroup(pid, proc_root)
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ProcessLookupError(f"process {pid} is gone") from exc
-    return ProcessInfo(pid, start_ticks, comm, exe, cgroup, mappings)
+    return ProcessInfo(pid, start_ticks, comm, exe, cgroup, maps, mappings, captured_ns)
 
 
 class ProcessTable:
-    """pid → ProcessInfo, fed by the sampler's new/exec/exit events and by lookups at drain time.
+    """pid → ProcessInfo, fed by the sampler's and the syscall tracer's new/exec/exit events and by
+    lookups at drain time.
 
-    An exited process is kept until `end_window()` has been called twice after its exit, so the
+    Sampled processes are captured whole (mappings included, for symbols). Processes the syscall tracer
+    meets are captured for their labels only (`note`: stat, exe, cgroup; no maps): every process on the
+    node makes syscalls, and most are never sampled. A sample of such a process captures it whole
+    (`get`). An exited process is kept until `end_window()` has been called twice after its exit, so the
     drain that holds its last samples still symbolizes them. Bounded by `max_processes` (LRU).
     """
 
@@ -76,10 +85,10 @@ class ProcessTable:
     def __len__(self) -> int:
         return len(self._procs)
 
-    def refresh(self, pid: int) -> ProcessInfo | None:
-        """(Re)capture a process now; None if it is already gone."""
+    def refresh(self, pid: int, mappings: bool = True) -> ProcessInfo | None:
+        """(Re)capture a process now (for its labels only unless `mappings`); None if it is already gone."""
         try:
-            info = read_process(pid, self._proc_root)
+            info = read_process(pid, self._proc_root, mappings)
         except ProcessLookupError:
             return None
         except (OSError, ValueError, IndexError) as exc:
@@ -88,6 +97,9 @@ class ProcessTable:
             return None
         evicted = []
         with self._lock:
+            old = self._procs.get(pid)
+            if old is not None and old.mapped and not mappings:
+                evicted.append(pid)  # its image changed (exec): what was detected from its maps is stale
             self._procs[pid] = info
             self._procs.move_to_end(pid)
             self._exited.pop(pid, None)
@@ -95,7 +107,7 @@ class ProcessTable:
                 old, _ = self._procs.popitem(last=False)
                 self._exited.pop(old, None)
                 evicted.append(old)
-        if self._on_capture is not None:
+        if self._on_capture is not None and mappings:
             try:
                 self._on_capture(info)
             except Exception:  # a hook must not keep the process from being described
@@ -113,12 +125,25 @@ class ProcessTable:
             if pid in self._procs:
                 self._exited[pid] = 2
 
-    def get(self, pid: int) -> ProcessInfo | None:
-        """The process as last captured, capturing it now if it was never seen (event lost)."""
+    def note(self, pid: int, since_ns: int, exec_: bool = False) -> None:
+        """The syscall tracer met the process at `since_ns` (CLOCK_MONOTONIC): its first syscall, or
+        (`exec_`) an exec. Captured for its labels unless the table holds a capture that already covers
+        it: one taken after that moment, or for a first syscall any capture of the live process."""
         with self._lock:
             info = self._procs.get(pid)
-        if info is None:
-            info = self.refresh(pid)
+            live = info is not None and pid not in self._exited
+        if live and (info.captured_ns >= since_ns or not exec_):
+            return
+        self.refresh(pid, mappings=False)
+
+    def get(self, pid: int, mappings: bool = True) -> ProcessInfo | None:
+        """The process as last captured, capturing it now if it was never seen (event lost), or if
+        `mappings` are wanted and it was captured for its labels only (kept as is once it is gone)."""
+        with self._lock:
+            info = self._procs.get(pid)
+            exited = pid in self._exited
+        if info is None or (mappings and not info.mapped and not exited):
+            info = self.refresh(pid, mappings) or info
         return info
 
     def remap(self, pid: int) -> ProcessInfo | None:
