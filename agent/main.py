@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import threading
 import time
@@ -30,6 +31,7 @@ from agent.python.unwinder import PythonStacks
 from agent.resolver import Resolver
 from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
 from agent.shipper import Shipper
+from agent.symbols.preloader import Preloader
 from agent.symbols.symbolizer import Symbolizer
 from agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof import __version__
@@ -71,6 +73,13 @@ def boot_time_ns() -> int:
     return 0
 
 
+def own_start_ticks() -> int:
+    """This process's start time in clock ticks since boot (/proc/self/stat field 22)."""
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
 def split_hostport(text: str, flag: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -93,9 +102,12 @@ class Agent:
             version=__version__,
         )
         self._stop = threading.Event()
+        self._wake_events, self._wake_events_w = socket.socketpair()  # stop() wakes the event thread
+        self._events_thread: threading.Thread | None = None
         self.python = PythonStacks(enabled=config.python)
         self.processes = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
         self.symbolizer = Symbolizer()
+        self.preloader = Preloader(self.symbolizer, own_start_ticks())
         self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
         self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
         self.pods = PodCache(
@@ -106,7 +118,7 @@ class Agent:
         self.gpu_owners = GpuOwners(PodResourcesClient(config.pod_resources_socket))
         self.gpu = GpuPoller(GpuPollerConfig(interval_s=config.gpu_interval_s)) if config.gpu else None
         self.counters = AgentCounters()
-        self._trim_heap = HeapTrimmer()
+        self._trim_heap = HeapTrimmer(self._symbol_generation)
         self.registry, self._drain_hist = build_registry(
             self.counters, lambda: self.shipper.stats, self._gauges
         )
@@ -116,6 +128,11 @@ class Agent:
         self.sampler: CpuSampler | None = None
         self.syscalls: SyscallTracer | None = None
         self._last_drain = time.monotonic()
+
+    def _symbol_generation(self) -> int:
+        """Changes whenever symbol tables were loaded or evicted (HeapTrimmer trims then)."""
+        sym = self.symbolizer.stats()
+        return sym.get("files_loaded", 0) + sym.get("files_evicted", 0)
 
     def _pod_watcher(self) -> PodWatcher | None:
         """Watch this node's pods when an API server is configured; without one, pods keep their UID only."""
@@ -136,6 +153,10 @@ class Agent:
             "processes": (len(self.processes), "Processes described in the process table"),
             "symbol_files": (sym.get("files_cached", 0), "ELF files with a cached symbol table"),
             "symbol_bytes": (sym.get("bytes_held", 0), "Bytes held by cached symbol tables"),
+            "symbol_preloads_pending": (
+                self.preloader.pending(),
+                "New processes whose symbol tables wait to be loaded (agent/symbols/preloader.py)",
+            ),
             "frequency_hertz": (self.config.frequency_hz, "Sampling frequency per CPU"),
             "pods": (len(self.pods), "Pods of this node in the metadata cache"),
             "kubernetes_synced": (
@@ -165,7 +186,7 @@ class Agent:
         if kind in (EVENT_NEW, EVENT_EXEC):
             info = self.processes.refresh(pid)
             if info is not None:
-                self.symbolizer.preload(pid, info.mappings)
+                self.preloader.submit(pid, info.start_ticks, info.mappings)
         elif kind == EVENT_EXIT:
             self.processes.mark_exited(pid)
 
@@ -177,12 +198,17 @@ class Agent:
             self.processes.mark_exited(pid)
 
     def _poll_events(self) -> None:
+        """Sleep until process events arrive or the agent stops: no timer wakes this thread."""
         assert self.sampler is not None
-        while not self._stop.is_set():
-            try:
-                self.sampler.poll_events(1000)  # returns at once when events arrive
-            except Exception:  # keep describing processes whatever one event did
-                log.exception("process event handling failed")
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sampler.events_fd(), selectors.EVENT_READ)
+            selector.register(self._wake_events, selectors.EVENT_READ)
+            while not self._stop.is_set():
+                selector.select()
+                try:
+                    self.sampler.consume_events()
+                except Exception:  # keep describing processes whatever one event did
+                    log.exception("process event handling failed")
 
     def _gpu_states(self) -> Callable[[int, int], int]:
         """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
@@ -249,7 +275,9 @@ class Agent:
             self.gpu.start()
         if self.pod_watcher is not None:
             self.pod_watcher.start()
-        threading.Thread(target=self._poll_events, name="process-events", daemon=True).start()
+        self.preloader.start()
+        self._events_thread = threading.Thread(target=self._poll_events, name="process-events", daemon=True)
+        self._events_thread.start()
         log.info(
             "agent on node %s sampling at %d Hz, shipping every %gs to %s; metrics on http://%s/metrics",
             self.identity.node,
@@ -290,6 +318,7 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake_events_w.send(b"x")
 
     def _shutdown(self) -> None:
         try:
@@ -298,6 +327,11 @@ class Agent:
         except Exception:
             log.exception("final drain failed")
         self.shipper.stop(flush_timeout_s=5.0)
+        if self._events_thread is not None:
+            self._events_thread.join()  # before the sampler frees the ring buffers it waits on
+        self.preloader.stop()
+        self._wake_events.close()
+        self._wake_events_w.close()
         if self.pod_watcher is not None:
             self.pod_watcher.stop()
         if self.sampler is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +47,28 @@ def clean_compiler_mappings(smaps_text: str) -> list[tuple[int, int, str]]:
 
 
 class HeapTrimmer:
-    """malloc_trim after each drain (~1-2 ms). Parsing a large symbol table or kallsyms frees tens of MB
-    of transient buffers that glibc otherwise keeps mapped behind live allocations of other threads."""
+    """malloc_trim (~1 ms) after a drain in which symbol tables were loaded or dropped. Parsing a large
+    symbol table or kallsyms frees tens of MB of transient buffers that glibc otherwise keeps mapped behind
+    live allocations of other threads; a steady drain frees little. `generation()` is a number that
+    changes when such work happened (None: trim every call)."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: Callable[[], int] | None = None) -> None:
+        self._generation = generation
+        self._last: int | None = None
         try:
             self._trim = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):
             self._trim = None
 
     def __call__(self) -> None:
-        if self._trim is not None:
-            self._trim(0)
+        if self._trim is None:
+            return
+        if self._generation is not None:
+            generation = self._generation()
+            if generation == self._last:
+                return
+            self._last = generation
+        self._trim(0)
 
 
 def release_startup_memory(smaps_path: str = "/proc/self/smaps") -> int:

@@ -208,9 +208,18 @@ class CpuSampler:
         assert self._events_cb is not None
         self._events_cb(ev.tgid, ev.kind)
 
-    def poll_events(self, timeout_ms: int = 200) -> None:
-        """Deliver pending process events to the callback; call from one dedicated thread."""
-        self._bpf.ring_buffer_poll(timeout_ms)
+    def events_fd(self) -> int:
+        """A descriptor that polls readable while process events wait (libbpf's epoll descriptor over the
+        ring buffers): a thread can sleep on it, and on its own stop signal, without waking on a timer."""
+        from bcc.libbcc import lib as bcclib
+
+        epoll_fd = bcclib.ring_buffer__epoll_fd
+        epoll_fd.argtypes, epoll_fd.restype = [ct.c_void_p], ct.c_int
+        return epoll_fd(self._bpf._ringbuf_manager)  # BCC keeps libbpf's struct ring_buffer there
+
+    def consume_events(self) -> None:
+        """Deliver pending process events to their callbacks; call from one dedicated thread."""
+        self._bpf.ring_buffer_consume()
 
     def poll_also(self, table, callback: Callable[[object, int, int], None]) -> None:  # noqa: ANN001
         """Deliver another BPF object's ring buffer (`table`, e.g. the syscall tracer's process events) from

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import selectors
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -74,7 +76,9 @@ class HttpServer:
 
         self._httpd = ThreadingHTTPServer((host, port), _H)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name=f"http:{port}", daemon=True)
+        self._httpd.timeout = 0  # handle_request() after select() said readable: never block in it
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, name=f"http:{port}", daemon=True)
 
     @property
     def port(self) -> int:
@@ -83,9 +87,26 @@ class HttpServer:
     def start(self) -> None:
         self._thread.start()
 
+    def _serve(self) -> None:
+        """Accept until `stop()`. Unlike socketserver's serve_forever (which polls for its shutdown flag
+        twice a second), this sleeps until a connection or the stop signal arrives: an idle server
+        never wakes."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._httpd, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                ready = selector.select()
+                if any(key.fileobj is self._wake_r for key, _ in ready):
+                    return
+                self._httpd.handle_request()  # readable: accepts at once, handled on its own thread
+
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():
+            self._wake_w.send(b"x")
+            self._thread.join()
         self._httpd.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _dispatch(self, h: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(h.path)

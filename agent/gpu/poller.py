@@ -129,6 +129,8 @@ class GpuPoller:
             now = self._monotonic()
             if next_at < now:  # a slow poll: skip the missed ticks rather than bursting
                 next_at = now + interval
+            if self._devices is None and self._next_try > next_at:
+                next_at = self._next_try  # no NVML until the next try: sleep until then, not every tick
             self._stop.wait(next_at - now)
 
     # -- what the rest of the agent reads ---------------------------------------------------------

@@ -164,10 +164,11 @@ class Symbolizer:
 
     def preload(self, pid: int, mappings: Sequence[Mapping]) -> None:
         """Load the symbol tables of a live process's mapped files now, so its samples still symbolize
-        after it exits (with it, its mount namespace and /proc/PID/root may be gone by the drain)."""
-        with self._lock:
-            for mapping in mappings:
-                if mapping.is_file and mapping.is_exec:
+        after it exits (with it, its mount namespace and /proc/PID/root may be gone by the drain). Locks
+        per file, so a drain's symbolization waits for one file's load at most."""
+        for mapping in mappings:
+            if mapping.is_file and mapping.is_exec:
+                with self._lock:
                     self._file(pid, mapping)
 
     def _user_frames(
