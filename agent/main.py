@@ -107,7 +107,8 @@ class Agent:
         self.python = PythonStacks(enabled=config.python)
         self.processes = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
         self.symbolizer = Symbolizer()
-        self.preloader = Preloader(self.symbolizer, own_start_ticks())
+        self.preloader = Preloader(self.symbolizer)
+        self._started_ticks = own_start_ticks()
         self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
         self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
         self.pods = PodCache(
@@ -185,8 +186,8 @@ class Agent:
     def _on_process_event(self, pid: int, kind: int) -> None:
         if kind in (EVENT_NEW, EVENT_EXEC):
             info = self.processes.refresh(pid)
-            if info is not None:
-                self.preloader.submit(pid, info.start_ticks, info.mappings)
+            if info is not None and (kind == EVENT_EXEC or info.start_ticks >= self._started_ticks):
+                self.preloader.submit(pid, info.mappings)  # new since the agent: it may exit before a drain
         elif kind == EVENT_EXIT:
             self.processes.mark_exited(pid)
 

@@ -1,4 +1,4 @@
-"""Symbol preloading off the process-event thread: processes started since the agent go first."""
+"""Symbol preloading off the process-event thread."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ MAPS = parse_maps("55d0c0000000-55d0c0001000 r-xp 00001000 08:01 1234 /usr/bin/w
 
 
 class RecordingSymbolizer:
-    def __init__(self, fail_pid: int | None = None) -> None:
+    def __init__(self, fail_pid: int) -> None:
         self.pids: list[int] = []
         self.fail_pid = fail_pid
         self.done = threading.Event()
@@ -24,26 +24,16 @@ class RecordingSymbolizer:
             self.done.set()
 
 
-def test_processes_started_since_the_agent_are_preloaded_before_the_backlog() -> None:
-    symbols = RecordingSymbolizer()
-    pre = Preloader(symbols, started_ticks=1000)  # type: ignore[arg-type]
-    for pid, ticks in [(1, 10), (2, 999), (3, 1000), (4, 20), (5, 5000), (99, 1)]:
-        pre.submit(pid, ticks, MAPS)
-    assert pre.pending() == 6
-    pre.start()
-    assert symbols.done.wait(5)
-    pre.stop()
-    assert symbols.pids == [3, 5, 1, 2, 4, 99]  # new ones first, each group in arrival order
-    assert pre.pending() == 0
-
-
-def test_a_failed_preload_does_not_stop_the_others_and_stop_ends_the_thread() -> None:
+def test_preloads_run_in_order_a_failure_stops_none_and_stop_ends_the_thread() -> None:
     symbols = RecordingSymbolizer(fail_pid=1)
-    pre = Preloader(symbols, started_ticks=0)  # type: ignore[arg-type]
+    pre = Preloader(symbols)  # type: ignore[arg-type]
+    for pid in (3, 1, 2):
+        pre.submit(pid, MAPS)
+    assert pre.pending() == 3
     pre.start()
-    pre.submit(1, 5, MAPS)
-    pre.submit(99, 5, MAPS)
+    pre.submit(99, MAPS)
     assert symbols.done.wait(5)
     pre.stop()
-    assert symbols.pids == [1, 99]
+    assert symbols.pids == [3, 1, 2, 99]
+    assert pre.pending() == 0
     assert not any(t.name == "symbol-preload" for t in threading.enumerate())
