@@ -199,13 +199,14 @@ class Agent:
             self.processes.mark_exited(pid)
 
     def _poll_events(self) -> None:
-        """Sleep until process events arrive or the agent stops: no timer wakes this thread."""
+        """Sleep until a new or exec'd process is reported (exits wait for one, or for a window's end) or
+        the agent stops."""
         assert self.sampler is not None
         with selectors.DefaultSelector() as selector:
             selector.register(self.sampler.events_fd(), selectors.EVENT_READ)
             selector.register(self._wake_events, selectors.EVENT_READ)
             while not self._stop.is_set():
-                selector.select()
+                selector.select(self.config.interval_s)  # exits do not wake it: read them once a window
                 try:
                     self.sampler.consume_events()
                 except Exception:  # keep describing processes whatever one event did

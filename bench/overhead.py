@@ -93,6 +93,7 @@ RSS_BUDGET_MB = 150.0  # on a node with 1,000 processes
 SETTLE_S = 0.5  # after a profiler reports ready, before the window opens
 OTHER_LOAD_LIMIT = 0.03  # a pair is redone when other processes took more than this share of the node
 START_TIMEOUT_S = 90.0
+AGENT_DEFAULTS = (19, 10.0)  # `fleetprof agent`'s --frequency and --interval defaults (agent/main.py)
 
 
 class BenchError(RuntimeError):
@@ -685,6 +686,55 @@ def measure_rss(
     return res
 
 
+@dataclass
+class QuietResult:
+    """The agent at its defaults on an otherwise idle node, one fresh agent per round."""
+
+    seconds: float
+    core_pcts: list[float] = field(default_factory=list)  # agent CPU per round, % of one core
+    node_busy: list[float] = field(default_factory=list)  # the whole node's busy share per round
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.core_pcts)
+
+
+def measure_quiet(
+    children: Children, collector: Collector, workdir: Path, rounds: int, seconds: float
+) -> QuietResult:
+    """What an always-on agent costs where nothing else runs: its fixed costs (drains, syscall counts of
+    the node's daemons, timers, gRPC's threads), which dominate on a small node."""
+    res = QuietResult(seconds)
+    for _ in range(rounds):
+        agent = FleetprofAgent(children, collector, *AGENT_DEFAULTS, workdir)
+        try:
+            agent.start()  # waits for the first drain: the start-up (BPF compiles) stays outside
+            before, node_before, t0 = read_usage(agent.pid), node_ticks(), time.monotonic()
+            time.sleep(seconds)
+            after, node_after = read_usage(agent.pid), node_ticks()
+            res.core_pcts.append(100 * cpu_seconds(before, after) / (time.monotonic() - t0))
+            res.node_busy.append(busy_between(node_before, node_after))
+        finally:
+            agent.stop()
+    return res
+
+
+def format_quiet(r: QuietResult, ncpus: int) -> list[str]:
+    budget = CPU_TARGET_CORE_PCT_PER_CPU * ncpus
+    rounds = ", ".join(f"{c:.3f}%" for c in r.core_pcts)
+    busy = max(r.node_busy)
+    return [
+        f"## Agent CPU on a quiet node at defaults ({AGENT_DEFAULTS[0]} Hz, {AGENT_DEFAULTS[1]:g} s drains, "
+        "syscall tracing, Python stacks and GPU polling on)",
+        "",
+        f"{len(r.core_pcts)} rounds of {r.seconds:g} s, a fresh agent each (start-up outside the window): "
+        f"**median {r.median:.3f}% of one core** (rounds: {rounds}) vs budget {budget:.2f}% "
+        f"(= {CPU_TARGET_CORE_PCT_PER_CPU} x {ncpus} CPUs) → {verdict(r.median <= budget)}. "
+        f"The node was at most {busy:.1%} busy in a round"
+        + (" — other work ran: the agent described and counted it too." if busy > 0.05 else "."),
+    ]
+
+
 # -- report ---------------------------------------------------------------------------------------
 def mb(kb: int) -> str:
     return f"{kb / 1024:.0f}" if kb else "–"
@@ -701,6 +751,7 @@ def format_report(
     ncpus: int,
     busy: float,
     bpf_error: str,
+    quiet: QuietResult | None = None,
 ) -> str:
     cpu_budget_core_pct = CPU_TARGET_CORE_PCT_PER_CPU * ncpus
     out = [
@@ -794,6 +845,8 @@ def format_report(
                 out.append(line)
     if rss is not None:
         out += ["", *format_rss(rss)]
+    if quiet is not None:
+        out += ["", *format_quiet(quiet, ncpus)]
     return "\n".join(out)
 
 
@@ -823,19 +876,23 @@ def format_rss(r: RssResult) -> list[str]:
     return lines
 
 
+def node_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole node since boot (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    total = sum(fields[:8])  # user .. steal; guest time is already inside user
+    return total - idle, total
+
+
+def busy_between(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
 def node_busy_fraction(seconds: float = 2.0) -> float:
     """Share of the node's CPU in use over `seconds` (from /proc/stat), before anything of ours runs."""
-
-    def ticks() -> tuple[int, int]:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        total = sum(fields[:8])  # user .. steal; guest time is already inside user
-        return total - idle, total
-
-    busy0, total0 = ticks()
+    before = node_ticks()
     time.sleep(seconds)
-    busy1, total1 = ticks()
-    return (busy1 - busy0) / max(1, total1 - total0)
+    return busy_between(before, node_ticks())
 
 
 def cpu_model() -> str:
@@ -936,6 +993,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         help="per row, pairs that may be redone because other processes took CPU (default: --pairs)",
     )
+    p.add_argument(
+        "--quiet-rounds",
+        type=int,
+        help="rounds of the agent at defaults on the idle node, 0 to skip (default 3; quick 1)",
+    )
+    p.add_argument("--quiet-seconds", type=float, help="seconds per quiet round (default 120; quick 60)")
     p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args(argv)
     q = args.quick
@@ -948,6 +1011,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.anchors = [] if anchors == "none" else anchors.split(",")
     if args.rss_processes is None:
         args.rss_processes = 200 if q else 1000
+    if args.quiet_rounds is None:
+        args.quiet_rounds = 1 if q else 3
+    args.quiet_seconds = args.quiet_seconds or (60.0 if q else 120.0)
     unknown = set(args.anchors) - set(ANCHORS)
     if unknown:
         p.error(f"unknown anchors {sorted(unknown)}; choose from {', '.join(ANCHORS)}")
@@ -977,12 +1043,13 @@ def main(argv: list[str] | None = None) -> int:
     children = Children()
     results: list[ConditionResult] = []
     rss = None
+    quiet = None
     with BpfRunTimeStats() as bpf_stats, tempfile.TemporaryDirectory(prefix="fleetprof-bench-") as tmp:
         workdir = Path(tmp)
         try:
             binary = build(WORKLOAD_SOURCE, workdir)
             collector = None
-            if args.frequencies or args.rss_processes:
+            if args.frequencies or args.rss_processes or args.quiet_rounds:
                 collector = Collector(children, workdir)
                 collector.start()
             conds = build_conditions(args, children, collector, ncpus, workdir, binary)
@@ -996,6 +1063,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"agent memory: {args.rss_processes} short-lived processes", file=sys.stderr, flush=True
                 )
                 rss = measure_rss(children, binary, ncpus, args.rss_processes, collector, workdir)
+            if args.quiet_rounds:
+                assert collector is not None
+                print(
+                    f"quiet node: {args.quiet_rounds} x {args.quiet_seconds:g} s of the agent at defaults",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                quiet = measure_quiet(children, collector, workdir, args.quiet_rounds, args.quiet_seconds)
         except KeyboardInterrupt:
             print("\ninterrupted; stopping everything this bench started", file=sys.stderr)
             return 130
@@ -1005,7 +1080,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
             children.close()
-    print(format_report(results, rss, args, ncpus, busy, bpf_stats.error))
+    print(format_report(results, rss, args, ncpus, busy, bpf_stats.error, quiet))
     if args.json:
         raw = {
             "ncpus": ncpus,
@@ -1025,6 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in results
             ],
             "rss": asdict(rss) if rss else None,
+            "quiet": asdict(quiet) if quiet else None,
         }
         args.json.write_text(json.dumps(raw, indent=2))
     return 0

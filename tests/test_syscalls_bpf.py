@@ -188,8 +188,10 @@ class EventLog:
         self.events.append((tgid, kind, ns))
 
     def _poll(self) -> None:
+        bpf = self.tracer.events_table.bpf
         while not self._stop.is_set():
-            self.tracer.events_table.bpf.ring_buffer_poll(50)
+            bpf.ring_buffer_poll(50)
+            bpf.ring_buffer_consume()  # exits do not wake a poller: the agent reads them once a window
 
     def of(self, pid: int) -> list[int]:
         return [kind for tgid, kind, _ in list(self.events) if tgid == pid]

@@ -130,7 +130,10 @@ static __always_inline void notify(u32 tgid, u32 kind) {
     }
     e->tgid = tgid;
     e->kind = kind;
-    events.ringbuf_submit(e, 0);
+    // An exit is not urgent: it waits for the next new/exec event (or the agent's periodic look) instead of
+    // waking the agent once per process. New and exec events always wake it (a pending exit would
+    // otherwise suppress the kernel's adaptive wake-up): it must read the process while it lives.
+    events.ringbuf_submit(e, kind == EVENT_EXIT ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP);
 }
 
 // 64-bit mix over the frames (splitmix-style finaliser per step). Distinct stacks colliding is
