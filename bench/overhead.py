@@ -974,7 +974,9 @@ def build_conditions(
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="19 Hz only, 3 pairs of 5 s, 200 processes (~3 min)")
-    p.add_argument("--frequencies", help="agent frequencies, comma-separated (default 19,49,99; quick 19)")
+    p.add_argument(
+        "--frequencies", help="agent frequencies, comma-separated, or 'none' (default 19,49,99; quick 19)"
+    )
     p.add_argument("--pairs", type=int, help="A/B pairs per condition (default 5; quick 3)")
     p.add_argument("--seconds", type=float, help="seconds per workload run (default 10; quick 5)")
     p.add_argument("--agent-interval", type=float, help="agent drain interval in seconds (default seconds/2)")
@@ -1002,7 +1004,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args(argv)
     q = args.quick
-    args.frequencies = [int(f) for f in (args.frequencies or ("19" if q else "19,49,99")).split(",") if f]
+    freqs = args.frequencies or ("19" if q else "19,49,99")
+    args.frequencies = [] if freqs == "none" else [int(f) for f in freqs.split(",") if f]
     args.pairs = args.pairs or (3 if q else 5)
     args.seconds = args.seconds or (5.0 if q else 10.0)
     args.agent_interval = args.agent_interval or args.seconds / 2
