@@ -26,7 +26,7 @@ from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
 from agent.kube.watcher import PodWatcher
 from agent.memory import HeapTrimmer
 from agent.metrics import AgentCounters, build_registry
-from agent.process.table import ProcessInfo, ProcessTable
+from agent.process.table import ProcessInfo, ProcessTable, read_process
 from agent.python.unwinder import PythonStacks
 from agent.resolver import Resolver
 from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
@@ -73,13 +73,6 @@ def boot_time_ns() -> int:
     return 0
 
 
-def own_start_ticks() -> int:
-    """This process's start time in clock ticks since boot (/proc/self/stat field 22)."""
-    with open("/proc/self/stat", "rb") as f:
-        stat = f.read()
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
-
-
 def split_hostport(text: str, flag: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -108,7 +101,7 @@ class Agent:
         self.processes = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
         self.symbolizer = Symbolizer()
         self.preloader = Preloader(self.symbolizer)
-        self._started_ticks = own_start_ticks()
+        self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
         self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
         self.pods = PodCache(

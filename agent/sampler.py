@@ -26,7 +26,7 @@ PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose thei
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 STACK_NONE = 0
 STACK_LOST = 1
-EVENT_NEW, EVENT_EXEC, EVENT_EXIT = 1, 2, 3
+EVENT_NEW, EVENT_EXEC, EVENT_EXIT = 1, 2, 3  # bpf/process_event.h
 STAT_NAMES = (
     "samples",
     "user_stack_missing",
@@ -77,7 +77,9 @@ class StackTrace(ct.Structure):
 
 
 class ProcessEvent(ct.Structure):
-    _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32)]
+    """struct process_event (bpf/process_event.h), sent by this sampler and by the syscall tracer."""
+
+    _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32), ("ns", ct.c_uint64)]
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,8 @@ class CpuSampler:
 
     def poll_also(self, table, callback: Callable[[object, int, int], None]) -> None:  # noqa: ANN001
         """Deliver another BPF object's ring buffer (`table`, e.g. the syscall tracer's process events) from
-        `poll_events` too: one thread and one epoll wait for both. `callback(ctx, data, size)` as BCC's."""
+        `consume_events` too: one thread and one epoll descriptor for both. `callback(ctx, data, size)` as
+        BCC's."""
 
         def deliver(ctx: object, data: int, size: int) -> int:
             try:

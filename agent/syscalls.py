@@ -21,6 +21,7 @@ from pathlib import Path
 from agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes, drain_percpu_sums
 from agent.kernel import BpfUnavailable, load_bcc
 from agent.memory import release_startup_memory
+from agent.sampler import ProcessEvent
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
 
@@ -65,12 +66,6 @@ DEFAULT_SAMPLE_EVERY = 16
 # Mirrors of syscalls.c's structs, as struct layouts (drains parse whole chunks with iter_unpack); their
 # sizes are checked against the maps' own key and value types when the program loads.
 KEY_LAYOUT = struct.Struct("=II")  # struct syscall_key: tgid, nr
-
-
-class ProcessEvent(ct.Structure):
-    """struct process_event: the process kinds are agent/sampler.py's EVENT_NEW/EXEC/EXIT."""
-
-    _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32), ("ns", ct.c_uint64)]
 
 
 LATENCY_LAYOUT = struct.Struct(f"=QQ{NBUCKETS}I")  # struct latency: timed, total_ns, hist[NBUCKETS]
@@ -237,6 +232,7 @@ class SyscallTracer:
             f"-DSAMPLE_BY_COUNTER={1 if config.sample_by == 'counter' else 0}",
             f"-DPROCESS_EVENTS={1 if on_process_event is not None else 0}",
             f"-DKNOWN_SIZE={config.known_processes}",
+            f"-I{BPF_SOURCE.parent}",  # process_event.h
         ]
         try:
             self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)

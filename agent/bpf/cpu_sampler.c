@@ -17,6 +17,7 @@
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 
+#include "process_event.h"   // struct process_event, EVENT_*: here for sampled processes
 #include "python_stack.h"
 
 // A stored stack: `len` return addresses, leaf first (as the kernel unwinds them).
@@ -38,16 +39,6 @@ struct sample_key {
                        // join the sample with the GPU's busy/idle state at that time; 0 for others
     char comm[16];     // thread name at sample time
 };
-
-// Event to user space: describe this process now, while it is alive.
-struct process_event {
-    u32 tgid;
-    u32 kind;          // EVENT_NEW, EVENT_EXEC or EVENT_EXIT
-};
-
-#define EVENT_NEW  1   // first sample of this tgid since it was last described
-#define EVENT_EXEC 2   // a sampled process called exec: its mappings changed
-#define EVENT_EXIT 3   // a sampled process exited: user space keeps its description for one more drain
 
 // Per-CPU counters, cumulative since load; user space reads deltas. Indices mirror sampler.py STAT_*.
 #define STAT_SAMPLES             0
@@ -130,6 +121,7 @@ static __always_inline void notify(u32 tgid, u32 kind) {
     }
     e->tgid = tgid;
     e->kind = kind;
+    e->ns = bpf_ktime_get_ns();
     // An exit is not urgent: it waits for the next new/exec event (or the agent's periodic look) instead of
     // waking the agent once per process. New and exec events always wake it (a pending exit would
     // otherwise suppress the kernel's adaptive wake-up): it must read the process while it lives.

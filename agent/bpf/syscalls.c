@@ -4,7 +4,7 @@
 // Loaded by agent/syscalls.py, which defines TABLE_SIZE, NBUCKETS, SAMPLE_EVERY (0 = count only, else a
 // power of two: time one call in SAMPLE_EVERY), SAMPLE_BY_COUNTER, PROCESS_EVENTS (1: tell user space
 // of each process at its first syscall) and KNOWN_SIZE with -D flags, and mirrors every struct here with
-// ctypes.
+// ctypes (process_event.h's in agent/sampler.py).
 //
 // Rules this file keeps:
 //  * Raw tracepoints only (no kprobes on this fleet; empty classic tracepoint programs on enter+exit cost
@@ -105,14 +105,7 @@ static __always_inline void count_stat(u32 idx) {
 // lives, so it can read the process's cgroup (its pod) even when the process exits before the next drain
 // and is never sampled on CPU (a short, syscall-bound process). Mirrors cpu_sampler.c's events, plus the
 // time, so user space can skip an event its own later capture already covers.
-#define EVENT_NEW  1
-#define EVENT_EXEC 2
-#define EVENT_EXIT 3
-struct process_event {
-    u32 tgid;
-    u32 kind;
-    u64 ns;                 // bpf_ktime_get_ns() when it happened (CLOCK_MONOTONIC)
-};
+#include "process_event.h"   // struct process_event, EVENT_*: shared with cpu_sampler.c
 
 // known: tgid -> 1 for processes user space has been told about; removed at exit. Looked up only when a
 // (tgid, nr) key is new in the window (count_call's insert path), so the per-call cost is unchanged.

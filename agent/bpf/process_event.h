@@ -1,0 +1,14 @@
+// The process event both programs send to the agent's process-event thread (cpu_sampler.c for sampled
+// processes, syscalls.c for every process at its first syscall): describe this process now, while it lives.
+// Mirrored by agent/sampler.py ProcessEvent and EVENT_*.
+#pragma once
+
+#define EVENT_NEW  1   // first seen since it was last described
+#define EVENT_EXEC 2   // it called exec: its image, maps (and maybe cgroup) changed
+#define EVENT_EXIT 3   // it exited: user space keeps its description for one more drain
+
+struct process_event {
+    u32 tgid;
+    u32 kind;          // EVENT_NEW, EVENT_EXEC or EVENT_EXIT
+    u64 ns;            // bpf_ktime_get_ns() when it happened (CLOCK_MONOTONIC)
+};
