@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.batch import process_wire_id, stack_wire_id  # noqa: E402
-from collector.ingest import decode_payload  # noqa: E402
+from collector.decode import decode_payload  # noqa: E402
 from collector.query.selector import Selector, parse_selector  # noqa: E402
 from collector.render.tree import FrameKey, top_functions  # noqa: E402
 from collector.store.base import ProfileRows, ProfileStore, Selection  # noqa: E402
@@ -123,6 +123,15 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bo
 
 
 # -- ingest through gRPC -----------------------------------------------------------------------------
+def collector_gauge(http_port: int, name: str) -> float:
+    """One unlabelled sample from the collector's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(f"{name} is not in the collector's /metrics")
+
+
 def proc_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -169,6 +178,7 @@ def run_ingest(
         lock = threading.Lock()
 
         warm = threading.Barrier(agents + 1)
+        go = threading.Event()
 
         def agent(a: int) -> None:
             rng = random.Random(a)
@@ -198,6 +208,7 @@ def run_ingest(
                 for t in templates:  # the collector meets this agent's stacks once, as in its first minute
                     push(t, 0.0)
                 warm.wait()
+                go.wait()
                 while not stop.is_set():
                     took = push(templates[rng.randrange(len(templates))], new_stacks)
                     with lock:
@@ -208,6 +219,14 @@ def run_ingest(
         for t in threads:
             t.start()
         warm.wait()
+        if data_dir is not None:
+            # The first flush writes every definition the warm-up taught the collector (all stacks and
+            # label sets of the fleet: a once-per-start cost); measure the steady state after it.
+            flushes = collector_gauge(http_port, "fleetprof_store_flushes")
+            deadline = time.time() + 60
+            while collector_gauge(http_port, "fleetprof_store_flushes") <= flushes and time.time() < deadline:
+                time.sleep(0.2)
+        go.set()
         cpu0 = proc_cpu_s(proc.pid)
         t0 = time.perf_counter()
         time.sleep(seconds)
@@ -474,6 +493,11 @@ def main() -> int:
         default="0,0.05",
         help="shares of each batch's stacks the collector has not seen, one ingest run per store each",
     )
+    ap.add_argument(
+        "--parts",
+        default="engines,ingest,queries",
+        help="which parts to run, comma-separated (engines, ingest, queries)",
+    )
     ap.add_argument("--nodes", type=int, default=500, help="fleet size for the query benchmark")
     ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
     ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
@@ -487,8 +511,24 @@ def main() -> int:
     seconds = 10.0 if args.quick else args.seconds
     repeats = 5 if args.quick else 11
     engine_rows = 500_000 if args.quick else 2_000_000
-    print(f"## engines (the cold tier's insert + top pattern, {engine_rows:,} rows)\n")
-    print(table(run_engines(engine_rows)))
+    parts = set(args.parts.split(","))
+    if unknown := parts - {"engines", "ingest", "queries"}:
+        ap.error(f"--parts: unknown part(s) {', '.join(sorted(unknown))}")
+    if "engines" in parts:
+        print(f"## engines (the cold tier's insert + top pattern, {engine_rows:,} rows)\n")
+        print(table(run_engines(engine_rows)))
+    if "ingest" in parts:
+        run_ingest_part(args, seconds)
+    if "queries" in parts:
+        print(
+            f"\n## queries, {args.nodes}-node fleet ({args.rows_per_node} rows per node per bucket; "
+            f"medians of {repeats})\n"
+        )
+        print(table(run_queries(args.nodes, args.rows_per_node, repeats)))
+    return 0
+
+
+def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
     print(
         f"\n## ingest through gRPC ({args.agents} agents, batches of {SAMPLES_PER_BATCH:,} samples, "
         f"{args.stacks:,} stacks{'' if args.no_stack_ids else ' with wire ids'}, {args.processes} processes; "
@@ -506,12 +546,6 @@ def main() -> int:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     print(table(rows))
-    print(
-        f"\n## queries, {args.nodes}-node fleet ({args.rows_per_node} rows per node per bucket; medians of "
-        f"{repeats})\n"
-    )
-    print(table(run_queries(args.nodes, args.rows_per_node, repeats)))
-    return 0
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from collector.api import QueryApi
 from collector.cpu_metrics import CpuMetrics
+from collector.decode import IngestLimits
 from collector.gpu_metrics import GpuMetrics
 from collector.gpu_usage import GpuUsageLog
-from collector.ingest import IngestLimits, IngestService, serve_ingest
+from collector.ingest import IngestService, serve_ingest
 from collector.store.base import ProfileRows, ProfileStore
 from collector.store.memory import MemoryStore
 from collector.store.timing import QueryTimer, TimedStore
@@ -47,7 +48,7 @@ def open_store(config: CollectorConfig) -> ProfileStore:
     """The store the flags ask for: in memory, or durable in config.data_dir."""
     if config.data_dir is None:
         return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
-    from collector.ingest import Decoder, decode_payload
+    from collector.decode import Decoder, decode_payload
     from collector.store.durable import DurableStore
 
     decoder = Decoder()

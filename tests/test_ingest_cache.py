@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from agent.batch import stack_wire_id
-from collector.ingest import BatchError, Decoder, IngestLimits, decode_batch
+from collector.decode import BatchError, Decoder, IngestLimits, decode_batch
 from collector.render.tree import FrameKey
 from fleetprof.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector
@@ -207,3 +207,36 @@ def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningColle
         push(collector.grpc_target, [b])
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "refers to string 500" in info.value.details()
+
+
+def test_compaction_keeps_the_stacks_agents_point_to_and_earlier_rows_readable() -> None:
+    decoder = Decoder()
+    decoder.MAX_STACKS = 8
+    first = decoder.decode(batch_of(STACKS, agent_id="agent-a"))
+    # Stacks without wire ids fill the decoder's slots but no agent's table points to them.
+    unnamed = [([f"u{i}", "main"], 0) for i in range(6)]
+    old = decoder.decode(batch_of(unnamed, agent_id="agent-b", node="node-b", ids=False))
+    # The next batch starts with a compaction down to agent-a's three stacks. Its Stack messages now
+    # name other strings under the same wire ids: the remembered stacks win (they are not decoded again).
+    lying = batch_of(STACKS, agent_id="agent-a", seq=2)
+    for st in lying.stacks:
+        st.functions[0] = list(lying.strings).index("worker")
+    again = decoder.decode(lying)
+    assert len(decoder._frames) == 3
+    assert [st for _, st, _ in again.rows] == [st for _, st, _ in first.rows]
+    assert [st for _, st, _ in again.rows][0] == frames("main", "a")
+    # Rows handed out before the compaction still read their own stacks.
+    assert [st for _, st, _ in old.rows] == [frames(f"u{i}", "main") for i in range(6)]
+    assert [st for _, st, _ in first.rows] == [frames("main", "a"), frames("main", "b", "c"), frames("main")]
+
+
+def test_a_full_frame_table_starts_over_without_changing_rows() -> None:
+    decoder = Decoder()
+    decoder._frame_table.MAX_STRINGS = 12
+    for seq in range(1, 6):
+        stacks = [([f"f{seq}-{i}", "main"], seq * 100 + i) for i in range(3)]
+        rows = decoder.decode(batch_of(stacks, seq=seq)).rows
+        assert [st for _, st, _ in rows] == [frames(f"f{seq}-{i}", "main") for i in range(3)]
+    # Content ids do not depend on which frame-table generation decoded a stack.
+    plain = decode_batch(batch_of(stacks, seq=9, ids=False))
+    assert list(plain.stack_ids()) == list(decoder.decode(batch_of(stacks, seq=6)).stack_ids())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.ingest import decode_payload
+from collector.decode import decode_payload
 from collector.query.selector import parse_selector
 from collector.render.tree import FrameKey
 from collector.store.base import ProfileRows, SyscallAgg
@@ -212,3 +212,22 @@ def test_wal_rotation_and_drop(tmp_path: Path, fsync: bool) -> None:
     wal.drop_through(closed)
     wal.close()
     assert [r.sequence for r in WriteAheadLog(tmp_path).replay()] == [2]
+
+
+def test_a_frame_shared_by_stacks_is_stored_once_and_stacks_read_back_in_order(tmp_path: Path) -> None:
+    clock = Clock(1_700_000_000.0)
+    store = open_store(tmp_path, clock)
+    # Equal frames as distinct objects (as after a restart or from two decoders), in two windows.
+    a = (FrameKey("main", "app"), FrameKey("leaf", "app"), FrameKey("main", "app"))
+    b = (FrameKey("main", "app"), FrameKey("leaf", "app", True))
+    store.write(window(clock.t, [(labels(1), a, 3), (labels(1), (), 1)]))
+    store.write(window(clock.t, [(labels(2), b, 4), (labels(1), a, 2)]))
+    store.flush()
+    con = store._db._con
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM frames").fetchone() == (3, 3)
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM stacks").fetchone() == (3, 3)
+    store.close()
+    store = open_store(tmp_path, clock)
+    got = store._db.stacks_of(store._db._con.execute("SELECT id FROM stacks").fetchnumpy()["id"].tolist())
+    assert sorted(got.values(), key=len) == [(), b, a]
+    store.close()

@@ -73,6 +73,34 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _FIRST = itemgetter(0)
 
 
+class StackTable(Sequence[tuple[int, Stack]]):
+    """A window's stack table as a column of content ids plus slots into a shared list of frames: entry i
+    is (ids[i], frames[slots[i]]). Ingest hands a store thousands of known stacks this way without making
+    a tuple per stack; a store reads `ids` as a column and the frames of only the stacks new to it. The
+    frames list is only ever appended to by its owner (collector/decode.py), so entries never change."""
+
+    __slots__ = ("ids", "_slots", "_frames")
+
+    def __init__(self, ids: np.ndarray, slots: np.ndarray, frames: Sequence[Stack]) -> None:
+        self.ids = ids
+        self._slots = slots
+        self._frames = frames
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 (Sequence's int and slice overloads)
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return int(self.ids[i]), self._frames[self._slots[i]]
+
+    def __iter__(self):  # noqa: ANN204
+        return zip(self.ids.tolist(), map(self._frames.__getitem__, self._slots.tolist()), strict=True)
+
+    def stack(self, i: int) -> Stack:
+        return self._frames[self._slots[i]]
+
+
 @dataclass(frozen=True, eq=False)
 class ProfileRows:
     """One ingested window, in columns: row i is `counts[i]` samples of the label set
@@ -150,6 +178,8 @@ class ProfileRows:
     @cached_property
     def stack_table_ids(self) -> np.ndarray:
         """The content ids of `stacks`, in order."""
+        if isinstance(self.stacks, StackTable):
+            return self.stacks.ids
         return np.fromiter(map(_FIRST, self.stacks), dtype=np.int64, count=len(self.stacks))
 
     def label_ids(self) -> np.ndarray:

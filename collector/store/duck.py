@@ -21,6 +21,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import duckdb
@@ -29,6 +30,7 @@ import numpy as np
 from collector.query.selector import Selector
 from collector.render.tree import FrameKey
 from collector.store.base import Labels, ProfileRows, Stack, SyscallAgg
+from collector.store.id_index import IdIndex
 from collector.store.ids import frame_ids, labels_id, labels_json
 
 SCHEMA = """
@@ -77,7 +79,9 @@ class Chunk:
     bucket_s: int = 10
     # parts of (bucket, lid, sid, freq, count) columns; bucket and freq are one value per part
     parts: list[tuple[int, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
-    stacks: dict[int, Stack] = field(default_factory=dict)
+    # each window's stack table with its content ids: definitions are read only for stacks new to the
+    # database (at flush) or asked for by a query, never copied per window
+    stack_tables: list[tuple[np.ndarray, Sequence[tuple[int, Stack]]]] = field(default_factory=list)
     labels: dict[int, Labels] = field(default_factory=dict)
     sys_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, count, timed, timed_ns)
     hist_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, i, n)
@@ -86,8 +90,8 @@ class Chunk:
 
     def add(self, profile: ProfileRows) -> None:
         b = int((profile.start + profile.end) / 2 // self.bucket_s * self.bucket_s)
-        # Definitions seen again just overwrite themselves.
-        self.stacks.update(profile.stacks)
+        # Label definitions seen again just overwrite themselves.
+        self.stack_tables.append((profile.stack_table_ids, profile.stacks))
         self.labels.update(profile.label_sets)
         if len(profile.counts):
             lids, sids = profile.label_ids(), profile.stack_ids()
@@ -108,13 +112,33 @@ class Chunk:
         return Chunk(
             self.bucket_s,
             list(self.parts),
-            dict(self.stacks),
+            list(self.stack_tables),
             dict(self.labels),
             list(self.sys_rows),
             list(self.hist_rows),
             list(self.seen),
             self.rows,
         )
+
+    def stack_ids(self) -> np.ndarray:
+        """The distinct content ids of the stacks in this chunk's windows."""
+        return np.unique(np.concatenate([np.zeros(0, np.int64)] + [ids for ids, _ in self.stack_tables]))
+
+    def stacks_for(self, ids: Iterable[int]) -> dict[int, Stack]:
+        """The frames of those of `ids` that this chunk's windows define (each read from one window)."""
+        wanted = np.unique(np.fromiter(ids, dtype=np.int64))
+        found = np.zeros(len(wanted), dtype=bool)
+        out: dict[int, Stack] = {}
+        for table_ids, table in self.stack_tables:
+            if found.all():
+                break
+            pos = np.minimum(np.searchsorted(wanted, table_ids), max(len(wanted) - 1, 0))
+            hit = np.flatnonzero((wanted[pos] == table_ids) & ~found[pos]) if len(wanted) else pos[:0]
+            for i in hit.tolist():
+                cid, stack = table[i]
+                out[cid] = stack
+            found[pos[hit]] = True
+        return out
 
     def sample_columns(self) -> dict[str, np.ndarray]:
         parts = self.parts
@@ -156,7 +180,7 @@ class DuckStore:
         self._con.execute(SCHEMA)
         self._write_lock = threading.Lock()
         # Ids known to be in the database, so a flush sends only new definitions. Cleared by gc().
-        self._known_stacks: set[int] = set()
+        self._known_stacks = IdIndex()  # value 0: only membership counts
         self._known_labels: set[int] = set()
         self._known_frames: set[int] = set()
         self._stack_cache: dict[int, Stack] = {}
@@ -169,7 +193,7 @@ class DuckStore:
             con = self._con
             con.execute("BEGIN")
             try:
-                self._insert_definitions(con, chunk)
+                new_stacks = self._insert_definitions(con, chunk)
                 if chunk.rows:
                     con.register("chunk_samples", chunk.sample_columns())
                     con.execute(
@@ -190,47 +214,71 @@ class DuckStore:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-            self._known_stacks.update(chunk.stacks)
+            self._known_stacks.add(new_stacks, np.zeros(len(new_stacks), dtype=np.int64))
             self._known_labels.update(chunk.labels)
 
-    def _insert_definitions(self, con: duckdb.DuckDBPyConnection, chunk: Chunk) -> None:
-        new_stacks = {sid: st for sid, st in chunk.stacks.items() if sid not in self._known_stacks}
+    def _insert_definitions(self, con: duckdb.DuckDBPyConnection, chunk: Chunk) -> np.ndarray:
+        """Insert the stack, frame and label definitions the database lacks; returns the new stack ids."""
+        ids = chunk.stack_ids()
+        new_ids = ids[self._known_stacks.get(ids) < 0]
+        if len(new_ids):
+            self._insert_stacks(con, chunk.stacks_for(new_ids.tolist()))
         new_labels = {lid: lb for lid, lb in chunk.labels.items() if lid not in self._known_labels}
-        if new_stacks:
-            frame_rows: dict[int, FrameKey] = {}
-            stack_ids, stack_frames = [], []
-            known = self._known_frames
-            for sid, stack in new_stacks.items():
-                fids = frame_ids(stack)
-                if not known.issuperset(fids):
-                    frame_rows.update(
-                        (fid, f) for fid, f in zip(fids, stack, strict=True) if fid not in known
-                    )
-                stack_ids.append(sid)
-                stack_frames.append(fids)
-            if frame_rows:
-                con.execute(
-                    "INSERT INTO frames SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
-                    "unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), unnest($4::BOOLEAN[])) n "
-                    "WHERE n.id NOT IN (SELECT id FROM frames)",
-                    [
-                        list(frame_rows),
-                        [f.function for f in frame_rows.values()],
-                        [f.module for f in frame_rows.values()],
-                        [f.kernel for f in frame_rows.values()],
-                    ],
-                )
-                self._known_frames.update(frame_rows)
-            con.execute(
-                "INSERT INTO stacks SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
-                "unnest($2::BIGINT[][])) n WHERE n.id NOT IN (SELECT id FROM stacks)",
-                [stack_ids, stack_frames],
-            )
         if new_labels:
             con.execute(
                 "INSERT INTO label_sets SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
                 "unnest($2::VARCHAR[])) n WHERE n.id NOT IN (SELECT id FROM label_sets)",
                 [list(new_labels), [labels_json(lb) for lb in new_labels.values()]],
+            )
+        return new_ids
+
+    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, stacks: dict[int, Stack]) -> None:
+        """Stacks (and frames) as columns: every frame of every stack in one flat column, each distinct
+        frame's id looked up once, and the frame lists built by DuckDB. Frames are told apart by object
+        identity first (ingest shares one FrameKey per frame), a numpy pass instead of a hash per frame."""
+        lengths = np.fromiter(map(len, stacks.values()), dtype=np.int64, count=len(stacks))
+        flat = list(chain.from_iterable(stacks.values()))
+        addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
+        _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
+        frames = [flat[i] for i in first.tolist()]
+        fids = np.array(frame_ids(frames), dtype=np.int64)
+        known = self._known_frames
+        new = [i for i, fid in enumerate(fids.tolist()) if fid not in known]
+        if new:
+            new_fids, at = np.unique(fids[new], return_index=True)  # equal frames in distinct objects
+            new_frames = [frames[new[i]] for i in at.tolist()]
+            con.execute(
+                "INSERT INTO frames SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
+                "unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), unnest($4::BOOLEAN[])) n "
+                "WHERE n.id NOT IN (SELECT id FROM frames)",
+                [
+                    new_fids.tolist(),
+                    [f.function for f in new_frames],
+                    [f.module for f in new_frames],
+                    [bool(f.kernel) for f in new_frames],
+                ],
+            )
+            known.update(new_fids.tolist())
+        sids = np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks))
+        ends = np.cumsum(lengths)
+        con.register(
+            "new_stack_frames",
+            {
+                "sid": np.repeat(sids, lengths),
+                "pos": np.arange(len(flat), dtype=np.int64) - np.repeat(ends - lengths, lengths),
+                "fid": fids[which.reshape(-1)],
+            },
+        )
+        con.execute(
+            "INSERT INTO stacks SELECT sid, list(fid ORDER BY pos) FROM new_stack_frames "
+            "WHERE sid NOT IN (SELECT id FROM stacks) GROUP BY sid"
+        )
+        con.unregister("new_stack_frames")
+        if (lengths == 0).any():  # a stack of no frames has no rows above
+            con.execute(
+                "INSERT INTO stacks SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, []::BIGINT[]) n "
+                "WHERE n.id NOT IN (SELECT id FROM stacks)",
+                [sids[lengths == 0].tolist()],
             )
 
     def rollup(self, now: float, policy: RollupPolicy) -> None:
@@ -288,7 +336,7 @@ class DuckStore:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-            self._known_stacks.clear()
+            self._known_stacks = IdIndex()
             self._known_labels.clear()
             self._known_frames.clear()
 
@@ -332,7 +380,11 @@ class DuckStore:
         return out
 
     def stacks_of(self, sids: Iterable[int], pending: Sequence[Chunk] = ()) -> dict[int, Stack]:
-        out, missing = _known(sids, self._stack_cache, [c.stacks for c in pending])
+        out, missing = _known(sids, self._stack_cache, ())
+        if missing and pending:
+            for c in pending:
+                out.update(c.stacks_for(missing))
+            missing = [sid for sid in missing if sid not in out]
         if missing:
             rows = (
                 self._cursor()

@@ -10,6 +10,7 @@ import numpy as np
 
 from collector.query.selector import Selector
 from collector.store.base import Grouped, Labels, ProfileRows, Selection, Stack, SyscallAgg
+from collector.store.id_index import IdIndex
 from collector.store.ids import labels_id
 
 
@@ -54,31 +55,35 @@ class _Table:
     __slots__ = ("index", "items")
 
     def __init__(self) -> None:
-        self.index: dict[int, int] = {}  # content id -> dense index
+        self.index = IdIndex()  # content id -> dense index
         self.items: list = []  # dense index -> content
 
     def map(self, ids: np.ndarray, table: Sequence[tuple[int, object]]) -> np.ndarray:
         """Dense indexes for a window's (content id, content) table (`ids`: its content ids), adding what
-        is new."""
-        index, items = self.index, self.items
-        out = list(map(index.get, ids.tolist()))
-        if None in out:
-            for i, (cid, content) in enumerate(table):
-                if out[i] is None:
-                    d = index.get(cid)  # the same content twice in one table
-                    if d is None:
-                        d = index[cid] = len(items)
-                        items.append(content)
-                    out[i] = d
-        return np.array(out, dtype=np.int64)
+        is new: a columnar lookup, and Python work only for the contents new to the store."""
+        dense = self.index.get(ids)
+        missing = np.flatnonzero(dense < 0)
+        if len(missing):
+            items = self.items
+            new: dict[int, int] = {}  # the same content twice in one table gets one index
+            for i in missing.tolist():
+                cid = int(ids[i])
+                d = new.get(cid)
+                if d is None:
+                    d = new[cid] = len(items)
+                    items.append(table[i][1])
+                dense[i] = d
+            self.index.add(
+                np.fromiter(new.keys(), np.int64, len(new)), np.fromiter(new.values(), np.int64, len(new))
+            )
+        return dense
 
     def keep(self, used: np.ndarray) -> np.ndarray:
         """Keep only the dense indexes in `used` (sorted, unique); returns old index -> new index."""
         remap = np.full(len(self.items), -1, dtype=np.int64)
         remap[used] = np.arange(len(used), dtype=np.int64)
-        by_dense = {d: cid for cid, d in self.index.items()}
         self.items = [self.items[d] for d in used.tolist()]
-        self.index = {by_dense[d]: i for i, d in enumerate(used.tolist())}
+        self.index.remap(remap)
         return remap
 
 

@@ -1,0 +1,76 @@
+"""The frames ingest has decoded, found a column at a time: a batch's new stacks cost numpy passes, not a
+string read, a hash and a dict lookup per frame."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from collector.render.tree import FrameKey
+from collector.store.id_index import IdIndex
+from collector.store.ids import interned_frame_columns
+
+
+class FrameTable:
+    """Every distinct (function, module, kernel) met so far, by slot: its shared FrameKey and content id.
+
+    Strings get slots by content (one dict lookup per string of a batch's table, read in one C-level
+    pass), and a frame is found by the code (function's string slot, module's string slot, kernel) in an
+    IdIndex, so looking up every frame of a batch's new stacks is a few numpy passes. Only frames never
+    met before are interned one by one (collector/store/ids.py). When the string slots reach MAX_STRINGS
+    everything starts over (stacks decoded earlier keep their FrameKeys). Not thread-safe: its owner
+    locks.
+    """
+
+    MAX_STRINGS = 1 << 20  # string slots stay below 2**31, so a frame code fits in an int64
+
+    def __init__(self) -> None:
+        self._strings: dict[str, int] = {}
+        self._index = IdIndex()  # frame code -> slot
+        self.keys: list[FrameKey] = []  # slot -> FrameKey
+        self._ids = np.zeros(1024, dtype=np.int64)  # slot -> content id
+
+    def ids(self, slots: np.ndarray) -> np.ndarray:
+        """The content ids of the frames in `slots`."""
+        return self._ids[slots]
+
+    def _string_slots(self, strings: Sequence[str]) -> np.ndarray:
+        table = list(strings)  # one pass in C: much faster than reading the entries one by one
+        if len(self._strings) + len(table) > self.MAX_STRINGS:
+            self.__init__()  # type: ignore[misc]
+        known = self._strings
+        slots = list(map(known.get, table))
+        if None in slots:
+            for i, slot in enumerate(slots):
+                if slot is None:
+                    slots[i] = known.setdefault(table[i], len(known))
+        return np.array(slots, dtype=np.int64)
+
+    def slots(
+        self, strings: Sequence[str], functions: np.ndarray, modules: np.ndarray, kernel: np.ndarray
+    ) -> np.ndarray:
+        """The slot of each frame given as columns of string-table indexes (every index < len(strings))
+        and kernel flags, interning the frames met for the first time."""
+        by_string = self._string_slots(strings)
+        codes = (by_string[functions] << 32) | (by_string[modules] << 1) | kernel.astype(np.int64)
+        slots = self._index.get(codes)
+        missing = slots < 0
+        if missing.any():
+            new_codes, first = np.unique(codes[missing], return_index=True)
+            at = np.flatnonzero(missing)[first]
+            keys, ids = interned_frame_columns(
+                map(strings.__getitem__, functions[at].tolist()),
+                map(strings.__getitem__, modules[at].tolist()),
+                map(bool, kernel[at].tolist()),
+            )
+            base = len(self.keys)
+            self.keys.extend(keys)
+            if base + len(keys) > len(self._ids):
+                grown = np.zeros(2 * (base + len(keys)), dtype=np.int64)
+                grown[:base] = self._ids[:base]
+                self._ids = grown
+            self._ids[base : base + len(keys)] = ids
+            self._index.add(new_codes, np.arange(base, base + len(keys), dtype=np.int64))
+            slots[missing] = self._index.get(codes[missing])
+        return slots

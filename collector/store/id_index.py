@@ -1,0 +1,77 @@
+"""A map from 64-bit ids to small ints that answers a whole column of ids with numpy, not a dict per id."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+class IdIndex:
+    """64-bit id -> non-negative int64 value (a dense index, a slot); -1 for ids it does not hold.
+
+    A batch asks about thousands of ids at once and almost all are known, so lookups go to a sorted array
+    (one np.searchsorted for the column) and only the ids it misses go to a dict of recent additions. The
+    dict is merged into the array once it outgrows an eighth of it, so adding costs amortised O(log n)
+    per id and lookups stay columnar however the index grew. Not thread-safe: its owner locks.
+    """
+
+    MERGE_AT = 4096  # the dict is merged only beyond this many ids (or an eighth of the array)
+
+    __slots__ = ("_keys", "_values", "_recent")
+
+    def __init__(self, keys: np.ndarray = _NONE, values: np.ndarray = _NONE) -> None:
+        keys = np.asarray(keys, dtype=np.int64)
+        values = np.asarray(values, dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._values = keys[order], values[order]
+        self._recent: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys) + len(self._recent)
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """The value of each id (int64 column), -1 where the index does not hold it."""
+        ids = np.asarray(ids, dtype=np.int64)
+        keys = self._keys
+        if len(keys):
+            pos = np.searchsorted(keys, ids)
+            pos[pos == len(keys)] = 0
+            hit = keys[pos] == ids
+            out = np.where(hit, self._values[pos], -1)
+        else:
+            out = np.full(len(ids), -1, dtype=np.int64)
+        if self._recent:
+            miss = np.flatnonzero(out < 0)
+            if len(miss):
+                found = [-1 if v is None else v for v in map(self._recent.get, ids[miss].tolist())]
+                out[miss] = found
+        return out
+
+    def add(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Hold `ids` (ones it does not hold yet; a repeated id keeps its last value) with `values` (>= 0)."""
+        self._recent.update(zip(np.asarray(ids).tolist(), np.asarray(values).tolist(), strict=True))
+        if len(self._recent) > max(self.MERGE_AT, len(self._keys) // 8):
+            self._merge()
+
+    def _merge(self) -> None:
+        n = len(self._recent)
+        keys = np.concatenate([self._keys, np.fromiter(self._recent.keys(), dtype=np.int64, count=n)])
+        values = np.concatenate([self._values, np.fromiter(self._recent.values(), dtype=np.int64, count=n)])
+        # np.unique keeps an id's first occurrence: an id the array held already keeps its value
+        self._keys, first = np.unique(keys, return_index=True)
+        self._values = values[first]
+        self._recent = {}
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, values), sorted by id."""
+        if self._recent:
+            self._merge()
+        return self._keys, self._values
+
+    def remap(self, new_value: np.ndarray) -> None:
+        """Replace each value v by new_value[v]; ids whose new value is negative are dropped."""
+        keys, values = self.items()
+        values = new_value[values]
+        keep = values >= 0
+        self._keys, self._values = keys[keep], values[keep]
