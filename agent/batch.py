@@ -78,6 +78,7 @@ def encode_window(
         if pidx is None:
             pidx = processes[pkey] = len(batch.processes)
             labels = sorted(attributor.labels(p).items())
+            wire_id = process_wire_id(p.pid, p.start_ticks, p.comm, p.exe, labels)
             batch.processes.append(
                 pb.Process(
                     pid=p.pid,
@@ -85,9 +86,10 @@ def encode_window(
                     comm=strings.id(p.comm),
                     exe=strings.id(p.exe),
                     labels=[pb.Label(name=strings.id(k), value=strings.id(v)) for k, v in labels],
-                    id=process_wire_id(p.pid, p.start_ticks, p.comm, p.exe, labels),
+                    id=wire_id,
                 )
             )
+            batch.process_ids.append(wire_id)
         return pidx
 
     for s in window.samples:

@@ -98,14 +98,17 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bo
                 batch.stack_ids.append(stack_wire_id(names, modules, len(fr) - 3))
         for p in range(procs):
             labels = [("namespace", f"ns-{p % 7}"), ("pod", f"pod-{b}-{p // 4}"), ("container", f"c{p % 4}")]
+            wire_id = process_wire_id(1000 + p, 0, f"proc-{p % 40}", "", labels) if stack_ids else 0
             batch.processes.append(
                 pb.Process(
                     pid=1000 + p,
                     comm=s(f"proc-{p % 40}"),
                     labels=[pb.Label(name=s(k), value=s(v)) for k, v in labels],
-                    id=process_wire_id(1000 + p, 0, f"proc-{p % 40}", "", labels) if stack_ids else 0,
+                    id=wire_id,
                 )
             )
+            if stack_ids:
+                batch.process_ids.append(wire_id)
         left = SAMPLES_PER_BATCH
         cols = batch.sample_columns
         for i in range(stacks):

@@ -167,12 +167,12 @@ def _new_stacks(
     kernel = position >= np.repeat(np.array(kernel_starts, dtype=np.int64), lens)
     slots = frames.slots(strings, fcol, mcol, kernel) if len(fcol) else fcol
     ids = stack_ids_of(frames.ids(slots), lens)
-    keys = frames.keys
+    flat = list(map(frames.keys.__getitem__, slots.tolist()))
     bounds = list(zip(starts.tolist(), ends.tolist(), strict=True))
 
     def stack(k: int) -> Stack:
         lo, hi = bounds[k]
-        return tuple(map(keys.__getitem__, slots[lo:hi].tolist()))
+        return tuple(flat[lo:hi])
 
     return ids, stack
 
@@ -332,7 +332,12 @@ class Decoder:
                 hit = cache[key] = (self._label_id(lset), lset)
             return hit
 
-        wire_ids = [p.id for p in processes]
+        if len(batch.process_ids) == len(processes):
+            wire_ids = list(batch.process_ids)  # one packed run: no Process message is touched for known ones
+        elif len(batch.process_ids):
+            _fail(seq, "bad_process", f"{len(batch.process_ids)} process_ids for {len(processes)} processes")
+        else:
+            wire_ids = [p.id for p in processes]
         agent_id = batch.agent.agent_id
         with self._lock:
             known = self._table(agent_id, "process") if any(wire_ids) else {}

@@ -133,6 +133,7 @@ def test_the_batch_carries_the_gpu_section(monkeypatch: pytest.MonkeyPatch) -> N
     assert not rows[2001].HasField("sm_utilization_percent")  # not supported on that GPU
     labels = {s[lb.name]: s[lb.value] for lb in b.processes[rows[1001].process].labels}
     assert (labels["namespace"], labels["pod"], labels["container"]) == ("ml", "trainer-0", "trainer")
+    assert list(b.process_ids) == [p.id for p in b.processes] and all(b.process_ids)  # packed ids, parallel
     infer = b.gpu_devices[1]
     assert (s[infer.owner_namespace], s[infer.owner_pod], s[infer.owner_container]) == (
         "ml",

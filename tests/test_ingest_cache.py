@@ -178,6 +178,22 @@ def test_known_processes_are_found_by_wire_id_per_agent() -> None:
     assert {dict(lb)["node"] for lb, _, _ in decoder.decode(other).rows} == {"node-b"}
 
 
+def test_packed_process_ids_find_known_processes_and_must_match_the_processes() -> None:
+    decoder = Decoder()
+    b = batch_of(STACKS)
+    b.process_ids.append(78)
+    first = decoder.decode(b).rows
+    # Known by its packed id: the Process message is not read again (here it names another pod).
+    again = batch_of(STACKS, seq=2)
+    again.process_ids.append(78)
+    again.processes[0].labels[0].value = list(again.strings).index("worker")
+    assert decoder.decode(again).rows == first
+    wrong = batch_of(STACKS, seq=3)
+    wrong.process_ids.extend([78, 79])
+    with pytest.raises(BatchError, match="2 process_ids for 1 processes"):
+        decoder.decode(wrong)
+
+
 def test_wire_id_names_the_content() -> None:
     base = stack_wire_id(["main", "a"], ["m", "m"], 2)
     assert base == stack_wire_id(["main", "a"], ["m", "m"], 2) != 0

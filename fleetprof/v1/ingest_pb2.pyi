@@ -29,7 +29,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats", "sample_columns", "stack_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class Batch(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     STACK_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_IDS_FIELD_NUMBER: _ClassVar[int]
     SYSCALLS_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_LATENCY_SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_TRACER_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +62,7 @@ class Batch(_message.Message):
     stats: SamplerStats
     sample_columns: SampleColumns
     stack_ids: _containers.RepeatedScalarFieldContainer[int]
+    process_ids: _containers.RepeatedScalarFieldContainer[int]
     syscalls: _containers.RepeatedCompositeFieldContainer[SyscallStats]
     syscall_latency_sample_every: int
     syscall_tracer: SyscallTracerStats
@@ -68,7 +70,7 @@ class Batch(_message.Message):
     gpu_devices: _containers.RepeatedCompositeFieldContainer[GpuDevice]
     gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcessUsage]
     gpu_source: GpuSource
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ...) -> None: ...
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ...) -> None: ...
 
 class GpuSource(_message.Message):
     __slots__ = ("up", "state", "idle_below_percent")
