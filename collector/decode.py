@@ -212,6 +212,9 @@ class Decoder:
         self._slot_ids = np.zeros(1024, dtype=np.int64)
         self._slot_of: dict[int, int] = {}
         self._frame_table = FrameTable()
+        # Stacks in batches so far: found by the agent's wire id, or checked and decoded (new to that
+        # agent, or sent without an id). The share decoded is what ingest costs (README, collector scale).
+        self.stack_counts = {"known": 0, "decoded": 0}
 
     def _label_id(self, labels: Labels) -> int:
         lid = self._labels.get(labels)
@@ -294,6 +297,8 @@ class Decoder:
             known = self._table(agent_id, "stack") if wire.any() else None
             slots = known.get(wire) if known is not None else np.full(n, -1, dtype=np.int64)
             missing = np.flatnonzero(slots < 0)
+            self.stack_counts["known"] += n - len(missing)
+            self.stack_counts["decoded"] += len(missing)
             if len(missing):
                 which = missing.tolist()
                 slots[missing] = self._slots(*_new_stacks(seq, stacks, strings, which, self._frame_table))

@@ -50,6 +50,11 @@ class IngestService(pb_grpc.IngestServicer):
         self._decoder = Decoder()
         self.stats = IngestStats()
 
+    @property
+    def stack_counts(self) -> dict[str, int]:
+        """Stacks received: "known" (found by wire id) and "decoded" (checked and decoded)."""
+        return dict(self._decoder.stack_counts)
+
     def _rejected(self, err: BatchError) -> None:
         reason = getattr(err, "reason", "invalid")
         with self._lock:

@@ -76,6 +76,15 @@ class _IngestMetrics:
         yield CounterMetricFamily(
             "fleetprof_ingest_duplicate_batches", "Resent batches dropped as duplicates", value=s.duplicates
         )
+        stacks = CounterMetricFamily(
+            "fleetprof_ingest_stacks",
+            "Stacks in the batches received: found by the agent's wire id (known), or checked and decoded "
+            "(new to that agent, or sent without an id); the decoded share is what ingest CPU follows",
+            labels=["how"],
+        )
+        for how, n in self._ingest.stack_counts.items():
+            stacks.add_metric([how], n)
+        yield stacks
         rej = CounterMetricFamily(
             "fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"]
         )

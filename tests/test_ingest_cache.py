@@ -12,7 +12,7 @@ from agent.batch import stack_wire_id
 from collector.decode import BatchError, Decoder, IngestLimits, decode_batch
 from collector.render.tree import FrameKey
 from fleetprof.v1 import ingest_pb2 as pb
-from tests.conftest import RunningCollector
+from tests.conftest import RunningCollector, http_get
 from tests.test_ingest import make_batch, push
 
 NOW = time.time_ns()
@@ -213,6 +213,9 @@ def test_known_stacks_from_two_agents_land_under_their_own_nodes(collector: Runn
     right = collector.folded('{node="node-2"}', since="1h")
     assert [[f.function for f in st] for st in left] == [["main", "left"]] and sum(left.values()) == 2
     assert [[f.function for f in st] for st in right] == [["main", "right", "deep"]]
+    metrics = http_get(f"{collector.url}/metrics").decode()
+    assert 'fleetprof_ingest_stacks_total{how="known"} 1.0' in metrics
+    assert 'fleetprof_ingest_stacks_total{how="decoded"} 2.0' in metrics
 
 
 def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningCollector) -> None:
