@@ -42,7 +42,7 @@ from collector.query.selector import Selector, parse_selector  # noqa: E402
 from collector.render.tree import FrameKey, top_functions  # noqa: E402
 from collector.store.base import ProfileRows, ProfileStore, Selection  # noqa: E402
 from collector.store.durable import DurableStore  # noqa: E402
-from collector.store.ids import frame_id, labels_id, labels_json, stack_id_of_frames  # noqa: E402
+from collector.store.ids import labels_id, labels_json, stack_id  # noqa: E402
 from collector.store.memory import MemoryStore  # noqa: E402
 from fleetprof.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
@@ -371,7 +371,7 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
     stacks = []
     for _ in range(5000):
         st = tuple(rng.choice(frames) for _ in range(rng.randrange(8, 30)))
-        stacks.append((stack_id_of_frames([frame_id(f.function, f.module, f.kernel) for f in st]), st))
+        stacks.append((stack_id(st), st))
     now = 1_900_000_000.0
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-q-"))
     clock = Clock(now - 600)

@@ -14,7 +14,7 @@ import numpy as np
 from collector.frames import FrameTable
 from collector.gpu_metrics import gpu_section_problem
 from collector.store.base import GPU_STATE_NAME, Labels, ProfileRows, Stack, StackTable, SyscallAgg
-from collector.store.id_index import IdIndex
+from collector.store.id_index import IdIndex, with_room
 from collector.store.ids import labels_id, stack_ids_of
 from fleetprof.v1 import ingest_pb2 as pb
 
@@ -256,8 +256,7 @@ class Decoder:
                     if slot is None:
                         slot = slot_of[cid] = len(frames)
                         frames.append(stack(k))
-                        if slot == len(self._slot_ids):
-                            self._slot_ids = np.concatenate([self._slot_ids, np.zeros_like(self._slot_ids)])
+                        self._slot_ids = with_room(self._slot_ids, slot + 1)
                         self._slot_ids[slot] = cid
                     found[k] = slot
         return np.array(found, dtype=np.int64)
@@ -276,7 +275,7 @@ class Decoder:
         renumber[live] = np.arange(len(live), dtype=np.int64)
         self._frames = [self._frames[s] for s in live.tolist()]
         ids = self._slot_ids[live]
-        self._slot_ids = np.concatenate([ids, np.zeros(max(len(ids), 1024), dtype=np.int64)])
+        self._slot_ids = ids  # a copy: _slots makes room as slots are taken
         self._slot_of = dict(zip(ids.tolist(), range(len(ids)), strict=True))
         for t in tables:
             t.remap(renumber)

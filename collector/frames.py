@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from collector.render.tree import FrameKey
-from collector.store.id_index import IdIndex
+from collector.store.id_index import IdIndex, with_room
 from collector.store.ids import interned_frame_columns
 
 
@@ -26,6 +26,9 @@ class FrameTable:
     MAX_STRINGS = 1 << 20  # string slots stay below 2**31, so a frame code fits in an int64
 
     def __init__(self) -> None:
+        self._start_over()
+
+    def _start_over(self) -> None:
         self._strings: dict[str, int] = {}
         self._index = IdIndex()  # frame code -> slot
         self.keys: list[FrameKey] = []  # slot -> FrameKey
@@ -38,7 +41,7 @@ class FrameTable:
     def _string_slots(self, strings: Sequence[str]) -> np.ndarray:
         table = list(strings)  # one pass in C: much faster than reading the entries one by one
         if len(self._strings) + len(table) > self.MAX_STRINGS:
-            self.__init__()  # type: ignore[misc]
+            self._start_over()
         known = self._strings
         slots = list(map(known.get, table))
         if None in slots:
@@ -66,10 +69,7 @@ class FrameTable:
             )
             base = len(self.keys)
             self.keys.extend(keys)
-            if base + len(keys) > len(self._ids):
-                grown = np.zeros(2 * (base + len(keys)), dtype=np.int64)
-                grown[:base] = self._ids[:base]
-                self._ids = grown
+            self._ids = with_room(self._ids, base + len(keys))
             self._ids[base : base + len(keys)] = ids
             self._index.add(new_codes, np.arange(base, base + len(keys), dtype=np.int64))
             slots[missing] = self._index.get(codes[missing])

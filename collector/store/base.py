@@ -97,9 +97,6 @@ class StackTable(Sequence[tuple[int, Stack]]):
     def __iter__(self):  # noqa: ANN204
         return zip(self.ids.tolist(), map(self._frames.__getitem__, self._slots.tolist()), strict=True)
 
-    def stack(self, i: int) -> Stack:
-        return self._frames[self._slots[i]]
-
 
 @dataclass(frozen=True, eq=False)
 class ProfileRows:

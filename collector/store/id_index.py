@@ -7,6 +7,15 @@ import numpy as np
 _NONE = np.zeros(0, dtype=np.int64)
 
 
+def with_room(column: np.ndarray, size: int) -> np.ndarray:
+    """`column` if it holds `size` entries, else a copy twice that long with its values (zeros after)."""
+    if size <= len(column):
+        return column
+    grown = np.zeros(2 * size, dtype=column.dtype)
+    grown[: len(column)] = column
+    return grown
+
+
 class IdIndex:
     """64-bit id -> non-negative int64 value (a dense index, a slot); -1 for ids it does not hold.
 

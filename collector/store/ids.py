@@ -65,10 +65,6 @@ def interned_frame_columns(
     return list(map(_FIRST, hits)), np.fromiter(map(_SECOND, hits), dtype=np.int64, count=len(hits))
 
 
-def frame_id(function: str, module: str, kernel: bool) -> int:
-    return _intern(function, module, kernel)[1]
-
-
 def frame_ids(stack: Stack) -> list[int]:
     """The ids of a stack's frames, in order."""
     return list(map(_SECOND, interned_frames(stack)))
