@@ -16,6 +16,7 @@ from collector.gpu_metrics import gpu_section_problem
 from collector.store.base import GPU_STATE_NAME, Labels, ProfileRows, Stack, StackTable, SyscallAgg
 from collector.store.id_index import IdIndex, with_room
 from collector.store.ids import labels_id, stack_ids_of
+from collector.store.sequences import RESEND_HORIZON_S
 from fleetprof.v1 import ingest_pb2 as pb
 
 GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
@@ -34,6 +35,11 @@ class IngestLimits:
     max_batch_bytes: int = 32 * 1024 * 1024
     max_samples: int = 2_000_000
     max_strings: int = 2_000_000
+    # A batch's window must lie between now - max_batch_age_s and now + max_clock_skew_s on the
+    # collector's clock: a broken agent clock or a replayed capture would otherwise make buckets that
+    # retention never reaches, and dedupe state would have to be kept for ever.
+    max_clock_skew_s: float = 300.0
+    max_batch_age_s: float = RESEND_HORIZON_S
 
 
 def batch_error(reason: str, message: str) -> BatchError:
@@ -46,8 +52,29 @@ def _fail(seq: int, reason: str, problem: str) -> NoReturn:
     raise batch_error(reason, f"batch {seq}: {problem}")
 
 
-def _check_header(batch: pb.Batch, limits: IngestLimits, size: int) -> None:
-    """The batch-wide checks; `size` is the batch's wire size."""
+def _check_window(batch: pb.Batch, limits: IngestLimits, now: float) -> None:
+    seq = batch.sequence
+    ahead = batch.end_unix_ns / 1e9 - now
+    if ahead > limits.max_clock_skew_s:
+        _fail(
+            seq,
+            "clock_skew",
+            f"its window ends {ahead:.0f} s after the collector's clock "
+            f"(at most {limits.max_clock_skew_s:.0f} s allowed): check the node's clock",
+        )
+    age = now - batch.start_unix_ns / 1e9
+    if age > limits.max_batch_age_s:
+        _fail(
+            seq,
+            "stale",
+            f"its window started {age:.0f} s before the collector's clock "
+            f"(at most {limits.max_batch_age_s:.0f} s allowed): check the node's clock",
+        )
+
+
+def _check_header(batch: pb.Batch, limits: IngestLimits, size: int, now: float | None) -> None:
+    """The batch-wide checks; `size` is the batch's wire size, `now` the collector's clock (None: the
+    window is not checked against it)."""
     seq = batch.sequence
     if size > limits.max_batch_bytes:
         _fail(
@@ -65,6 +92,8 @@ def _check_header(batch: pb.Batch, limits: IngestLimits, size: int) -> None:
             "bad_window",
             f"end_unix_ns {batch.end_unix_ns} is before start_unix_ns {batch.start_unix_ns}",
         )
+    if now is not None:
+        _check_window(batch, limits, now)
     if not 0 < batch.frequency_hz <= MAX_FREQUENCY_HZ:
         _fail(seq, "bad_frequency", f"frequency_hz {batch.frequency_hz} is not in 1..{MAX_FREQUENCY_HZ}")
     nstr = len(batch.strings)
@@ -357,16 +386,21 @@ class Decoder:
         return entries
 
     def decode(
-        self, batch: pb.Batch, limits: IngestLimits | None = None, size: int | None = None
+        self,
+        batch: pb.Batch,
+        limits: IngestLimits | None = None,
+        size: int | None = None,
+        now: float | None = None,
     ) -> ProfileRows:
         """Check the batch and return its rows for the store; BatchError names the first problem found.
 
-        With `limits`, the batch-wide limits are checked too (`size`: its wire size, when known); without,
-        the batch was accepted before (a write-ahead log record) and only what decoding relies on is checked.
+        With `limits`, the batch-wide limits are checked too (`size`: its wire size, when known; `now`: the
+        collector's clock, for the window's bounds); without, the batch was accepted before (a write-ahead
+        log record) and only what decoding relies on is checked.
         """
         seq = batch.sequence
         if limits is not None:
-            _check_header(batch, limits, batch.ByteSize() if size is None else size)
+            _check_header(batch, limits, batch.ByteSize() if size is None else size, now)
         strings = batch.strings  # read only where something is decoded: most of a batch is known
         if strings and strings[0] != "":
             _fail(seq, "bad_string_table", "strings[0] must be the empty string")

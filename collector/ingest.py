@@ -1,9 +1,16 @@
-"""gRPC ingest: each Batch is checked and decoded (collector/decode.py), deduplicated, stored, acked."""
+"""gRPC ingest: each Batch is checked and decoded (collector/decode.py), deduplicated, stored, acked.
+
+A batch is acknowledged only once the store holds it. Rejected batches (invalid) get INVALID_ARGUMENT
+naming the batch, and the agent drops them; batches the store cannot take now (StoreUnavailable: disk
+full) get UNAVAILABLE, and the agent keeps them and resends them later.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -11,7 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from collector.decode import BatchError, Decoder, IngestLimits, batch_error
-from collector.store.base import DurableBatches, ProfileRows, ProfileStore
+from collector.store.base import DurableBatches, ProfileRows, ProfileStore, StoreUnavailable
 from collector.store.sequences import SeenSequences
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
@@ -26,11 +33,13 @@ class IngestStats:
     batches: int = 0
     samples: int = 0
     duplicates: int = 0
+    deferred: int = 0  # not acknowledged because the store could not take them: the agent resends them
     rejected: dict[str, int] = field(default_factory=dict)
     sampler: dict[str, int] = field(default_factory=dict)  # SamplerStats fields summed over batches
 
 
 INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
+_AGENT_LOCKS = 64  # striped: one agent's batches dedupe under one lock, without a lock per agent id
 
 
 class IngestService(pb_grpc.IngestServicer):
@@ -39,14 +48,17 @@ class IngestService(pb_grpc.IngestServicer):
         store: ProfileStore,
         limits: IngestLimits | None = None,
         on_rows: Callable[[ProfileRows], None] | None = None,
-        on_batch: Callable[[pb.Batch], None] | None = None,  # GPU metrics (issue #6)
+        on_batch: Callable[[pb.Batch], None] | None = None,  # GPU metrics
+        clock: Callable[[], float] = time.time,
     ):
         self._store = store
         self._on_rows = on_rows
         self._on_batch = on_batch
         self._limits = limits or IngestLimits()
+        self._clock = clock
         self._lock = threading.Lock()
-        self._seen = SeenSequences()
+        self._agent_locks = [threading.Lock() for _ in range(_AGENT_LOCKS)]
+        self._seen = SeenSequences()  # the in-memory store's dedupe state (a durable store keeps its own)
         self._decoder = Decoder()
         self.stats = IngestStats()
 
@@ -62,29 +74,31 @@ class IngestService(pb_grpc.IngestServicer):
 
     def ingest(self, batch: pb.Batch, payload: bytes | None = None) -> bool:
         """Validate and store one batch (`payload`: its wire bytes, when it arrived as bytes); False if it
-        was a duplicate. Raises BatchError."""
+        was a duplicate. Raises BatchError (invalid) or StoreUnavailable (valid, but not stored now)."""
         agent_id = batch.agent.agent_id
         durable = self._store if isinstance(self._store, DurableBatches) else None
         if payload is None and durable is not None:
             payload = batch.SerializeToString()  # the durable store logs the wire bytes
         try:
-            rows = self._decoder.decode(batch, self._limits, None if payload is None else len(payload))
+            rows = self._decoder.decode(
+                batch, self._limits, None if payload is None else len(payload), now=self._clock()
+            )
         except BatchError as err:
             self._rejected(err)
             raise
-        if durable is not None:
-            # The store logs the wire bytes before it stores the rows: once this returns, the batch
-            # survives a crash, so acknowledging it is safe. It also checks the sequence atomically.
-            if not durable.write_logged(agent_id, batch.sequence, payload, rows):  # type: ignore[arg-type]
-                return self._duplicate()
-        else:
+        try:
+            if durable is not None:
+                # The store logs the wire bytes before it stores the rows: once this returns, the batch
+                # survives a crash, so acknowledging it is safe. It checks the sequence atomically.
+                stored = durable.write_logged(agent_id, batch.sequence, payload, rows)  # type: ignore[arg-type]
+            else:
+                stored = self._write_once(agent_id, batch.sequence, rows)
+        except StoreUnavailable:
             with self._lock:
-                if self._seen.seen(agent_id, batch.sequence):
-                    self.stats.duplicates += 1
-                    return False
-            self._store.write(rows)
-            with self._lock:
-                self._seen.add(agent_id, batch.sequence)
+                self.stats.deferred += 1
+            raise
+        if not stored:
+            return self._duplicate()
         if self._on_rows is not None:
             self._on_rows(rows)
         if self._on_batch is not None:
@@ -95,6 +109,21 @@ class IngestService(pb_grpc.IngestServicer):
             self.stats.samples += samples
             for fd, value in batch.stats.ListFields():
                 self.stats.sampler[fd.name] = self.stats.sampler.get(fd.name, 0) + value
+        return True
+
+    def _write_once(self, agent_id: str, sequence: int, rows: ProfileRows) -> bool:
+        """The in-memory store's dedupe: the check, the write and the record under the agent's lock, so a
+        resend arriving on a new stream while the old stream's handler still writes waits, then is a
+        duplicate (a check and a record in two steps let both through)."""
+        with self._agent_locks[zlib.crc32(agent_id.encode()) % _AGENT_LOCKS]:
+            with self._lock:
+                if self._seen.seen(agent_id, sequence):
+                    return False
+            self._store.write(rows)
+            with self._lock:
+                self._seen.add(agent_id, sequence, rows.start)
+                if self._seen.due_for_sweep():
+                    self._seen.forget_before(self._clock() - self._limits.max_batch_age_s)
         return True
 
     def _duplicate(self) -> bool:
@@ -123,6 +152,9 @@ class IngestService(pb_grpc.IngestServicer):
             except BatchError as err:
                 log.warning("rejected from %s: %s", context.peer(), err)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            except StoreUnavailable as err:
+                # Said once in the store's log; the agent backs off and resends.
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"batch {batch.sequence} not stored: {err}")
             yield pb.Ack(sequence=batch.sequence)
 
 

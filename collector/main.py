@@ -42,6 +42,7 @@ class CollectorConfig:
     data_dir: str | None = None  # None: in-memory only (nothing survives a restart)
     wal_fsync: bool = False  # fsync each batch before acknowledging it (survives power loss too)
     flush_s: float = 10.0  # how often logged batches move into the database
+    max_clock_skew_s: float = 300.0  # batch windows ending further ahead of our clock are refused
 
 
 def open_store(config: CollectorConfig) -> ProfileStore:
@@ -75,6 +76,12 @@ class _IngestMetrics:
         yield CounterMetricFamily("fleetprof_ingest_samples", "Samples ingested", value=s.samples)
         yield CounterMetricFamily(
             "fleetprof_ingest_duplicate_batches", "Resent batches dropped as duplicates", value=s.duplicates
+        )
+        yield CounterMetricFamily(
+            "fleetprof_ingest_deferred_batches",
+            "Batches not acknowledged because the store could not log them (disk full or failing); the "
+            "agents keep them and resend them",
+            value=s.deferred,
         )
         stacks = CounterMetricFamily(
             "fleetprof_ingest_stacks",
@@ -115,7 +122,7 @@ class Collector:
         self.gpu_usage = GpuUsageLog(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
         self.ingest = IngestService(
             self.store,
-            IngestLimits(max_batch_bytes=config.max_batch_bytes),
+            IngestLimits(max_batch_bytes=config.max_batch_bytes, max_clock_skew_s=config.max_clock_skew_s),
             on_rows=self._export_rows,
             on_batch=self._observe_batch,
         )

@@ -148,6 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="fsync every batch before acknowledging it (survives power loss, not only a crash)",
     )
+    c.add_argument(
+        "--flush-interval",
+        type=_seconds,
+        default=10.0,
+        help="seconds between moves of logged batches into the database (with --data-dir; default 10)",
+    )
+    c.add_argument(
+        "--max-clock-skew",
+        type=_seconds,
+        default=300.0,
+        help="refuse batches whose window ends more than this many seconds ahead of the collector's clock"
+        " (default 300)",
+    )
 
     a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
     a.add_argument(
@@ -326,6 +339,8 @@ def cmd_collector(args: argparse.Namespace) -> int:
                 retention_s=args.retention,
                 data_dir=args.data_dir,
                 wal_fsync=args.wal_fsync,
+                flush_s=args.flush_interval,
+                max_clock_skew_s=args.max_clock_skew,
             )
         )
     except OSError as err:

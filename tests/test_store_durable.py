@@ -47,7 +47,7 @@ def open_store(path: Path, clock: Clock, **kw) -> DurableStore:
 
 def crash(store: DurableStore) -> None:
     """What kill -9 leaves: no flush, no checkpoint; the files as they are."""
-    store._wal._file.close()
+    store._wal.close()
     store._db._con.close()
 
 

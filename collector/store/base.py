@@ -243,5 +243,11 @@ class DurableBatches(Protocol):
     def seen(self, source: str, sequence: int) -> bool: ...
 
     def write_logged(self, source: str, sequence: int, payload: bytes, profile: ProfileRows) -> bool:
-        """Log and store one batch; False (and nothing stored) if (source, sequence) was stored before."""
+        """Log and store one batch; False (and nothing stored) if (source, sequence) was stored before.
+        Raises StoreUnavailable (and stores nothing) when the batch cannot be logged now."""
         ...
+
+
+class StoreUnavailable(Exception):
+    """The store cannot take a batch now (its disk is full or failing, or its flush backlog is at its
+    bound). Nothing of the batch was kept: ingest does not acknowledge it, and the agent resends it."""

@@ -9,7 +9,8 @@ Tables (ids are the stable content ids of collector/store/ids.py, so nothing nee
   overlap in time and a query sums all of them.
 - `syscalls(res, bucket, lid, syscall, count, timed, timed_ns)` and `syscall_hist(res, bucket, lid,
   syscall, i, n)` (the non-zero log2 latency buckets): the same for syscall rows.
-- `seen(agent_id, sequence)`: the deduplication state, committed in the same transaction as the rows.
+- `seen(agent_id, sequence, start)`: the deduplication state with each batch's window start (unix
+  seconds; NULL for rows written before it was kept), committed in the same transaction as the rows.
 
 One writer (the durable store's flusher thread) holds the main connection; each query uses its own cursor.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -44,9 +45,19 @@ CREATE TABLE IF NOT EXISTS syscalls (res INTEGER, bucket BIGINT, lid BIGINT, sys
 CREATE TABLE IF NOT EXISTS syscall_hist (res INTEGER, bucket BIGINT, lid BIGINT, syscall VARCHAR,
                                          i SMALLINT, n BIGINT);
 CREATE TABLE IF NOT EXISTS seen (agent_id VARCHAR, sequence BIGINT);
+ALTER TABLE seen ADD COLUMN IF NOT EXISTS start DOUBLE;
 """
 TABLES = ("frames", "stacks", "label_sets", "samples", "syscalls", "syscall_hist", "seen")
 _CACHE_LIMIT = 1_000_000
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back if a transaction is still open: DuckDB ends it itself when COMMIT fails (a full disk),
+    and a second error here would hide the first."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
 
 
 def _known(ids: Iterable[int], cache: dict, pending: Sequence[dict]) -> tuple[dict, list[int]]:
@@ -85,8 +96,10 @@ class Chunk:
     labels: dict[int, Labels] = field(default_factory=dict)
     sys_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, count, timed, timed_ns)
     hist_rows: list[tuple] = field(default_factory=list)  # (bucket, lid, syscall, i, n)
-    seen: list[tuple[str, int]] = field(default_factory=list)
+    seen: list[tuple[str, int, float]] = field(default_factory=list)  # (agent id, sequence, window start)
     rows: int = 0
+    wal_segment: int = 0  # the newest write-ahead log segment holding this chunk's batches (0: none)
+    failed: int = 0  # commits tried and failed: the next try first checks whether one went through
 
     def add(self, profile: ProfileRows) -> None:
         b = int((profile.start + profile.end) / 2 // self.bucket_s * self.bucket_s)
@@ -119,6 +132,10 @@ class Chunk:
             list(self.seen),
             self.rows,
         )
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rows or self.sys_rows or self.seen)
 
     def stack_ids(self) -> np.ndarray:
         """The distinct content ids of the stacks in this chunk's windows."""
@@ -174,11 +191,17 @@ def _merge_columns(chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
 class DuckStore:
     """The database half of the durable store: bulk inserts of chunks, queries, rollup and retention."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, fault: Callable[[str], None] | None = None):
         self.path = Path(path)
+        # The fault seam: called at each step of a flush ("definitions", "rows", "commit", "committed");
+        # tests raise from it to fail a flush there, as a full disk or an I/O error would.
+        self._fault = fault or (lambda step: None)
+        self._write_lock = threading.Lock()
+        self._connect()
+
+    def _connect(self) -> None:
         self._con = duckdb.connect(str(self.path))
         self._con.execute(SCHEMA)
-        self._write_lock = threading.Lock()
         # Ids known to be in the database, so a flush sends only new definitions. Cleared by gc().
         self._known_stacks = IdIndex()  # value 0: only membership counts
         self._known_labels: set[int] = set()
@@ -186,14 +209,28 @@ class DuckStore:
         self._stack_cache: dict[int, Stack] = {}
         self._label_cache: dict[int, Labels] = {}
 
+    def reopen(self) -> None:
+        """A new connection, after an error that may have left the old one unusable (DuckDB invalidates a
+        database after some I/O errors until it is opened again). Caches start empty: what a failed
+        transaction left is unknown."""
+        with self._write_lock:
+            try:
+                self._con.close()
+            except duckdb.Error:
+                pass
+            self._connect()
+
     # -- writing (the flusher thread only) --------------------------------------------------------------
     def insert(self, chunk: Chunk) -> None:
-        """All of a chunk in one transaction: its rows, the definitions they need, its dedupe entries."""
+        """All of a chunk in one transaction: its rows, the definitions they need, its dedupe entries.
+        On any error the transaction is rolled back and nothing is remembered as written."""
         with self._write_lock:
             con = self._con
             con.execute("BEGIN")
             try:
-                new_stacks = self._insert_definitions(con, chunk)
+                self._fault("definitions")
+                new_stacks, new_frames = self._insert_definitions(con, chunk)
+                self._fault("rows")
                 if chunk.rows:
                     con.register("chunk_samples", chunk.sample_columns())
                     con.execute(
@@ -207,22 +244,50 @@ class DuckStore:
                     con.executemany("INSERT INTO syscall_hist VALUES (10, ?, ?, ?, ?, ?)", chunk.hist_rows)
                 if chunk.seen:
                     con.execute(
-                        "INSERT INTO seen SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[])",
-                        [[a for a, _ in chunk.seen], [s for _, s in chunk.seen]],
+                        "INSERT INTO seen SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), "
+                        "unnest($3::DOUBLE[])",
+                        [
+                            [a for a, _, _ in chunk.seen],
+                            [q for _, q, _ in chunk.seen],
+                            [t for _, _, t in chunk.seen],
+                        ],
                     )
+                self._fault("commit")
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 raise
             self._known_stacks.add(new_stacks, np.zeros(len(new_stacks), dtype=np.int64))
+            self._known_frames.update(new_frames)
             self._known_labels.update(chunk.labels)
+        self._fault("committed")
 
-    def _insert_definitions(self, con: duckdb.DuckDBPyConnection, chunk: Chunk) -> np.ndarray:
-        """Insert the stack, frame and label definitions the database lacks; returns the new stack ids."""
+    def committed(self, chunk: Chunk) -> bool:
+        """Whether a chunk whose commit reported an error is in the database all the same (its dedupe
+        entries are, then: they commit with its rows). A chunk without entries is never found."""
+        if not chunk.seen:
+            return False
+        (n,) = (
+            self._cursor()
+            .execute(
+                "SELECT count(*) FROM seen JOIN (SELECT unnest($1::VARCHAR[]) AS a, "
+                "unnest($2::BIGINT[]) AS q) c ON seen.agent_id = c.a AND seen.sequence = c.q",
+                [[a for a, _, _ in chunk.seen], [q for _, q, _ in chunk.seen]],
+            )
+            .fetchone()
+        )
+        return n >= len(chunk.seen)
+
+    def _insert_definitions(
+        self, con: duckdb.DuckDBPyConnection, chunk: Chunk
+    ) -> tuple[np.ndarray, list[int]]:
+        """Insert the stack, frame and label definitions the database lacks; returns the new stack and
+        frame ids (remembered as known only once the transaction commits)."""
         ids = chunk.stack_ids()
         new_ids = ids[self._known_stacks.get(ids) < 0]
+        new_frames: list[int] = []
         if len(new_ids):
-            self._insert_stacks(con, chunk.stacks_for(new_ids.tolist()))
+            new_frames = self._insert_stacks(con, chunk.stacks_for(new_ids.tolist()))
         new_labels = {lid: lb for lid, lb in chunk.labels.items() if lid not in self._known_labels}
         if new_labels:
             con.execute(
@@ -230,9 +295,9 @@ class DuckStore:
                 "unnest($2::VARCHAR[])) n WHERE n.id NOT IN (SELECT id FROM label_sets)",
                 [list(new_labels), [labels_json(lb) for lb in new_labels.values()]],
             )
-        return new_ids
+        return new_ids, new_frames
 
-    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, stacks: dict[int, Stack]) -> None:
+    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, stacks: dict[int, Stack]) -> list[int]:
         """Stacks (and frames) as columns: every frame of every stack in one flat column, each distinct
         frame's id looked up once, and the frame lists built by DuckDB. Frames are told apart by object
         identity first (ingest shares one FrameKey per frame), a numpy pass instead of a hash per frame."""
@@ -244,6 +309,7 @@ class DuckStore:
         fids = np.array(frame_ids(frames), dtype=np.int64)
         known = self._known_frames
         new = [i for i, fid in enumerate(fids.tolist()) if fid not in known]
+        new_fids = np.zeros(0, np.int64)
         if new:
             new_fids, at = np.unique(fids[new], return_index=True)  # equal frames in distinct objects
             new_frames = [frames[new[i]] for i in at.tolist()]
@@ -258,7 +324,6 @@ class DuckStore:
                     [bool(f.kernel) for f in new_frames],
                 ],
             )
-            known.update(new_fids.tolist())
         sids = np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks))
         ends = np.cumsum(lengths)
         con.register(
@@ -280,6 +345,7 @@ class DuckStore:
                 "WHERE n.id NOT IN (SELECT id FROM stacks)",
                 [sids[lengths == 0].tolist()],
             )
+        return new_fids.tolist()
 
     def rollup(self, now: float, policy: RollupPolicy) -> None:
         """10 s rows older than policy.raw_s become 1 min rows; 1 min rows older than minute_s, 10 min."""
@@ -302,7 +368,7 @@ class DuckStore:
                         con.execute(f"DELETE FROM {table} WHERE res = {src} AND bucket < $1", [cut])
                     con.execute("COMMIT")
                 except BaseException:
-                    con.execute("ROLLBACK")
+                    _rollback(con)
                     raise
 
     def expire(self, horizon: float) -> None:
@@ -311,8 +377,11 @@ class DuckStore:
             for table in ("samples", "syscalls", "syscall_hist"):
                 self._con.execute(f"DELETE FROM {table} WHERE bucket + res <= $1", [horizon])
 
-    def prune_seen(self, keep_per_agent: int, live_agents: Iterable[str] | None = None) -> None:
+    def prune_seen(self, horizon: float, keep_per_agent: int) -> None:
+        """Drop dedupe entries of batches whose window started before `horizon` (a resend that old is
+        rejected as stale) and, per agent, all but the newest `keep_per_agent` sequences."""
         with self._write_lock:
+            self._con.execute("DELETE FROM seen WHERE coalesce(start, 0) < $1", [horizon])
             self._con.execute(
                 "DELETE FROM seen USING (SELECT agent_id, max(sequence) AS top FROM seen "
                 "GROUP BY agent_id) m "
@@ -334,18 +403,19 @@ class DuckStore:
                 con.execute("DELETE FROM frames WHERE id NOT IN (SELECT DISTINCT unnest(frames) FROM stacks)")
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 raise
             self._known_stacks = IdIndex()
             self._known_labels.clear()
             self._known_frames.clear()
 
-    def checkpoint(self) -> None:
-        with self._write_lock:
-            self._con.execute("CHECKPOINT")
-
-    def load_seen(self) -> list[tuple[str, int]]:
-        return [tuple(r) for r in self._cursor().execute("SELECT agent_id, sequence FROM seen").fetchall()]
+    def load_seen(self) -> list[tuple[str, int, float]]:
+        return [
+            tuple(r)
+            for r in self._cursor()
+            .execute("SELECT agent_id, sequence, coalesce(start, 0) FROM seen")
+            .fetchall()
+        ]
 
     # -- reading (any thread) ---------------------------------------------------------------------------
     def _cursor(self) -> duckdb.DuckDBPyConnection:

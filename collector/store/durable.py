@@ -2,10 +2,15 @@
 the rest, and a flusher thread that moves logged batches into the database, rolls up and expires.
 
 Write path (`write_logged`, under one lock): dedupe by (agent id, sequence) → append the wire bytes to the
-WAL → add the rows to the hot tier and to the pending chunk. The batch is then safe: acknowledged.
-Every `flush_s` the flusher rotates the WAL, inserts the pending chunk (rows, definitions and dedupe
-entries, one transaction) and deletes the WAL segments it covered. A crash between the commit and the
-deletion replays those segments at start, and the committed dedupe entries skip them: nothing counts twice.
+WAL → add the rows to the hot tier and to the pending chunk. The batch is then safe: acknowledged. When the
+append fails (disk full, I/O error) nothing of the batch is kept and StoreUnavailable tells ingest not to
+acknowledge it: the agent keeps it and resends it.
+
+Every `flush_s` the flusher rotates the WAL, queues the pending chunk and commits the queue, oldest first
+(rows, definitions and dedupe entries, one transaction per chunk). A chunk whose commit fails stays queued
+and queryable and is tried again at the next flush, newer chunks behind it; a WAL segment is deleted only
+once every chunk with records in it is committed. A crash between a commit and the deletion replays those
+segments at start, and the committed dedupe entries skip them: nothing counts twice.
 
 Queries go to the hot tier when their range lies inside what it holds completely (since this process
 started, within its retention), else to DuckDB plus the chunks not yet committed.
@@ -14,22 +19,45 @@ started, within its retention), else to DuckDB plus the chunks not yet committed
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import duckdb
+
 from collector.query.selector import Selector
-from collector.store.base import Grouped, Labels, ProfileRows, Selection, SyscallAgg
+from collector.store.base import Grouped, Labels, ProfileRows, Selection, StoreUnavailable, SyscallAgg
 from collector.store.duck import Chunk, DuckStore, RollupPolicy
 from collector.store.memory import MemoryStore
-from collector.store.sequences import SeenSequences
-from collector.store.wal import WriteAheadLog
+from collector.store.sequences import RESEND_HORIZON_S, SeenSequences
+from collector.store.wal import WalError, WriteAheadLog, Writer
 
 log = logging.getLogger(__name__)
 
 BUCKET_S = 10
 SEEN_WINDOW = 4096  # sequences remembered per agent (the agent's resend queue holds at most 64)
+MAINTAIN_EVERY_S = 600.0
+
+
+class _Faults:
+    """Says once in the log what is wrong (per kind: "wal", "flush", "maintenance"), and once that it
+    is right again, however many times it fails in between."""
+
+    def __init__(self) -> None:
+        self._failing: dict[str, int] = {}
+
+    def failed(self, kind: str, what: str, err: BaseException) -> None:
+        n = self._failing.get(kind, 0)
+        self._failing[kind] = n + 1
+        if n == 0:
+            log.error("%s: %s (said once; it is retried and the next success is logged)", what, err)
+
+    def ok(self, kind: str, what: str) -> None:
+        n = self._failing.pop(kind, 0)
+        if n:
+            log.warning("%s again, after %d failures", what, n)
 
 
 class DurableStore:
@@ -47,6 +75,10 @@ class DurableStore:
         fsync: bool = False,
         clock: Callable[[], float] = time.time,
         background: bool = True,
+        resend_horizon_s: float = RESEND_HORIZON_S,
+        max_backlog_rows: int | None = None,
+        wal_write: Writer = os.write,
+        db_fault: Callable[[str], None] | None = None,
     ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -54,24 +86,29 @@ class DurableStore:
         self._clock = clock
         self._flush_s = flush_s
         self._flush_rows = flush_rows
+        # Unflushed rows beyond this refuse new batches (StoreUnavailable): a database that cannot commit
+        # while the WAL still can must not grow the collector's memory without bound.
+        self._max_backlog_rows = max_backlog_rows or 4 * flush_rows
+        self._horizon_s = resend_horizon_s
         self._policy = rollup or RollupPolicy()
         self._lock = threading.Lock()  # the write path: dedupe, WAL, hot tier, pending chunk
         self._commit_lock = threading.RLock()  # a cold query sees a commit and its chunk's removal at once
         self._flush_lock = threading.Lock()  # one flush at a time
-        self._db = DuckStore(self.data_dir / "profiles.duckdb")
+        self._faults = _Faults()
+        self.counters = {"hot_queries": 0, "cold_queries": 0, "flushes": 0, "flush_errors": 0}
+        self._db = DuckStore(self.data_dir / "profiles.duckdb", fault=db_fault)
         self.hot = MemoryStore(retention_s=min(hot_s, retention_s), bucket_s=BUCKET_S, clock=clock)
         self._seen = SeenSequences(window=SEEN_WINDOW)
-        for agent, seq in self._db.load_seen():
-            self._seen.add(agent, seq)
+        for agent, seq, start in self._db.load_seen():
+            self._seen.add(agent, seq, start)
         self._pending = Chunk(BUCKET_S)
-        self._flushing: list[Chunk] = []
-        self._wal = WriteAheadLog(self.data_dir / "wal", fsync=fsync)
+        self._flushing: list[Chunk] = []  # queued for commit, oldest first; failed ones stay
+        self._wal = WriteAheadLog(self.data_dir / "wal", fsync=fsync, write=wal_write)
         self.replayed = self._replay(decode)
         self._hot_since = clock()
-        self.counters = {"hot_queries": 0, "cold_queries": 0, "flushes": 0, "flush_errors": 0}
         self._last_maintenance = 0.0
-        self.flush()
-        self.maintain()
+        self._flush_quietly()
+        self._maintain_quietly()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-flusher", daemon=True)
         if background:
@@ -93,22 +130,37 @@ class DurableStore:
         self.hot.write(profile)
         self._pending.add(profile)
         if source is not None:
-            self._seen.add(source, sequence)
-            self._pending.seen.append((source, sequence))
+            self._seen.add(source, sequence, profile.start)
+            self._pending.seen.append((source, sequence, profile.start))
 
     def seen(self, source: str, sequence: int) -> bool:
         with self._lock:
             return self._seen.seen(source, sequence)
 
+    def _backlog_rows(self) -> int:
+        with self._commit_lock:
+            return sum(c.rows for c in self._flushing)
+
     def write_logged(self, source: str, sequence: int, payload: bytes, profile: ProfileRows) -> bool:
+        backlog = self._backlog_rows()
         with self._lock:
             if self._seen.seen(source, sequence):
                 return False
-            self._wal.append(source, sequence, payload)
+            if backlog >= self._max_backlog_rows:
+                raise StoreUnavailable(
+                    f"{backlog} rows wait for the database (it cannot commit, see the collector's log); "
+                    "batches are refused until they are flushed"
+                )
+            try:
+                self._wal.append(source, sequence, payload)
+            except WalError as err:
+                self._faults.failed("wal", "cannot append to the write-ahead log; refusing batches", err)
+                raise StoreUnavailable(f"cannot log the batch: {err}") from err
+            self._faults.ok("wal", "the write-ahead log takes batches")
             self._store(source, sequence, profile)
             big = self._pending.rows >= self._flush_rows
         if big:
-            self.flush()
+            self._flush_quietly()
         return True
 
     def write(self, profile: ProfileRows) -> None:
@@ -117,24 +169,51 @@ class DurableStore:
             self._store(None, 0, profile)
 
     def flush(self) -> None:
-        """Commit everything written so far to the database, then drop the WAL segments it covered."""
+        """Commit everything written so far, oldest chunk first, deleting the WAL segments each commit
+        covers. Raises on the first chunk that fails: it and those after it stay queued and queryable."""
         with self._flush_lock:
             with self._lock:
                 chunk, self._pending = self._pending, Chunk(BUCKET_S)
-                segment = self._wal.rotate()
+                chunk.wal_segment = self._wal.rotate()
+                if not chunk.empty:
+                    with self._commit_lock:
+                        self._flushing.append(chunk)
+            for queued in list(self._flushing):
+                self._commit(queued)
                 with self._commit_lock:
-                    self._flushing.append(chunk)
-            try:
-                if chunk.rows or chunk.sys_rows or chunk.seen:
-                    self._db.insert(chunk)
-            except BaseException:
-                # Keep the chunk queryable and its WAL segments: a restart replays them.
-                self.counters["flush_errors"] += 1
-                raise
-            with self._commit_lock:
-                self._flushing.remove(chunk)
-            self._wal.drop_through(segment)
+                    self._flushing.remove(queued)
+                self._drop_wal(queued.wal_segment)
+            self._drop_wal(chunk.wal_segment)  # every chunk is committed: nothing older is needed
             self.counters["flushes"] += 1
+
+    def _commit(self, chunk: Chunk) -> None:
+        try:
+            # A commit can fail after it went through (an error reported at its end): inserting the chunk
+            # again would count it twice. Its dedupe entries, committed with its rows, tell.
+            if not (chunk.failed and self._db.committed(chunk)):
+                self._db.insert(chunk)
+        except Exception as err:
+            chunk.failed += 1
+            self.counters["flush_errors"] += 1
+            self._faults.failed(
+                "flush", "cannot commit to the database; unflushed batches stay queryable", err
+            )
+            if isinstance(err, duckdb.FatalException):  # the connection is unusable until reopened
+                self._db.reopen()
+            raise
+        self._faults.ok("flush", "commits to the database succeed")
+
+    def _drop_wal(self, segment: int) -> None:
+        with self._lock:
+            self._wal.drop_through(segment)
+
+    def _flush_quietly(self) -> bool:
+        """flush(), with a failure left to the fault log (the next flush tries again)."""
+        try:
+            self.flush()
+            return True
+        except Exception:
+            return False
 
     def maintain(self) -> None:
         """Roll up, expire, prune dedupe state and forget unreferenced stacks and labels."""
@@ -142,18 +221,24 @@ class DurableStore:
         with self._flush_lock, self._commit_lock:
             self._db.rollup(now, self._policy)
             self._db.expire(now - self.retention_s)
-            self._db.prune_seen(SEEN_WINDOW)
+            self._db.prune_seen(now - self._horizon_s, SEEN_WINDOW)
             self._db.gc()
+        with self._lock:
+            self._seen.forget_before(now - self._horizon_s)
         self._last_maintenance = now
+
+    def _maintain_quietly(self) -> None:
+        try:
+            self.maintain()
+        except Exception as err:
+            self._faults.failed("maintenance", "rollup, expiry or garbage collection failed", err)
+        else:
+            self._faults.ok("maintenance", "maintenance succeeds")
 
     def _run(self) -> None:
         while not self._stop.wait(self._flush_s):
-            try:
-                self.flush()
-                if self._clock() - self._last_maintenance >= 600:
-                    self.maintain()
-            except Exception:  # keep flushing later; the WAL still holds everything unflushed
-                log.exception("store flush failed")
+            if self._flush_quietly() and self._clock() - self._last_maintenance >= MAINTAIN_EVERY_S:
+                self._maintain_quietly()
 
     # -- queries ---------------------------------------------------------------------------------------
     def _hot_covers(self, start: float, end: float) -> bool:
@@ -229,8 +314,14 @@ class DurableStore:
         out.update({f"rows_{t}": n for t, n in rows.items()})
         with self._lock:
             out["pending_rows"] = self._pending.rows
-        out["disk_bytes"] = self._db.size_bytes() + self._wal.size_bytes()
-        out["wal_bytes"] = self._wal.size_bytes()
+            wal_bytes = self._wal.size_bytes()
+            out["wal_append_errors"] = self._wal.append_errors
+            out["dedupe_entries"] = len(self._seen)
+        out["backlog_rows"] = self._backlog_rows()
+        out["disk_bytes"] = self._db.size_bytes() + wal_bytes
+        out["wal_bytes"] = wal_bytes
+        disk = os.statvfs(self.data_dir)
+        out["data_dir_free_bytes"] = disk.f_bavail * disk.f_frsize
         out.update(self.counters)
         return out
 
@@ -238,7 +329,11 @@ class DurableStore:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
-        self.flush()
+        if not self._flush_quietly():
+            log.error(
+                "closing with %d chunks not committed: the write-ahead log keeps them for the next start",
+                len(self._flushing),
+            )
         with self._lock:
             self._wal.close()
         self._db.close()

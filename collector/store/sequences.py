@@ -1,31 +1,81 @@
-"""Which (agent id, sequence) batches were already stored: the collector's deduplication state."""
+"""Which (agent id, sequence) batches were already stored: the collector's deduplication state.
+
+Bounded two ways. Per agent, only the newest `window` sequences are kept (agents send in increasing order
+and resend at most their queue). In time, an entry whose batch window started before the resend horizon
+is dropped: ingest rejects a batch that old as stale (collector/decode.py), so a resend of it can never
+be stored again and its entry can never be needed. Every agent restart makes a new agent id; the horizon
+is what makes the ids of agents gone for good disappear.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+# How old a batch's window may be when it arrives (and so how long its dedupe entry matters). An agent
+# keeps at most its 64 newest unacknowledged batches (about 11 minutes at its default 10 s windows), so
+# anything older than this is a broken clock or a replayed capture, not a resend.
+RESEND_HORIZON_S = 2 * 3600.0
+
 
 class SeenSequences:
-    """Per agent id, the sequences already ingested (bounded: agents send them in increasing order)."""
+    """Per agent id, the sequences already ingested, each with its batch's window start (unix seconds)."""
 
-    def __init__(self, window: int = 4096, max_agents: int = 100_000):
+    def __init__(self, window: int = 4096, max_agents: int = 100_000, sweep_every: int = 4096):
         self._window = window
         self._max_agents = max_agents
-        self._agents: OrderedDict[str, set[int]] = OrderedDict()
+        self._agents: OrderedDict[str, dict[int, float]] = OrderedDict()
+        self._sweep_every = sweep_every
+        self._adds = 0
 
     def seen(self, agent_id: str, seq: int) -> bool:
         s = self._agents.get(agent_id)
         return s is not None and seq in s
 
-    def add(self, agent_id: str, seq: int) -> None:
-        s = self._agents.setdefault(agent_id, set())
+    def add(self, agent_id: str, seq: int, start: float = 0.0) -> None:
+        s = self._agents.get(agent_id)
+        if s is None:
+            s = self._agents[agent_id] = {}
         self._agents.move_to_end(agent_id)
-        s.add(seq)
+        s[seq] = start
         if len(s) > 2 * self._window:
             cutoff = max(s) - self._window
-            s.difference_update([x for x in s if x < cutoff])
+            for old in [x for x in s if x < cutoff]:
+                del s[old]
         while len(self._agents) > self._max_agents:
             self._agents.popitem(last=False)
+        self._adds += 1
+
+    def discard(self, agent_id: str, seq: int) -> None:
+        """Forget one entry (a batch claimed for storing whose write then failed)."""
+        s = self._agents.get(agent_id)
+        if s is not None:
+            s.pop(seq, None)
+
+    def due_for_sweep(self) -> bool:
+        """Whether enough was added since the last sweep for one to be worth its O(entries) pass."""
+        return self._adds >= self._sweep_every
+
+    def forget_before(self, horizon: float) -> int:
+        """Drop entries whose window started before `horizon`, and agents left with none; returns how
+        many entries went. Entries with start 0 (written before windows were kept) go too."""
+        self._adds = 0
+        dropped = 0
+        for agent in list(self._agents):
+            s = self._agents[agent]
+            old = [seq for seq, start in s.items() if start < horizon]
+            for seq in old:
+                del s[seq]
+            dropped += len(old)
+            if not s:
+                del self._agents[agent]
+        return dropped
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._agents.values())
+
+    @property
+    def agents(self) -> int:
+        return len(self._agents)
 
     def snapshot(self) -> dict[str, list[int]]:
         """Every remembered sequence per agent id (what a checkpoint persists)."""
