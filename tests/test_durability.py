@@ -18,7 +18,7 @@ from tests.conftest import REPO, free_port, wait_until
 from tests.test_ingest import make_batch
 
 
-def start(data_dir: Path, grpc_port: int, http_port: int) -> subprocess.Popen:
+def start(data_dir: Path, grpc_port: int, http_port: int, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -31,6 +31,7 @@ def start(data_dir: Path, grpc_port: int, http_port: int) -> subprocess.Popen:
             f"127.0.0.1:{grpc_port}",
             "--http",
             f"127.0.0.1:{http_port}",
+            *extra,
         ],
         cwd=REPO,
         stdout=subprocess.DEVNULL,

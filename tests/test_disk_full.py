@@ -1,0 +1,147 @@
+"""A full disk, for real: the collector's --data-dir is a small tmpfs, filled to the last byte while a real
+agent streams a workload's samples, then freed; the collector is killed with -9 and restarted. Every
+sample the workload's CPU time accounts for is there, once."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import free_port, http_get, start_agent, stop_agent, wait_until
+from tests.test_durability import start
+from tests.test_profile_e2e import steal_seconds
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+FREQUENCY = 99
+WORKLOAD_S = 14
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs: a disk the test can fill to the last byte without touching the machine's own."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path) -> int:
+    """Write until the filesystem refuses a single byte more; returns the bytes written."""
+    written = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            block = b"\0" * size
+            while True:
+                try:
+                    n = os.write(fd, block)
+                except OSError as err:
+                    assert err.errno == errno.ENOSPC, err
+                    break
+                written += n
+                if n < size:
+                    break
+    finally:
+        os.close(fd)
+    return written
+
+
+def metrics(url: str) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(http_get(f"{url}/metrics").decode()):
+        for s in fam.samples:
+            if not s.labels:
+                out[s.name] = s.value
+    return out
+
+
+def pid_samples(url: str, pid: int) -> int:
+    q = urllib.parse.urlencode({"query": f'{{pid="{pid}"}}', "since": "2h", "limit": "1"})
+    return json.loads(http_get(f"{url}/api/v1/top?{q}", timeout=30))["total"]
+
+
+def test_a_disk_filled_and_freed_while_an_agent_streams_loses_and_doubles_nothing(
+    small_disk: Path, workload_bin
+) -> None:
+    data = small_disk / "data"
+    grpc_port, http_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{http_port}"
+    col = start(data, grpc_port, http_port, "--flush-interval", "1")
+    agent = start_agent(f"127.0.0.1:{grpc_port}", FREQUENCY, 1.0)
+    filler = small_disk / "filler"
+    try:
+        steal_before = steal_seconds()
+        work = subprocess.Popen([workload_bin("two_funcs"), str(WORKLOAD_S), "50"], stdout=subprocess.PIPE)
+        wait_until(lambda: pid_samples(url, work.pid) > 0, 30, "the workload's first samples")
+        fill(filler)
+        full = metrics(url)
+        assert full["fleetprof_store_data_dir_free_bytes"] < 64 * 1024
+        # Batches are refused (the WAL cannot take them) or flushes fail, and queries are still answered.
+        wait_until(
+            lambda: (
+                (m := metrics(url))["fleetprof_ingest_deferred_batches_total"] >= 3
+                and m["fleetprof_store_flush_errors"] >= 1
+            ),
+            30,
+            "the collector to refuse batches and fail flushes on the full disk",
+        )
+        assert pid_samples(url, work.pid) > 0
+        filler.unlink()  # space is back: the agent resends, the flusher catches up by itself
+        _, status, usage = os.wait4(work.pid, 0)
+        work.returncode = os.waitstatus_to_exitcode(status)
+        work.stdout.close()
+        steal = steal_seconds() - steal_before
+        cpu_s = usage.ru_utime + usage.ru_stime
+
+        def caught_up() -> bool:
+            a = {
+                f.name: f.samples[0].value
+                for f in text_string_to_metric_families(agent.metrics())
+                if f.samples and not f.samples[0].labels
+            }
+            m = metrics(url)
+            return a["fleetprof_agent_queue_batches"] == 0 and m["fleetprof_store_backlog_rows"] == 0
+
+        wait_until(caught_up, 90, "the agent's queue and the collector's flush backlog to drain")
+        wait_until(lambda: metrics(url)["fleetprof_store_pending_rows"] == 0, 30, "a flush")
+        before = pid_samples(url, work.pid)
+        os.kill(col.pid, signal.SIGKILL)
+        col.wait()
+        log = col.stderr.read().decode()
+        col.stderr.close()
+        col = start(data, grpc_port, http_port, "--flush-interval", "1")
+        after = pid_samples(url, work.pid)
+    finally:
+        stop_agent(agent)
+        if col.poll() is None:
+            col.send_signal(signal.SIGTERM)
+            col.wait(timeout=30)
+            col.stderr.close()
+    print(
+        f"disk full: {after} samples read back for {cpu_s:.2f} CPU s at {FREQUENCY} Hz "
+        f"(expected {cpu_s * FREQUENCY:.0f}, + {steal:.2f} s stolen); {before} before the kill -9; "
+        f"{log.count('cannot append')} WAL and {log.count('cannot commit')} flush fault reports in the log"
+    )
+    assert after == before, f"{before} samples before the kill -9, {after} after the restart"
+    # The bound of test_profile_e2e.test_samples_match_cpu_time_across_many_drains: the CPU clock ticks at
+    # exactly 1/frequency, so the slack is the partial tick at each end plus the hypervisor's steal.
+    # One lost 1 s window would be 99 of ~1,390 samples (7%), outside the 3% band.
+    lo, hi = 0.97 * cpu_s * FREQUENCY, 1.03 * (cpu_s + steal) * FREQUENCY
+    assert lo <= after <= hi, (
+        f"{after} samples for {cpu_s:.2f} CPU s (+ {steal:.2f} s stolen) at {FREQUENCY} Hz"
+    )
+    # Said once per fault, not once per refused batch.
+    assert 1 <= log.count("cannot append to the write-ahead log") <= 3, log[-3000:]
