@@ -27,21 +27,21 @@ class _Strings:
 
 
 def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start: int) -> int:
-    """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frame strings, never 0
-    (none). The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
+    """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frame strings, never 0.
+    The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
     return _wire_id("\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}")
 
 
 def process_wire_id(
     pid: int, start_ticks: int, comm: str, exe: str, labels: Sequence[tuple[str, str]]
 ) -> int:
-    """The process description's content id on the wire (Process.id), never 0 (none): equal ids must mean
+    """The process description's content id on the wire (Batch.process_ids), never 0: equal ids must mean
     equal descriptions, the collector caches what it decoded under it."""
     return _wire_id(f"{pid}\1{start_ticks}\1{comm}\1{exe}\1" + "\1".join(f"{k}\0{v}" for k, v in labels))
 
 
 def _wire_id(text: str) -> int:
-    """A 64-bit hash of `text`, never 0 (0 means "no id" on the wire)."""
+    """A 64-bit hash of `text`, never 0."""
     h = int.from_bytes(
         hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
     )
@@ -70,7 +70,7 @@ def encode_window(
         end_unix_ns=window.end_ns,
         frequency_hz=frequency_hz,
     )
-    counts: dict[tuple[int, int, int], int] = {}
+    counts: dict[tuple[int, int, int], int] = {}  # (process, stack, GPU state) -> samples, threads summed
 
     def process_index(p: ProcessInfo) -> int:
         pkey = (p.pid, p.start_ticks)
@@ -86,7 +86,6 @@ def encode_window(
                     comm=strings.id(p.comm),
                     exe=strings.id(p.exe),
                     labels=[pb.Label(name=strings.id(k), value=strings.id(v)) for k, v in labels],
-                    id=wire_id,
                 )
             )
             batch.process_ids.append(wire_id)
@@ -108,16 +107,15 @@ def encode_window(
                 )
             )
             stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
-        # Two raw stacks (or two time slots of a process on a GPU) can come to the same row: merge them.
+        # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
         state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
-        ckey = (pidx, s.tid, sidx, state)
+        ckey = (pidx, sidx, state)
         counts[ckey] = counts.get(ckey, 0) + s.count
     batch.stack_ids.extend(stack_ids)
     if counts:
         cols = batch.sample_columns
-        pcol, tcol, scol, gcol = zip(*counts, strict=True)
+        pcol, scol, gcol = zip(*counts, strict=True)
         cols.process.extend(pcol)
-        cols.tid.extend(tcol)
         cols.stack.extend(scol)
         cols.count.extend(counts.values())
         if any(gcol):

@@ -25,7 +25,6 @@ UNMAPPED = "[unmapped]"
 @dataclass(frozen=True)
 class ResolvedSample:
     process: ProcessInfo
-    tid: int
     frames: tuple[Frame, ...]  # root first
     kernel_start: int  # index of the first kernel frame (len(frames) if none)
     count: int
@@ -100,7 +99,7 @@ class Resolver:
             frames = user + kernel
             if not frames:
                 frames = (NO_STACK,)
-            samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot))
+            samples.append(ResolvedSample(proc, frames, len(user), s.count, s.gpu_slot))
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
         if python is not None:

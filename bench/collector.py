@@ -37,12 +37,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.batch import process_wire_id, stack_wire_id  # noqa: E402
-from collector.decode import decode_payload  # noqa: E402
-from collector.query.selector import Selector, parse_selector  # noqa: E402
-from collector.render.tree import FrameKey, top_functions  # noqa: E402
-from collector.store.base import ProfileRows, ProfileStore, Selection  # noqa: E402
+from collector.ingest.decode import decode_payload  # noqa: E402
+from collector.model.ids import labels_id, labels_json, stack_id  # noqa: E402
+from collector.model.profile import FrameKey  # noqa: E402
+from collector.model.rows import ProfileRows, Selection  # noqa: E402
+from collector.model.selector import Selector  # noqa: E402
+from collector.query.selector import parse_selector  # noqa: E402
+from collector.render.tree import top_functions  # noqa: E402
+from collector.store.base import ProfileStore  # noqa: E402
 from collector.store.durable import DurableStore  # noqa: E402
-from collector.store.ids import labels_id, labels_json, stack_id  # noqa: E402
 from collector.store.memory import MemoryStore  # noqa: E402
 from fleetprof.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
@@ -61,11 +64,10 @@ def free_port() -> int:
 
 
 # -- realistic batches -------------------------------------------------------------------------------
-def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bool = True) -> list[pb.Batch]:
+def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Batch]:
     """Batches as an agent on a busy 64-CPU node sends them: a string table, `stacks` distinct stacks drawn
     from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples in sample
-    columns. Stacks and processes carry the agent's wire ids (Batch.stack_ids, Process.id) unless
-    `stack_ids` is false (an agent from before them)."""
+    columns, the agent's wire ids of stacks and processes packed (Batch.stack_ids, Batch.process_ids)."""
     rng = random.Random(seed)
     funcs = [f"func_{i}" for i in range(4000)]
     mods = ["/usr/bin/python3.11", "/usr/lib/libc.so.6", "/opt/app/train", "[kernel]", "/usr/lib/libcuda.so"]
@@ -94,27 +96,22 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1, stack_ids: bo
                     kernel_start=len(fr) - 3,
                 )
             )
-            if stack_ids:
-                batch.stack_ids.append(stack_wire_id(names, modules, len(fr) - 3))
+            batch.stack_ids.append(stack_wire_id(names, modules, len(fr) - 3))
         for p in range(procs):
             labels = [("namespace", f"ns-{p % 7}"), ("pod", f"pod-{b}-{p // 4}"), ("container", f"c{p % 4}")]
-            wire_id = process_wire_id(1000 + p, 0, f"proc-{p % 40}", "", labels) if stack_ids else 0
             batch.processes.append(
                 pb.Process(
                     pid=1000 + p,
                     comm=s(f"proc-{p % 40}"),
                     labels=[pb.Label(name=s(k), value=s(v)) for k, v in labels],
-                    id=wire_id,
                 )
             )
-            if stack_ids:
-                batch.process_ids.append(wire_id)
+            batch.process_ids.append(process_wire_id(1000 + p, 0, f"proc-{p % 40}", "", labels))
         left = SAMPLES_PER_BATCH
         cols = batch.sample_columns
         for i in range(stacks):
             c = max(1, left // (stacks - i)) if i < stacks - 1 else left
             cols.process.append(rng.randrange(procs))
-            cols.tid.append(1)
             cols.stack.append(i)
             cols.count.append(c)
             left -= c
@@ -198,8 +195,7 @@ def run_ingest(
                     b.CopyFrom(template)
                     # A share of each window's stacks is new (new code paths, new processes' stacks).
                     for i in rng.sample(range(len(b.stacks)), int(churn * len(b.stacks))):
-                        if b.stack_ids:
-                            b.stack_ids[i] = rng.getrandbits(63) | 1
+                        b.stack_ids[i] = rng.getrandbits(63) | 1
                         b.stacks[i].functions[0] = rng.randrange(1, len(b.strings))
                     now = time.time_ns()
                     b.agent.node, b.agent.agent_id, b.sequence = f"node-{a}", f"agent-{a}", seq
@@ -505,11 +501,6 @@ def main() -> int:
     ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
     ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
     ap.add_argument("--processes", type=int, default=300, help="processes per batch")
-    ap.add_argument(
-        "--no-stack-ids",
-        action="store_true",
-        help="batches without stack and process wire ids (decoded in full every time)",
-    )
     args = ap.parse_args()
     seconds = 10.0 if args.quick else args.seconds
     repeats = 5 if args.quick else 11
@@ -534,10 +525,10 @@ def main() -> int:
 def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
     print(
         f"\n## ingest through gRPC ({args.agents} agents, batches of {SAMPLES_PER_BATCH:,} samples, "
-        f"{args.stacks:,} stacks{'' if args.no_stack_ids else ' with wire ids'}, {args.processes} processes; "
+        f"{args.stacks:,} stacks with wire ids, {args.processes} processes; "
         f"{seconds:.0f} s per store)\n"
     )
-    templates = make_templates(6, args.stacks, args.processes, stack_ids=not args.no_stack_ids)
+    templates = make_templates(6, args.stacks, args.processes)
     print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
     rows = []
     for share in [float(x) for x in args.new_stacks.split(",")]:

@@ -10,8 +10,10 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collector.gpu_usage import GpuUsageLog
-from collector.query.selector import Matcher, Selector, SelectorError, parse_selector
+from collector.model.profile import GPU_STATE_NAME, Stacks
+from collector.model.rows import Selection
+from collector.model.selector import Matcher, Selector, SelectorError
+from collector.query.selector import parse_selector
 from collector.query.timerange import TimeRangeError, resolve_range
 from collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
@@ -19,8 +21,9 @@ from collector.render.html import render_html
 from collector.render.pprof import to_pprof
 from collector.render.speedscope import to_speedscope
 from collector.render.svg import render_svg
-from collector.render.tree import Stacks, to_folded, to_json, top_functions, truncate
-from collector.store.base import GPU_STATE_NAME, ProfileStore, Selection
+from collector.render.tree import to_folded, to_json, top_functions, truncate
+from collector.store.base import ProfileStore
+from collector.store.gpu_usage import GpuUsageLog
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 WEB_DIR = Path(__file__).parent / "web"

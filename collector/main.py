@@ -4,27 +4,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.api import QueryApi
-from collector.cpu_metrics import CpuMetrics
-from collector.decode import IngestLimits
-from collector.gpu_metrics import GpuMetrics
-from collector.gpu_usage import GpuUsageLog
-from collector.ingest import IngestService, serve_ingest
-from collector.store.base import ProfileRows, ProfileStore
+from collector.ingest.service import IngestService, serve_ingest
+from collector.ingest.validate import IngestLimits
+from collector.metrics.cpu import CpuMetrics
+from collector.metrics.gpu import GpuMetrics
+from collector.metrics.ingest import IngestMetrics
+from collector.metrics.queries import QueryTimer, TimedStore
+from collector.metrics.syscalls import SyscallMetrics
+from collector.model.gpu import GpuWindow
+from collector.model.rows import ProfileRows
+from collector.store.base import ProfileStore
+from collector.store.gpu_usage import GpuUsageLog
 from collector.store.memory import MemoryStore
-from collector.store.timing import QueryTimer, TimedStore
-from collector.syscall_metrics import SyscallMetrics
 from fleetprof.httpserve import HttpServer
-from fleetprof.v1 import ingest_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def open_store(config: CollectorConfig) -> ProfileStore:
     """The store the flags ask for: in memory, or durable in config.data_dir."""
     if config.data_dir is None:
         return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
-    from collector.decode import Decoder, decode_payload
+    from collector.ingest.decode import Decoder, decode_payload
     from collector.store.durable import DurableStore
 
     decoder = Decoder()
@@ -60,55 +60,6 @@ def open_store(config: CollectorConfig) -> ProfileStore:
         flush_s=config.flush_s,
         fsync=config.wal_fsync,
     )
-
-
-class _IngestMetrics:
-    def __init__(self, ingest: IngestService, store: ProfileStore):
-        self._ingest = ingest
-        self._store = store
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        s = self._ingest.stats
-        yield CounterMetricFamily("fleetprof_ingest_batches", "Batches ingested", value=s.batches)
-        yield CounterMetricFamily("fleetprof_ingest_samples", "Samples ingested", value=s.samples)
-        yield CounterMetricFamily(
-            "fleetprof_ingest_duplicate_batches", "Resent batches dropped as duplicates", value=s.duplicates
-        )
-        yield CounterMetricFamily(
-            "fleetprof_ingest_deferred_batches",
-            "Batches not acknowledged because the store could not log them (disk full or failing); the "
-            "agents keep them and resend them",
-            value=s.deferred,
-        )
-        stacks = CounterMetricFamily(
-            "fleetprof_ingest_stacks",
-            "Stacks in the batches received: found by the agent's wire id (known), or checked and decoded "
-            "(new to that agent, or sent without an id); the decoded share is what ingest CPU follows",
-            labels=["how"],
-        )
-        for how, n in self._ingest.stack_counts.items():
-            stacks.add_metric([how], n)
-        yield stacks
-        rej = CounterMetricFamily(
-            "fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"]
-        )
-        for reason, n in sorted(s.rejected.items()):
-            rej.add_metric([reason], n)
-        yield rej
-        samp = CounterMetricFamily(
-            "fleetprof_agent_sampler_events",
-            "Sampler outcomes reported by agents (SamplerStats)",
-            labels=["outcome"],
-        )
-        for name, n in sorted(s.sampler.items()):
-            samp.add_metric([name], n)
-        yield samp
-        for name, value in self._store.stats().items():
-            help_text = f"Store: {name.replace('_', ' ')}" + ("" if name.endswith("bytes") else " (count)")
-            yield GaugeMetricFamily(f"fleetprof_store_{name}", help_text, value=value)
 
 
 class Collector:
@@ -124,10 +75,10 @@ class Collector:
             self.store,
             IngestLimits(max_batch_bytes=config.max_batch_bytes, max_clock_skew_s=config.max_clock_skew_s),
             on_rows=self._export_rows,
-            on_batch=self._observe_batch,
+            on_gpu=self._observe_gpu,
         )
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_IngestMetrics(self.ingest, self.store))
+        self.registry.register(IngestMetrics(self.ingest, self.store))
         self.registry.register(self.syscall_metrics)
         self.registry.register(self.gpu_metrics)
         self.registry.register(self.cpu_metrics)
@@ -148,10 +99,9 @@ class Collector:
             raise OSError(f"cannot listen for gRPC on {config.grpc} (address in use?)")
         self._stopped = threading.Event()
 
-    def _observe_batch(self, batch: pb.Batch) -> None:
-        usage = GpuMetrics.pod_usage(batch.agent.node, batch) if batch.gpu_processes else {}
-        self.gpu_metrics.observe(batch, usage)
-        self.gpu_usage.observe(batch, usage)
+    def _observe_gpu(self, window: GpuWindow) -> None:
+        self.gpu_metrics.observe(window)
+        self.gpu_usage.observe(window)
 
     def _export_rows(self, rows: ProfileRows) -> None:
         self.cpu_metrics.observe(rows)

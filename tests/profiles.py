@@ -9,6 +9,7 @@ import grpc
 
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+from tests.wire import BatchBuilder
 
 Row = tuple[int, str, dict[str, str], list[tuple[str, str]], int, int]
 """(pid, comm, labels, frames root first as (function, module), index of the first kernel frame, samples)."""
@@ -31,37 +32,15 @@ def profile_batch(
     rows: list[Row], ago_s: float = 0.0, window_s: float = 10.0, frequency_hz: int = FREQUENCY_HZ
 ) -> pb.Batch:
     """rows as one agent batch covering window_s seconds that ended ago_s seconds ago."""
-    strings: dict[str, int] = {"": 0}
-
-    def sid(text: str) -> int:
-        return strings.setdefault(text, len(strings))
-
-    end = time.time_ns() - int(ago_s * 1e9)
-    batch = pb.Batch(
-        agent=pb.AgentIdentity(node="test-node", agent_id=f"formats-{uuid.uuid4()}", version="test"),
-        sequence=1,
-        start_unix_ns=end - int(window_s * 1e9),
-        end_unix_ns=end,
-        frequency_hz=frequency_hz,
+    b = BatchBuilder(
+        "test-node", f"formats-{uuid.uuid4()}", 1, time.time_ns() - int(ago_s * 1e9), window_s, frequency_hz
     )
     processes: dict[int, int] = {}
     for pid, comm, labels, frames, kernel_start, count in rows:
         if pid not in processes:
-            processes[pid] = len(batch.processes)
-            batch.processes.add(
-                pid=pid,
-                comm=sid(comm),
-                exe=sid(frames[0][1]),
-                labels=[pb.Label(name=sid(k), value=sid(v)) for k, v in labels.items()],
-            )
-        batch.samples.add(process=processes[pid], tid=pid, stack=len(batch.stacks), count=count)
-        batch.stacks.add(
-            functions=[sid(f) for f, _ in frames],
-            modules=[sid(m) for _, m in frames],
-            kernel_start=kernel_start,
-        )
-    batch.strings.extend(strings)  # insertion order is id order
-    return batch
+            processes[pid] = b.process(pid, comm, labels, exe=frames[0][1])
+        b.sample(processes[pid], b.stack(frames, kernel_start), count)
+    return b.build()
 
 
 def push_profile(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
-from collector.cpu_metrics import CpuMetrics
-from collector.store.base import ProfileRows
+from collector.metrics.cpu import CpuMetrics
+from collector.model.rows import ProfileRows
 from fleetprof.v1 import ingest_pb2 as pb
 from tests.conftest import http_get, start_collector
 from tests.test_ingest import make_batch, push

@@ -592,7 +592,7 @@ def collector_exposition() -> str:
         push(target, batches)
         push(target, batches[:1])  # a resend: counted as a duplicate
         bad = make_batch(seq=1)
-        bad.samples[0].stack = 99
+        bad.sample_columns.stack[0] = 99
         with pytest.raises(grpc.RpcError):
             push(target, [bad])  # a refused batch: a rejected{reason} series
         return http_get(f"http://127.0.0.1:{col.http_port}/metrics").decode()

@@ -10,6 +10,7 @@ import urllib.parse
 
 import pytest
 
+from agent.batch import stack_wire_id
 from collector.render.tree import parse_folded
 from fleetprof.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector, fleetprof, http_get
@@ -31,15 +32,16 @@ def tagged_batch(monkeypatch: pytest.MonkeyPatch) -> pb.Batch:
     base = len(batch.strings)
     batch.strings.extend(["load_batch", "collate", "launch_kernels", "python3"])
     batch.stacks.append(pb.Stack(functions=[base + 1, base], modules=[base + 3] * 2, kernel_start=2))
+    batch.stack_ids.append(stack_wire_id(["collate", "load_batch"], ["python3"] * 2, 2))
     batch.stacks.append(pb.Stack(functions=[base + 2], modules=[base + 3], kernel_start=1))
+    batch.stack_ids.append(stack_wire_id(["launch_kernels"], ["python3"], 1))
     idle, busy = len(batch.stacks) - 2, len(batch.stacks) - 1
-    batch.samples.extend(
-        [
-            pb.Sample(process=proc, tid=1001, stack=idle, count=30, gpu=pb.GPU_STATE_IDLE),
-            pb.Sample(process=proc, tid=1001, stack=busy, count=10, gpu=pb.GPU_STATE_BUSY),
-            pb.Sample(process=proc, tid=1001, stack=busy, count=5),
-        ]
-    )
+    cols = batch.sample_columns
+    assert not cols.process  # the scripted GPU batch has no CPU samples of its own
+    cols.process.extend([proc] * 3)
+    cols.stack.extend([idle, busy, busy])
+    cols.count.extend([30, 10, 5])
+    cols.gpu.extend([pb.GPU_STATE_IDLE, pb.GPU_STATE_BUSY, pb.GPU_STATE_NONE])
     return batch
 
 

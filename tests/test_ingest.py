@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import grpc
@@ -11,22 +10,18 @@ import pytest
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
 from tests.conftest import RunningCollector, samples_of
+from tests.wire import BatchBuilder
 
 
 def make_batch(seq: int = 1, agent_id: str | None = None, node: str = "node-a", count: int = 5) -> pb.Batch:
-    now = time.time_ns()
-    b = pb.Batch(
-        agent=pb.AgentIdentity(node=node, agent_id=agent_id or uuid.uuid4().hex, boot_time_unix_ns=1),
-        sequence=seq,
-        start_unix_ns=now - 10**9,
-        end_unix_ns=now,
-        frequency_hz=19,
-        strings=["", "main", "work", "app", "worker", "container_id", "abc123"],
+    """One process (pid 42, comm "worker", container_id "abc123") with `count` samples of main;work."""
+    b = BatchBuilder(node, agent_id, seq)
+    b.sample(
+        b.process(42, "worker", {"container_id": "abc123"}),
+        b.stack([("main", "app"), ("work", "app")]),
+        count,
     )
-    b.stacks.append(pb.Stack(functions=[1, 2], modules=[3, 3], kernel_start=2))
-    b.processes.append(pb.Process(pid=42, comm=4, labels=[pb.Label(name=5, value=6)]))
-    b.samples.append(pb.Sample(process=0, tid=42, stack=0, count=count))
-    return b
+    return b.build()
 
 
 def push(target: str, batches: list[pb.Batch]) -> list[int]:
@@ -47,13 +42,19 @@ BAD_BATCHES = {
         lambda b: setattr(b.processes[0].labels[0], "value", 50),
         "refers to string 50",
     ),
-    "sample -> missing stack": (lambda b: setattr(b.samples[0], "stack", 3), "refers to stack 3"),
-    "sample -> missing process": (lambda b: setattr(b.samples[0], "process", 7), "refers to process 7"),
-    "zero count": (lambda b: setattr(b.samples[0], "count", 0), "count 0"),
+    "sample -> missing stack": (lambda b: b.sample_columns.stack.__setitem__(0, 3), "refers to stack 3"),
+    "sample -> missing process": (
+        lambda b: b.sample_columns.process.__setitem__(0, 7),
+        "refers to process 7",
+    ),
+    "zero count": (lambda b: b.sample_columns.count.__setitem__(0, 0), "count 0"),
     "negative count (two's complement)": (
-        lambda b: setattr(b.samples[0], "count", 2**64 - 1),
+        lambda b: b.sample_columns.count.__setitem__(0, 2**64 - 1),
         "counts must be",
     ),
+    "sample columns out of step": (lambda b: b.sample_columns.count.append(1), "need one per row"),
+    "a stack without its id": (lambda b: b.stack_ids.pop(), "0 stack_ids for 1 stacks"),
+    "a process without its id": (lambda b: b.process_ids.pop(), "0 process_ids for 1 processes"),
     "modules out of step": (lambda b: b.stacks[0].modules.append(3), "2 functions but 3 modules"),
     "first string not empty": (
         lambda b: b.strings.__setitem__(0, "x"),

@@ -9,8 +9,9 @@ import grpc
 import pytest
 
 from agent.batch import stack_wire_id
-from collector.decode import BatchError, Decoder, IngestLimits, decode_batch
-from collector.render.tree import FrameKey
+from collector.ingest.decode import Decoder, decode_batch
+from collector.ingest.validate import BatchError, IngestLimits
+from collector.model.profile import FrameKey
 from fleetprof.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector, http_get
 from tests.test_ingest import make_batch, push
@@ -23,11 +24,12 @@ def batch_of(
     agent_id: str = "agent-a",
     node: str = "node-a",
     seq: int = 1,
-    ids: bool = True,
     shuffle: bool = False,
     gpu: int = 0,
+    process_id: int = 77,
 ) -> pb.Batch:
-    """One sample per stack of ([function, ...], wire id); `shuffle` reverses the string table's order."""
+    """Sample i is i + 1 samples of stack i, of ([function, ...], wire id); `shuffle` reverses the string
+    table's order. One process, pid 7, under the wire id `process_id`."""
     names = sorted({f for fs, _ in stacks for f in fs} | {"mod", "worker", "pod", "p-1"}, reverse=shuffle)
     strings = ["", *names]
     ix = {s: i for i, s in enumerate(strings)}
@@ -42,16 +44,18 @@ def batch_of(
     b.processes.append(
         pb.Process(pid=7, comm=ix["worker"], labels=[pb.Label(name=ix["pod"], value=ix["p-1"])])
     )
+    b.process_ids.append(process_id)
+    cols = b.sample_columns
     for i, (fs, wire_id) in enumerate(stacks):
         b.stacks.append(
-            pb.Stack(
-                functions=[ix[f] for f in fs],
-                modules=[ix["mod"]] * len(fs),
-                kernel_start=len(fs),
-                id=wire_id if ids else 0,
-            )
+            pb.Stack(functions=[ix[f] for f in fs], modules=[ix["mod"]] * len(fs), kernel_start=len(fs))
         )
-        b.samples.append(pb.Sample(process=0, tid=7, stack=i, count=i + 1, gpu=gpu))
+        b.stack_ids.append(wire_id)
+        cols.process.append(0)
+        cols.stack.append(i)
+        cols.count.append(i + 1)
+        if gpu:
+            cols.gpu.append(gpu)
     return b
 
 
@@ -62,8 +66,8 @@ def frames(*names: str) -> tuple[FrameKey, ...]:
 STACKS = [(["main", "a"], 11), (["main", "b", "c"], 12), (["main"], 13)]
 
 
-def test_rows_are_the_same_with_and_without_wire_ids_and_for_known_stacks() -> None:
-    plain = decode_batch(batch_of(STACKS, ids=False))
+def test_rows_are_the_same_for_new_and_for_known_stacks() -> None:
+    plain = decode_batch(batch_of(STACKS))
     decoder = Decoder()
     first = decoder.decode(batch_of(STACKS))
     # The next window interns its strings in another order: known stacks are found by id, not index.
@@ -97,18 +101,18 @@ def test_a_bad_new_stack_is_refused_and_not_remembered() -> None:
 @pytest.mark.parametrize(
     ("mutate", "problem"),
     [
-        (lambda b: setattr(b.samples[2], "stack", 9), "sample 2 refers to stack 9, but there are 3"),
-        (lambda b: setattr(b.samples[1], "process", 4), "sample 1 refers to process 4, but there are 1"),
-        (lambda b: setattr(b.samples[1], "count", 0), "sample 1 has count 0"),
-        (lambda b: setattr(b.samples[0], "gpu", 7), "sample 0 has an unknown GPU state 7"),
+        (lambda c: c.stack.__setitem__(2, 9), "sample 2 refers to stack 9, but there are 3"),
+        (lambda c: c.process.__setitem__(1, 4), "sample 1 refers to process 4, but there are 1"),
+        (lambda c: c.count.__setitem__(1, 0), "sample 1 has count 0"),
+        (lambda c: c.gpu.__setitem__(0, 7), "sample 0 has an unknown GPU state 7"),
     ],
 )
 def test_sample_checks_name_the_first_bad_sample(mutate, problem: str) -> None:  # noqa: ANN001
     decoder = Decoder()
     decoder.decode(batch_of(STACKS))  # the stacks are known: only the samples can be wrong
-    b = batch_of(STACKS, seq=2)
-    b.samples[2].count = 0  # a later problem, or one after the first in the same sample
-    mutate(b)
+    b = batch_of(STACKS, seq=2, gpu=pb.GPU_STATE_BUSY)
+    b.sample_columns.count[2] = 0  # a later problem, or one after the first in the same sample
+    mutate(b.sample_columns)
     with pytest.raises(BatchError, match=problem):
         decoder.decode(b, IngestLimits())
 
@@ -119,32 +123,10 @@ def test_gpu_states_tag_the_label_set() -> None:
     assert [c for _, _, c in rows] == [1, 2, 3]
 
 
-def as_columns(b: pb.Batch, tid: bool = True, gpu: bool = True) -> pb.Batch:
-    """The same batch with its samples as SampleColumns, the form agents send."""
-    out = pb.Batch()
-    out.CopyFrom(b)
-    del out.samples[:]
-    cols = out.sample_columns
-    for s in b.samples:
-        cols.process.append(s.process)
-        cols.stack.append(s.stack)
-        cols.count.append(s.count)
-        if tid:
-            cols.tid.append(s.tid)
-        if gpu:
-            cols.gpu.append(s.gpu)
-    return out
-
-
-@pytest.mark.parametrize("gpu", [pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE])
-def test_sample_columns_decode_to_the_same_rows_as_sample_messages(gpu: int) -> None:
-    rows = decode_batch(batch_of(STACKS, gpu=gpu)).rows
-    assert decode_batch(as_columns(batch_of(STACKS, gpu=gpu))).rows == rows
-    if gpu == pb.GPU_STATE_NONE:  # tid and gpu may be left out entirely
-        assert decode_batch(as_columns(batch_of(STACKS), tid=False, gpu=False)).rows == rows
-    both = batch_of(STACKS, gpu=gpu)  # rows in both forms: all of them count, messages first
-    both.sample_columns.CopyFrom(as_columns(both).sample_columns)
-    assert decode_batch(both).rows == rows + rows
+def test_a_window_without_gpu_processes_may_leave_the_gpu_column_out() -> None:
+    b = batch_of(STACKS)
+    assert not b.sample_columns.gpu
+    assert [c for _, _, c in decode_batch(b).rows] == [1, 2, 3]
 
 
 @pytest.mark.parametrize(
@@ -159,7 +141,7 @@ def test_sample_columns_decode_to_the_same_rows_as_sample_messages(gpu: int) -> 
     ],
 )
 def test_bad_sample_columns_are_refused_by_name(mutate, problem: str) -> None:  # noqa: ANN001
-    b = as_columns(batch_of(STACKS))
+    b = batch_of(STACKS, gpu=pb.GPU_STATE_IDLE)
     mutate(b.sample_columns)
     with pytest.raises(BatchError, match=problem):
         Decoder().decode(b, IngestLimits())
@@ -167,29 +149,22 @@ def test_bad_sample_columns_are_refused_by_name(mutate, problem: str) -> None:  
 
 def test_known_processes_are_found_by_wire_id_per_agent() -> None:
     decoder = Decoder()
-    b = batch_of(STACKS)
-    b.processes[0].id = 77
-    first = decoder.decode(b).rows
+    first = decoder.decode(batch_of(STACKS)).rows
     again = batch_of(STACKS, seq=2, shuffle=True)  # other string order: found by id, not by index
-    again.processes[0].id = 77
     assert decoder.decode(again).rows == first
     other = batch_of(STACKS, agent_id="agent-b", node="node-b")  # the same id elsewhere: its own content
-    other.processes[0].id = 77
     assert {dict(lb)["node"] for lb, _, _ in decoder.decode(other).rows} == {"node-b"}
 
 
 def test_packed_process_ids_find_known_processes_and_must_match_the_processes() -> None:
     decoder = Decoder()
-    b = batch_of(STACKS)
-    b.process_ids.append(78)
-    first = decoder.decode(b).rows
+    first = decoder.decode(batch_of(STACKS, process_id=78)).rows
     # Known by its packed id: the Process message is not read again (here it names another pod).
-    again = batch_of(STACKS, seq=2)
-    again.process_ids.append(78)
+    again = batch_of(STACKS, seq=2, process_id=78)
     again.processes[0].labels[0].value = list(again.strings).index("worker")
     assert decoder.decode(again).rows == first
     wrong = batch_of(STACKS, seq=3)
-    wrong.process_ids.extend([78, 79])
+    wrong.process_ids.append(79)
     with pytest.raises(BatchError, match="2 process_ids for 1 processes"):
         decoder.decode(wrong)
 
@@ -220,7 +195,6 @@ def test_known_stacks_from_two_agents_land_under_their_own_nodes(collector: Runn
 
 def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningCollector) -> None:
     b = make_batch()
-    b.stacks[0].id = 77
     b.stacks[0].functions[0] = 500
     with pytest.raises(grpc.RpcError) as info:
         push(collector.grpc_target, [b])
@@ -230,18 +204,21 @@ def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningColle
 
 def test_compaction_keeps_the_stacks_agents_point_to_and_earlier_rows_readable() -> None:
     decoder = Decoder()
-    decoder.MAX_STACKS = 8
+    decoder.stacks.MAX_STACKS = 10
     first = decoder.decode(batch_of(STACKS, agent_id="agent-a"))
-    # Stacks without wire ids fill the decoder's slots but no agent's table points to them.
-    unnamed = [([f"u{i}", "main"], 0) for i in range(6)]
-    old = decoder.decode(batch_of(unnamed, agent_id="agent-b", node="node-b", ids=False))
-    # The next batch starts with a compaction down to agent-a's three stacks. Its Stack messages now
-    # name other strings under the same wire ids: the remembered stacks win (they are not decoded again).
-    lying = batch_of(STACKS, agent_id="agent-a", seq=2)
+    old = decoder.decode(
+        batch_of([([f"u{i}", "main"], 100 + i) for i in range(6)], agent_id="agent-b", node="node-b")
+    )
+    decoder.decode(batch_of(STACKS, agent_id="agent-a", seq=2))  # agent-b is now the least recently used
+    decoder.decode(batch_of([(["c"], 7)], agent_id="agent-c", node="node-c"))  # 10 slots: the cache is full
+    # The next batch starts with a compaction, dropping agent-b's table: agent-a's and agent-c's 4 stacks
+    # remain. Its Stack messages name other strings under the same wire ids: the remembered stacks win
+    # (they are not decoded again).
+    lying = batch_of(STACKS, agent_id="agent-a", seq=3)
     for st in lying.stacks:
         st.functions[0] = list(lying.strings).index("worker")
     again = decoder.decode(lying)
-    assert len(decoder._frames) == 3
+    assert len(decoder.stacks._frames) == 4
     assert [st for _, st, _ in again.rows] == [st for _, st, _ in first.rows]
     assert [st for _, st, _ in again.rows][0] == frames("main", "a")
     # Rows handed out before the compaction still read their own stacks.
@@ -251,11 +228,11 @@ def test_compaction_keeps_the_stacks_agents_point_to_and_earlier_rows_readable()
 
 def test_a_full_frame_table_starts_over_without_changing_rows() -> None:
     decoder = Decoder()
-    decoder._frame_table.MAX_STRINGS = 12
+    decoder.stacks._frame_table.MAX_STRINGS = 12
     for seq in range(1, 6):
         stacks = [([f"f{seq}-{i}", "main"], seq * 100 + i) for i in range(3)]
         rows = decoder.decode(batch_of(stacks, seq=seq)).rows
         assert [st for _, st, _ in rows] == [frames(f"f{seq}-{i}", "main") for i in range(3)]
     # Content ids do not depend on which frame-table generation decoded a stack.
-    plain = decode_batch(batch_of(stacks, seq=9, ids=False))
+    plain = decode_batch(batch_of(stacks, seq=9))
     assert list(plain.stack_ids()) == list(decoder.decode(batch_of(stacks, seq=6)).stack_ids())

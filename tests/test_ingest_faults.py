@@ -13,11 +13,12 @@ import grpc
 import pytest
 
 from agent.shipper import Shipper
-from collector.decode import IngestLimits, decode_payload
-from collector.ingest import IngestService
+from collector.ingest.decode import decode_payload
+from collector.ingest.service import IngestService
+from collector.ingest.validate import IngestLimits
 from collector.main import Collector, CollectorConfig
+from collector.model.rows import ProfileRows
 from collector.query.selector import parse_selector
-from collector.store.base import ProfileRows
 from collector.store.durable import DurableStore
 from collector.store.memory import MemoryStore
 from tests.conftest import free_port, wait_until

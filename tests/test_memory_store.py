@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from collector.model.profile import FrameKey
+from collector.model.rows import ProfileRows
 from collector.query.selector import parse_selector
-from collector.render.tree import FrameKey
-from collector.store.base import ProfileRows
 from collector.store.memory import MemoryStore
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")

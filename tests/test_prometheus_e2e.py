@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.batch import process_wire_id, stack_wire_id
 from fleetprof.v1 import ingest_pb2 as pb
 from tests.conftest import REPO, RunningAgent, start_agent, start_collector, stop_agent
 from tests.prometheus import (
@@ -110,6 +111,7 @@ def fleet_batch(seq: int, agent_id: str, end_ns: int) -> pb.Batch:
     b.stacks.append(
         pb.Stack(functions=[sid("main"), sid("train_step")], modules=[python, python], kernel_start=2)
     )
+    b.stack_ids.append(stack_wire_id(["main", "train_step"], ["/usr/bin/python3"] * 2, 2))
     for i, p in enumerate(PROCS):
         labels = [("namespace", p.namespace), ("pod", p.pod), ("container", p.container)] if p.pod else []
         labels += [("container_id", f"cid-{p.pid}"), ("pod_uid", f"uid-{p.pod}")] if p.pod else []
@@ -118,7 +120,10 @@ def fleet_batch(seq: int, agent_id: str, end_ns: int) -> pb.Batch:
                 pid=p.pid, comm=sid(p.comm), labels=[pb.Label(name=sid(k), value=sid(v)) for k, v in labels]
             )
         )
-        b.samples.append(pb.Sample(process=i, tid=p.pid, stack=0, count=p.samples))
+        b.process_ids.append(process_wire_id(p.pid, 0, p.comm, "", sorted(labels)))
+        b.sample_columns.process.append(i)
+        b.sample_columns.stack.append(0)
+        b.sample_columns.count.append(p.samples)
         for name, count, hist in p.syscalls:
             log2 = [0] * 40
             for bucket, n in hist.items():

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from collector.model.profile import FrameKey
 from collector.render.svg import frame_colour, render_svg
 from collector.render.tree import (
     OTHER,
-    FrameKey,
     Node,
     build_tree,
     parse_folded,

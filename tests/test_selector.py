@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from collector.query.selector import Matcher, Selector, SelectorError, parse_selector, quote
+from collector.model.selector import Matcher, Selector, SelectorError, quote
+from collector.query.selector import parse_selector
 
 
 def _triples(selector: Selector) -> list[tuple[str, str, str]]:

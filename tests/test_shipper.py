@@ -71,7 +71,7 @@ def test_a_batch_the_collector_rejects_is_dropped_and_the_rest_still_arrive(
     try:
         shipper.submit(make_batch(agent_id=agent_id, count=2))
         bad = make_batch(agent_id=agent_id, count=3)
-        bad.samples[0].stack = 9  # refers to a stack that does not exist
+        bad.sample_columns.stack[0] = 9  # refers to a stack that does not exist
         shipper.submit(bad)
         shipper.submit(make_batch(agent_id=agent_id, count=4))
         assert shipper.flush(15)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.decode import decode_payload
+from collector.ingest.decode import decode_payload
+from collector.model.profile import FrameKey, SyscallAgg
+from collector.model.rows import ProfileRows
 from collector.query.selector import parse_selector
-from collector.render.tree import FrameKey
-from collector.store.base import ProfileRows, SyscallAgg
 from collector.store.duck import RollupPolicy
 from collector.store.durable import DurableStore
 from collector.store.memory import MemoryStore

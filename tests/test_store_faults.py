@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.decode import decode_payload
+from collector.ingest.decode import decode_payload
 from collector.store.base import StoreUnavailable
 from collector.store.durable import DurableStore
 from collector.store.wal import WriteAheadLog

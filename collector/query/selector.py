@@ -1,15 +1,11 @@
-"""Parse and evaluate PromQL-style label selectors such as {namespace="ml", pod=~"trainer-.*"}."""
+"""Parse PromQL-style label selector text such as {namespace="ml", pod=~"trainer-.*"} into a Selector."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
-OPERATORS = ("=", "!=", "=~", "!~")
+from collector.model.selector import LABEL_NAME, Matcher, Selector, SelectorError, quoted_operators
 
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _WHITESPACE = " \t\r\n"
 # Two-character operators first, so "=~" is not read as "=" followed by a stray "~".
 _OPERATOR_TOKENS = ("=~", "!=", "!~", "=")
@@ -22,107 +18,9 @@ _OCTAL_DIGITS = frozenset("01234567")
 _ESCAPE_LENGTHS = MappingProxyType({"x": 2, "u": 4, "U": 8})
 
 
-class SelectorError(ValueError):
-    """A selector that cannot be parsed or a matcher that cannot be built.
-
-    ``position`` is the 0-based character offset in the selector text where parsing stopped,
-    or None when the error is not tied to a place in a text.
-    """
-
-    def __init__(self, message: str, position: int | None = None) -> None:
-        self.reason = message
-        self.position = position
-        where = f" at position {position}" if position is not None else ""
-        super().__init__(f"bad selector{where}: {message}")
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """One label condition: ``name op "value"``. Regexes match the whole value, as in PromQL."""
-
-    name: str
-    op: str
-    value: str
-    regex: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
-
-    def __post_init__(self) -> None:
-        if not _LABEL_NAME.fullmatch(self.name):
-            raise SelectorError(
-                f'invalid label name "{self.name}": use letters, digits and "_", not first a digit'
-            )
-        if self.op not in OPERATORS:
-            raise SelectorError(
-                f'invalid operator "{self.op}" for label "{self.name}": use one of {_quoted_ops()}'
-            )
-        if self.op in ("=~", "!~"):
-            try:
-                # Prometheus compiles with RE2's DotNL, so "." also matches a newline there. Python's re
-                # is close to RE2; RE2-only syntax such as \p{L} is rejected here as an invalid regex.
-                compiled = re.compile(self.value, re.DOTALL)
-            except re.error as err:
-                where = f" (at offset {err.pos} in the regex)" if err.pos is not None else ""
-                raise SelectorError(
-                    f'invalid regex {quote(self.value)} for label "{self.name}": {err.msg}{where}'
-                ) from None
-            object.__setattr__(self, "regex", compiled)
-
-    def matches(self, value: str) -> bool:
-        """Whether a label value satisfies this condition."""
-        if self.op == "=":
-            return value == self.value
-        if self.op == "!=":
-            return value != self.value
-        assert self.regex is not None  # set in __post_init__ for both regex operators
-        found = self.regex.fullmatch(value) is not None
-        return found if self.op == "=~" else not found
-
-    def __str__(self) -> str:
-        return f"{self.name}{self.op}{quote(self.value)}"
-
-
-@dataclass(frozen=True)
-class Selector:
-    """All of its matchers must hold; no matchers selects everything."""
-
-    matchers: tuple[Matcher, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Whether a label set is selected; a missing label reads as "", so {pod=""} finds pod-less series."""
-        return all(matcher.matches(labels.get(matcher.name, "")) for matcher in self.matchers)
-
-    def __str__(self) -> str:
-        return "{" + ", ".join(str(matcher) for matcher in self.matchers) + "}"
-
-
 def parse_selector(text: str) -> Selector:
     """Parse ``{name op "value", ...}``; empty or whitespace-only text selects everything."""
     return _Parser(text).parse()
-
-
-def quote(value: str) -> str:
-    """Write a value as a double-quoted string that parse_selector reads back unchanged."""
-    out = ['"']
-    for char in value:
-        if char == '"':
-            out.append('\\"')
-        elif char == "\\":
-            out.append("\\\\")
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\t":
-            out.append("\\t")
-        elif char == "\r":
-            out.append("\\r")
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    out.append('"')
-    return "".join(out)
-
-
-def _quoted_ops() -> str:
-    return ", ".join(f'"{op}"' for op in OPERATORS[:-1]) + f' or "{OPERATORS[-1]}"'
 
 
 class _Parser:
@@ -136,7 +34,7 @@ class _Parser:
         self._skip_space()
         if self._at_end():
             return Selector()
-        if _LABEL_NAME.match(self.text, self.pos):
+        if LABEL_NAME.match(self.text, self.pos):
             raise SelectorError(
                 'a metric name before "{" is not supported; write only the braces, e.g. {pod="x"}',
                 self.pos,
@@ -166,7 +64,7 @@ class _Parser:
         return Selector(tuple(matchers))
 
     def _matcher(self) -> Matcher:
-        name_match = _LABEL_NAME.match(self.text, self.pos)
+        name_match = LABEL_NAME.match(self.text, self.pos)
         if name_match is None:
             raise self._expected('label name or "}"')
         name = name_match.group()
@@ -174,7 +72,7 @@ class _Parser:
         self._skip_space()
         op = next((token for token in _OPERATOR_TOKENS if self.text.startswith(token, self.pos)), None)
         if op is None:
-            raise self._expected(f'{_quoted_ops()} after label name "{name}"')
+            raise self._expected(f'{quoted_operators()} after label name "{name}"')
         self.pos += len(op)
         self._skip_space()
         value_start = self.pos

@@ -5,8 +5,9 @@ from __future__ import annotations
 import html
 import json
 
+from collector.model.profile import Stacks
 from collector.render.svg import frame_colour
-from collector.render.tree import OTHER, Node, Stacks, build_tree
+from collector.render.tree import OTHER, Node, build_tree
 
 FRAME_H = 18
 

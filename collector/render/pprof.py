@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gzip
 
-from collector.render.tree import UNKNOWN_FRAME, FrameKey, Stacks
+from collector.model.profile import FrameKey, Stacks
+from collector.render.tree import UNKNOWN_FRAME
 
 KERNEL_FILE = "[kernel.kallsyms]"
 

@@ -3,22 +3,9 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-
-class FrameKey(NamedTuple):
-    """One frame as the collector knows it; two frames are the same node only if all three fields match.
-    A named tuple: hashing and comparing run in C, and ingest and every renderer do both per frame."""
-
-    function: str
-    module: str = ""
-    kernel: bool = False
-
-
-Stacks = Mapping[tuple[FrameKey, ...], int]
-"""Root-first stack -> sample count."""
+from collector.model.profile import FrameKey, Stacks
 
 KERNEL_SUFFIX = "_[k]"
 # The frame that truncate() folds a parent's light children into. The module marks it as ours, so a real

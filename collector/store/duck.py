@@ -28,11 +28,11 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
-from collector.query.selector import Selector
-from collector.render.tree import FrameKey
-from collector.store.base import Labels, ProfileRows, Stack, SyscallAgg
-from collector.store.id_index import IdIndex
-from collector.store.ids import frame_ids, labels_id, labels_json
+from collector.model.id_index import IdIndex
+from collector.model.ids import frame_ids, labels_id, labels_json
+from collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
+from collector.model.rows import ProfileRows
+from collector.model.selector import Selector
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (id BIGINT, function VARCHAR, module VARCHAR, kernel BOOLEAN);

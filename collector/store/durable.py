@@ -27,11 +27,13 @@ from pathlib import Path
 
 import duckdb
 
-from collector.query.selector import Selector
-from collector.store.base import Grouped, Labels, ProfileRows, Selection, StoreUnavailable, SyscallAgg
+from collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
+from collector.model.rows import Grouped, ProfileRows, Selection
+from collector.model.selector import Selector
+from collector.store.base import StoreUnavailable
 from collector.store.duck import Chunk, DuckStore, RollupPolicy
 from collector.store.memory import MemoryStore
-from collector.store.sequences import RESEND_HORIZON_S, SeenSequences
+from collector.store.sequences import SeenSequences
 from collector.store.wal import WalError, WriteAheadLog, Writer
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class DurableStore:
         fsync: bool = False,
         clock: Callable[[], float] = time.time,
         background: bool = True,
-        resend_horizon_s: float = RESEND_HORIZON_S,
+        resend_horizon_s: float = MAX_BATCH_AGE_S,
         max_backlog_rows: int | None = None,
         wal_write: Writer = os.write,
         db_fault: Callable[[str], None] | None = None,

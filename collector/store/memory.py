@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.query.selector import Selector
-from collector.store.base import Grouped, Labels, ProfileRows, Selection, Stack, SyscallAgg
-from collector.store.id_index import IdIndex
-from collector.store.ids import labels_id
+from collector.model.id_index import IdIndex
+from collector.model.ids import labels_id
+from collector.model.profile import Labels, Stack, SyscallAgg
+from collector.model.rows import Grouped, ProfileRows, Selection
+from collector.model.selector import Selector
 
 
 class _Bucket:

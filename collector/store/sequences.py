@@ -2,7 +2,7 @@
 
 Bounded two ways. Per agent, only the newest `window` sequences are kept (agents send in increasing order
 and resend at most their queue). In time, an entry whose batch window started before the resend horizon
-is dropped: ingest rejects a batch that old as stale (collector/decode.py), so a resend of it can never
+is dropped: ingest rejects a batch that old as stale (MAX_BATCH_AGE_S), so a resend of it can never
 be stored again and its entry can never be needed. Every agent restart makes a new agent id; the horizon
 is what makes the ids of agents gone for good disappear.
 """
@@ -10,11 +10,6 @@ is what makes the ids of agents gone for good disappear.
 from __future__ import annotations
 
 from collections import OrderedDict
-
-# How old a batch's window may be when it arrives (and so how long its dedupe entry matters). An agent
-# keeps at most its 64 newest unacknowledged batches (about 11 minutes at its default 10 s windows), so
-# anything older than this is a broken clock or a replayed capture, not a resend.
-RESEND_HORIZON_S = 2 * 3600.0
 
 
 class SeenSequences:

@@ -29,7 +29,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "samples", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -38,7 +38,6 @@ class Batch(_message.Message):
     STRINGS_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
-    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     STACK_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -58,7 +57,6 @@ class Batch(_message.Message):
     strings: _containers.RepeatedScalarFieldContainer[str]
     stacks: _containers.RepeatedCompositeFieldContainer[Stack]
     processes: _containers.RepeatedCompositeFieldContainer[Process]
-    samples: _containers.RepeatedCompositeFieldContainer[Sample]
     stats: SamplerStats
     sample_columns: SampleColumns
     stack_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -70,7 +68,7 @@ class Batch(_message.Message):
     gpu_devices: _containers.RepeatedCompositeFieldContainer[GpuDevice]
     gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcessUsage]
     gpu_source: GpuSource
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., samples: _Optional[_Iterable[_Union[Sample, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ...) -> None: ...
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ...) -> None: ...
 
 class GpuSource(_message.Message):
     __slots__ = ("up", "state", "idle_below_percent")
@@ -189,16 +187,14 @@ class SyscallTracerStats(_message.Message):
     def __init__(self, table_full: _Optional[int] = ..., stale_starts: _Optional[int] = ...) -> None: ...
 
 class Stack(_message.Message):
-    __slots__ = ("functions", "modules", "kernel_start", "id")
+    __slots__ = ("functions", "modules", "kernel_start")
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     MODULES_FIELD_NUMBER: _ClassVar[int]
     KERNEL_START_FIELD_NUMBER: _ClassVar[int]
-    ID_FIELD_NUMBER: _ClassVar[int]
     functions: _containers.RepeatedScalarFieldContainer[int]
     modules: _containers.RepeatedScalarFieldContainer[int]
     kernel_start: int
-    id: int
-    def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ..., id: _Optional[int] = ...) -> None: ...
+    def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ...) -> None: ...
 
 class Label(_message.Message):
     __slots__ = ("name", "value")
@@ -209,48 +205,30 @@ class Label(_message.Message):
     def __init__(self, name: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
 
 class Process(_message.Message):
-    __slots__ = ("pid", "start_time_ticks", "comm", "exe", "labels", "id")
+    __slots__ = ("pid", "start_time_ticks", "comm", "exe", "labels")
     PID_FIELD_NUMBER: _ClassVar[int]
     START_TIME_TICKS_FIELD_NUMBER: _ClassVar[int]
     COMM_FIELD_NUMBER: _ClassVar[int]
     EXE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
-    ID_FIELD_NUMBER: _ClassVar[int]
     pid: int
     start_time_ticks: int
     comm: int
     exe: int
     labels: _containers.RepeatedCompositeFieldContainer[Label]
-    id: int
-    def __init__(self, pid: _Optional[int] = ..., start_time_ticks: _Optional[int] = ..., comm: _Optional[int] = ..., exe: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., id: _Optional[int] = ...) -> None: ...
-
-class Sample(_message.Message):
-    __slots__ = ("process", "tid", "stack", "count", "gpu")
-    PROCESS_FIELD_NUMBER: _ClassVar[int]
-    TID_FIELD_NUMBER: _ClassVar[int]
-    STACK_FIELD_NUMBER: _ClassVar[int]
-    COUNT_FIELD_NUMBER: _ClassVar[int]
-    GPU_FIELD_NUMBER: _ClassVar[int]
-    process: int
-    tid: int
-    stack: int
-    count: int
-    gpu: GpuState
-    def __init__(self, process: _Optional[int] = ..., tid: _Optional[int] = ..., stack: _Optional[int] = ..., count: _Optional[int] = ..., gpu: _Optional[_Union[GpuState, str]] = ...) -> None: ...
+    def __init__(self, pid: _Optional[int] = ..., start_time_ticks: _Optional[int] = ..., comm: _Optional[int] = ..., exe: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
 
 class SampleColumns(_message.Message):
-    __slots__ = ("process", "tid", "stack", "count", "gpu")
+    __slots__ = ("process", "stack", "count", "gpu")
     PROCESS_FIELD_NUMBER: _ClassVar[int]
-    TID_FIELD_NUMBER: _ClassVar[int]
     STACK_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     process: _containers.RepeatedScalarFieldContainer[int]
-    tid: _containers.RepeatedScalarFieldContainer[int]
     stack: _containers.RepeatedScalarFieldContainer[int]
     count: _containers.RepeatedScalarFieldContainer[int]
     gpu: _containers.RepeatedScalarFieldContainer[GpuState]
-    def __init__(self, process: _Optional[_Iterable[int]] = ..., tid: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., count: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[_Union[GpuState, str]]] = ...) -> None: ...
+    def __init__(self, process: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., count: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[_Union[GpuState, str]]] = ...) -> None: ...
 
 class SamplerStats(_message.Message):
     __slots__ = ("samples", "user_stack_missing", "user_stack_errors", "kernel_stack_errors", "stack_table_full", "count_table_full", "unknown_process")

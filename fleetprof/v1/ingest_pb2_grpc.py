@@ -47,7 +47,9 @@ class IngestServicer:
     def Push(self, request_iterator, context):
         """Bidirectional: batches in, one Ack per accepted batch out, in order. A batch that fails
         validation ends the stream with INVALID_ARGUMENT and a message naming the batch's sequence and
-        the problem; the agent drops that batch (it would fail again) and reconnects for the rest.
+        the problem; the agent drops that batch (it would fail again) and reconnects for the rest. A valid
+        batch the collector cannot store now (its disk is full or failing) ends the stream with UNAVAILABLE:
+        the agent keeps it and resends it after a backoff.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -14,9 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.gpu_metrics import GpuMetrics
-from collector.query.selector import Selector
-from fleetprof.v1 import ingest_pb2 as pb
+from collector.model.gpu import POD_GPU_LABELS, GpuWindow
+from collector.model.selector import Selector
 
 
 @dataclass(frozen=True)
@@ -65,23 +64,20 @@ class GpuUsageLog:
         self._lock = threading.Lock()
         self._clock = clock
 
-    def observe(self, batch: pb.Batch, usage: dict | None = None) -> None:
-        """Record one ingested batch's per-pod GPU use; `usage`: GpuMetrics.pod_usage of it, if computed."""
-        if not batch.gpu_processes:
+    def observe(self, window: GpuWindow) -> None:
+        """Record one ingested window's per-pod GPU use."""
+        if not window.pods:
             return
-        if usage is None:
-            usage = GpuMetrics.pod_usage(batch.agent.node, batch)
-        start, end = batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9
         rows = [
             PodGpuWindow(
-                start,
-                end,
-                dict(zip(("node", "namespace", "pod", "container", "gpu"), key, strict=True)),
-                util,
-                int(mem) if mem is not None else None,
-                idle,
+                window.start,
+                window.end,
+                dict(zip(POD_GPU_LABELS, key, strict=True)),
+                use.utilization,
+                int(use.memory_bytes) if use.memory_bytes is not None else None,
+                use.idle_ratio,
             )
-            for key, (util, mem, idle) in usage.items()
+            for key, use in window.pods.items()
         ]
         horizon = self._clock() - self._retention_s
         with self._lock:

@@ -10,8 +10,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from collector.render.tree import FrameKey
-from collector.store.base import Labels, Stack
+from collector.model.profile import FrameKey, Labels, Stack
 
 
 def _h64(data: bytes) -> int:

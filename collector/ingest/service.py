@@ -1,4 +1,4 @@
-"""gRPC ingest: each Batch is checked and decoded (collector/decode.py), deduplicated, stored, acked.
+"""gRPC ingest: each Batch is checked and decoded (decode.py), deduplicated, stored, acknowledged.
 
 A batch is acknowledged only once the store holds it. Rejected batches (invalid) get INVALID_ARGUMENT
 naming the batch, and the agent drops them; batches the store cannot take now (StoreUnavailable: disk
@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
-from collector.decode import BatchError, Decoder, IngestLimits, batch_error
-from collector.store.base import DurableBatches, ProfileRows, ProfileStore, StoreUnavailable
+from collector.ingest.decode import Decoder
+from collector.ingest.gpu import gpu_window
+from collector.ingest.validate import BatchError, IngestLimits
+from collector.model.gpu import GpuWindow
+from collector.model.rows import ProfileRows
+from collector.store.base import DurableBatches, ProfileStore, StoreUnavailable
 from collector.store.sequences import SeenSequences
 from fleetprof.v1 import ingest_pb2 as pb
 from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
@@ -48,12 +52,12 @@ class IngestService(pb_grpc.IngestServicer):
         store: ProfileStore,
         limits: IngestLimits | None = None,
         on_rows: Callable[[ProfileRows], None] | None = None,
-        on_batch: Callable[[pb.Batch], None] | None = None,  # GPU metrics
+        on_gpu: Callable[[GpuWindow], None] | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self._store = store
         self._on_rows = on_rows
-        self._on_batch = on_batch
+        self._on_gpu = on_gpu
         self._limits = limits or IngestLimits()
         self._clock = clock
         self._lock = threading.Lock()
@@ -65,10 +69,10 @@ class IngestService(pb_grpc.IngestServicer):
     @property
     def stack_counts(self) -> dict[str, int]:
         """Stacks received: "known" (found by wire id) and "decoded" (checked and decoded)."""
-        return dict(self._decoder.stack_counts)
+        return dict(self._decoder.stacks.counts)
 
     def _rejected(self, err: BatchError) -> None:
-        reason = getattr(err, "reason", "invalid")
+        reason = err.reason
         with self._lock:
             self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
 
@@ -101,8 +105,8 @@ class IngestService(pb_grpc.IngestServicer):
             return self._duplicate()
         if self._on_rows is not None:
             self._on_rows(rows)
-        if self._on_batch is not None:
-            self._on_batch(batch)
+        if self._on_gpu is not None and (gpu := gpu_window(batch)) is not None:
+            self._on_gpu(gpu)
         samples = rows.total
         with self._lock:
             self.stats.batches += 1
@@ -136,7 +140,7 @@ class IngestService(pb_grpc.IngestServicer):
         try:
             return pb.Batch.FromString(payload)
         except DecodeError as err:
-            unreadable = batch_error(
+            unreadable = BatchError(
                 "unreadable",
                 f"batch (unreadable): {len(payload)} bytes are not a fleetprof.v1.Batch message ({err})",
             )

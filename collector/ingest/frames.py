@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.render.tree import FrameKey
-from collector.store.id_index import IdIndex, with_room
-from collector.store.ids import interned_frame_columns
+from collector.model.id_index import IdIndex, with_room
+from collector.model.ids import interned_frame_columns
+from collector.model.profile import FrameKey
 
 
 class FrameTable:
@@ -18,7 +18,7 @@ class FrameTable:
     Strings get slots by content (one dict lookup per string of a batch's table, read in one C-level
     pass), and a frame is found by the code (function's string slot, module's string slot, kernel) in an
     IdIndex, so looking up every frame of a batch's new stacks is a few numpy passes. Only frames never
-    met before are interned one by one (collector/store/ids.py). When the string slots reach MAX_STRINGS
+    met before are interned one by one (collector/model/ids.py). When the string slots reach MAX_STRINGS
     everything starts over (stacks decoded earlier keep their FrameKeys). Not thread-safe: its owner
     locks.
     """

@@ -1,0 +1,247 @@
+"""Every check a batch must pass before anything of it is stored, each failure a BatchError that names the
+batch, the field and the problem (the agent logs it and drops the batch)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+import numpy as np
+
+from collector.model.profile import MAX_BATCH_AGE_S
+from fleetprof.v1 import ingest_pb2 as pb
+
+MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
+MAX_FREQUENCY_HZ = 100_000
+MAX_STACK_DEPTH = 4096
+MAX_LABEL_BYTES = 1024
+MAX_GPU_SAMPLES_PER_DEVICE = 100_000
+GPU_STATES = (pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE, pb.GPU_STATE_BUSY)
+
+
+class BatchError(ValueError):
+    """A batch that cannot be ingested; the message names the batch and the problem, `reason` is the
+    counted reason (fleetprof_ingest_rejected_batches_total{reason})."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class IngestLimits:
+    max_batch_bytes: int = 32 * 1024 * 1024
+    max_samples: int = 2_000_000
+    max_strings: int = 2_000_000
+    # A batch's window must lie between now - max_batch_age_s and now + max_clock_skew_s on the
+    # collector's clock: a broken agent clock or a replayed capture would otherwise make buckets that
+    # retention never reaches, and dedupe state would have to be kept for ever.
+    max_clock_skew_s: float = 300.0
+    max_batch_age_s: float = MAX_BATCH_AGE_S
+
+
+def fail(seq: int, reason: str, problem: str) -> NoReturn:
+    raise BatchError(reason, f"batch {seq}: {problem}")
+
+
+def check_header(batch: pb.Batch, limits: IngestLimits, size: int, now: float | None) -> None:
+    """The batch-wide checks; `size` is the batch's wire size, `now` the collector's clock (None: the
+    window is not checked against it)."""
+    seq = batch.sequence
+    if size > limits.max_batch_bytes:
+        fail(
+            seq, "oversized", f"{size} bytes is over the collector's limit of {limits.max_batch_bytes} bytes"
+        )
+    if not batch.agent.node:
+        fail(seq, "no_node", "agent.node is empty: every batch must name its node")
+    if not batch.agent.agent_id:
+        fail(seq, "no_agent_id", "agent.agent_id is empty")
+    if seq == 0:
+        fail(seq, "no_sequence", "sequence must start at 1")
+    if batch.end_unix_ns < batch.start_unix_ns:
+        fail(
+            seq,
+            "bad_window",
+            f"end_unix_ns {batch.end_unix_ns} is before start_unix_ns {batch.start_unix_ns}",
+        )
+    if now is not None:
+        _check_window(batch, limits, now)
+    if not 0 < batch.frequency_hz <= MAX_FREQUENCY_HZ:
+        fail(seq, "bad_frequency", f"frequency_hz {batch.frequency_hz} is not in 1..{MAX_FREQUENCY_HZ}")
+    nstr = len(batch.strings)
+    if nstr > limits.max_strings:
+        fail(seq, "oversized", f"{nstr} strings is over the limit of {limits.max_strings}")
+    nsamples = len(batch.sample_columns.process)
+    if nsamples > limits.max_samples:
+        fail(seq, "oversized", f"{nsamples} sample rows is over the limit of {limits.max_samples}")
+
+
+def _check_window(batch: pb.Batch, limits: IngestLimits, now: float) -> None:
+    seq = batch.sequence
+    ahead = batch.end_unix_ns / 1e9 - now
+    if ahead > limits.max_clock_skew_s:
+        fail(
+            seq,
+            "clock_skew",
+            f"its window ends {ahead:.0f} s after the collector's clock "
+            f"(at most {limits.max_clock_skew_s:.0f} s allowed): check the node's clock",
+        )
+    age = now - batch.start_unix_ns / 1e9
+    if age > limits.max_batch_age_s:
+        fail(
+            seq,
+            "stale",
+            f"its window started {age:.0f} s before the collector's clock "
+            f"(at most {limits.max_batch_age_s:.0f} s allowed): check the node's clock",
+        )
+
+
+def check_string_table(batch: pb.Batch) -> None:
+    if batch.strings and batch.strings[0] != "":
+        fail(batch.sequence, "bad_string_table", "strings[0] must be the empty string")
+
+
+def check_wire_ids(batch: pb.Batch) -> None:
+    """One content id per stack and per process (the collector's caches are keyed by them)."""
+    seq = batch.sequence
+    if len(batch.stack_ids) != len(batch.stacks):
+        fail(seq, "bad_stack", f"{len(batch.stack_ids)} stack_ids for {len(batch.stacks)} stacks")
+    if len(batch.process_ids) != len(batch.processes):
+        fail(seq, "bad_process", f"{len(batch.process_ids)} process_ids for {len(batch.processes)} processes")
+
+
+def check_string(seq: int, i: int, nstr: int, where: str) -> None:
+    if i >= nstr:
+        fail(seq, "bad_string_id", f"{where} refers to string {i}, but the string table has {nstr} entries")
+
+
+def check_stack_shape(seq: int, si: int, st: pb.Stack) -> None:
+    """What indexing the string table does not check (that is check_stack_strings)."""
+    if len(st.modules) and len(st.modules) != len(st.functions):
+        fail(seq, "bad_stack", f"stack {si} has {len(st.functions)} functions but {len(st.modules)} modules")
+    if len(st.functions) > MAX_STACK_DEPTH:
+        fail(seq, "bad_stack", f"stack {si} is {len(st.functions)} frames deep (limit {MAX_STACK_DEPTH})")
+    if st.kernel_start > len(st.functions):
+        fail(
+            seq,
+            "bad_stack",
+            f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames",
+        )
+
+
+def check_stack_strings(seq: int, si: int, st: pb.Stack, nstr: int) -> NoReturn:
+    """Name the string id of a stack that is out of the table (called once one is known to be)."""
+    for f in st.functions:
+        check_string(seq, f, nstr, f"stack {si}")
+    for m in st.modules:
+        check_string(seq, m, nstr, f"stack {si} module")
+    raise AssertionError("called for a stack whose strings are all in the table")
+
+
+def check_process(seq: int, pi: int, p: pb.Process, nstr: int) -> None:
+    check_string(seq, p.comm, nstr, f"process {pi} comm")
+    check_string(seq, p.exe, nstr, f"process {pi} exe")
+    for lb in p.labels:
+        check_string(seq, lb.name, nstr, f"process {pi} label name")
+        check_string(seq, lb.value, nstr, f"process {pi} label value")
+        if lb.name == 0:
+            fail(seq, "bad_label", f"process {pi} has a label with an empty name")
+
+
+def check_syscalls(batch: pb.Batch, nproc: int, nstr: int) -> None:
+    seq = batch.sequence
+    for i, sc in enumerate(batch.syscalls):
+        if sc.process >= nproc:
+            fail(seq, "bad_syscall", f"syscall row {i} refers to process {sc.process}, but there are {nproc}")
+        check_string(seq, sc.syscall, nstr, f"syscall row {i}")
+        if sc.syscall == 0:
+            fail(seq, "bad_syscall", f"syscall row {i} has no syscall name")
+        if sc.count > MAX_COUNT or sc.timed > sc.count:
+            fail(seq, "bad_syscall", f"syscall row {i}: timed {sc.timed} of count {sc.count} is impossible")
+        if len(sc.latency_log2_ns) > 64 or sum(sc.latency_log2_ns) != sc.timed:
+            fail(
+                seq,
+                "bad_syscall",
+                f"syscall row {i}: the latency histogram ({sum(sc.latency_log2_ns)} calls in "
+                f"{len(sc.latency_log2_ns)} buckets) does not add up to timed {sc.timed}",
+            )
+
+
+def check_gpu_section(batch: pb.Batch) -> None:
+    """The GPU section's references and invariants."""
+    seq = batch.sequence
+    nstr, nproc, ndev = len(batch.strings), len(batch.processes), len(batch.gpu_devices)
+    if batch.gpu_source.state >= max(nstr, 1):
+        fail(
+            seq,
+            "bad_gpu",
+            f"gpu_source.state refers to string {batch.gpu_source.state}, but there are {nstr}",
+        )
+    for i, d in enumerate(batch.gpu_devices):
+        for name in ("uuid", "name", "parent_uuid", "owner_namespace", "owner_pod", "owner_container"):
+            if getattr(d, name) >= nstr:
+                fail(
+                    seq,
+                    "bad_gpu",
+                    f"gpu device {i} {name} refers to string {getattr(d, name)}, but there are {nstr}",
+                )
+        if d.uuid == 0:
+            fail(seq, "bad_gpu", f"gpu device {i} has no uuid")
+        if len(d.samples) > MAX_GPU_SAMPLES_PER_DEVICE:
+            fail(
+                seq,
+                "bad_gpu",
+                f"gpu device {i} has {len(d.samples)} samples (limit {MAX_GPU_SAMPLES_PER_DEVICE})",
+            )
+    for i, u in enumerate(batch.gpu_processes):
+        if u.process >= nproc:
+            fail(seq, "bad_gpu", f"gpu process row {i} refers to process {u.process}, but there are {nproc}")
+        if u.device >= ndev:
+            fail(seq, "bad_gpu", f"gpu process row {i} refers to gpu device {u.device}, but there are {ndev}")
+        if not u.idle_polls <= u.state_polls <= u.polls:
+            fail(
+                seq,
+                "bad_gpu",
+                f"gpu process row {i}: idle_polls {u.idle_polls} <= state_polls {u.state_polls} <= "
+                f"polls {u.polls} does not hold",
+            )
+
+
+def check_sample_column_lengths(batch: pb.Batch) -> None:
+    sc = batch.sample_columns
+    n = len(sc.process)
+    if len(sc.stack) != n or len(sc.count) != n or len(sc.gpu) not in (0, n):
+        fail(
+            batch.sequence,
+            "bad_sample",
+            f"sample_columns have {n} processes, {len(sc.stack)} stacks, {len(sc.count)} counts and "
+            f"{len(sc.gpu)} GPU states: process, stack and count need one per row, gpu one per row or none",
+        )
+
+
+def check_sample_columns(seq: int, columns: Sequence[np.ndarray], nproc: int, nstack: int) -> None:
+    """(process, stack, count, gpu) columns: every reference in range, every count and state valid."""
+    pcol, kcol, ccol, gcol = columns
+    if not len(ccol):
+        return
+    if (
+        pcol.max() < nproc
+        and kcol.max() < nstack
+        and ccol.min() > 0
+        and ccol.max() <= MAX_COUNT
+        and gcol.min() >= 0
+        and gcol.max() <= max(GPU_STATES)
+    ):
+        return
+    bad = (pcol >= nproc) | (kcol >= nstack) | (ccol == 0) | (ccol > MAX_COUNT)
+    bad |= (gcol < 0) | (gcol > max(GPU_STATES))
+    i = int(np.flatnonzero(bad)[0])
+    p, k, c, g = int(pcol[i]), int(kcol[i]), int(ccol[i]), int(gcol[i])
+    if p >= nproc:
+        fail(seq, "bad_sample", f"sample {i} refers to process {p}, but there are {nproc}")
+    if k >= nstack:
+        fail(seq, "bad_sample", f"sample {i} refers to stack {k}, but there are {nstack}")
+    if c == 0 or c > MAX_COUNT:
+        fail(seq, "bad_count", f"sample {i} has count {c}: counts must be in 1..{MAX_COUNT}")
+    fail(seq, "bad_sample", f"sample {i} has an unknown GPU state {g}")

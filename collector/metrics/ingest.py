@@ -1,0 +1,60 @@
+"""The collector's own metrics: batches ingested, refused and deferred, stacks decoded, the agents' sampler
+outcomes, and the store's state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from collector.ingest.service import IngestService
+from collector.store.base import ProfileStore
+
+
+class IngestMetrics:
+    def __init__(self, ingest: IngestService, store: ProfileStore):
+        self._ingest = ingest
+        self._store = store
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._ingest.stats
+        yield CounterMetricFamily("fleetprof_ingest_batches", "Batches ingested", value=s.batches)
+        yield CounterMetricFamily("fleetprof_ingest_samples", "Samples ingested", value=s.samples)
+        yield CounterMetricFamily(
+            "fleetprof_ingest_duplicate_batches", "Resent batches dropped as duplicates", value=s.duplicates
+        )
+        yield CounterMetricFamily(
+            "fleetprof_ingest_deferred_batches",
+            "Batches not acknowledged because the store could not log them (disk full or failing); the "
+            "agents keep them and resend them",
+            value=s.deferred,
+        )
+        stacks = CounterMetricFamily(
+            "fleetprof_ingest_stacks",
+            "Stacks in the batches received: found by the agent's wire id (known), or checked and decoded "
+            "(new to that agent, or sent without an id); the decoded share is what ingest CPU follows",
+            labels=["how"],
+        )
+        for how, n in self._ingest.stack_counts.items():
+            stacks.add_metric([how], n)
+        yield stacks
+        rej = CounterMetricFamily(
+            "fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"]
+        )
+        for reason, n in sorted(s.rejected.items()):
+            rej.add_metric([reason], n)
+        yield rej
+        samp = CounterMetricFamily(
+            "fleetprof_agent_sampler_events",
+            "Sampler outcomes reported by agents (SamplerStats)",
+            labels=["outcome"],
+        )
+        for name, n in sorted(s.sampler.items()):
+            samp.add_metric([name], n)
+        yield samp
+        for name, value in self._store.stats().items():
+            help_text = f"Store: {name.replace('_', ' ')}" + ("" if name.endswith("bytes") else " (count)")
+            yield GaugeMetricFamily(f"fleetprof_store_{name}", help_text, value=value)

@@ -1,0 +1,1 @@
+"""The collector's data model: the values ingest, stores, queries and renderers exchange."""

@@ -1,0 +1,151 @@
+"""A window of samples in columns (ProfileRows, what ingest hands the stores) and the merged answers stores
+give queries (Selection, Grouped)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
+
+import numpy as np
+
+from collector.model.ids import labels_id, stack_id
+from collector.model.profile import Labels, Stack, SyscallRow
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_FIRST = itemgetter(0)
+
+
+class StackTable(Sequence[tuple[int, Stack]]):
+    """A window's stack table as a column of content ids plus slots into a shared list of frames: entry i
+    is (ids[i], frames[slots[i]]). Ingest hands a store thousands of known stacks this way without making
+    a tuple per stack; a store reads `ids` as a column and the frames of only the stacks new to it. The
+    frames list is only ever appended to by its owner (ingest's decoder), so entries never change."""
+
+    __slots__ = ("ids", "_slots", "_frames")
+
+    def __init__(self, ids: np.ndarray, slots: np.ndarray, frames: Sequence[Stack]) -> None:
+        self.ids = ids
+        self._slots = slots
+        self._frames = frames
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 (Sequence's int and slice overloads)
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return int(self.ids[i]), self._frames[self._slots[i]]
+
+    def __iter__(self):  # noqa: ANN204
+        return zip(self.ids.tolist(), map(self._frames.__getitem__, self._slots.tolist()), strict=True)
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileRows:
+    """One ingested window, in columns: row i is `counts[i]` samples of the label set
+    `label_sets[label_index[i]]` with the stack `stacks[stack_index[i]]`, sampled at `frequency_hz`; and
+    the window's syscall rows.
+
+    `label_sets` and `stacks` are the window's definition tables, each entry (stable content id
+    (collector/model/ids.py), content); the same content may appear twice. Ingest builds the tables from
+    its caches and the index columns straight from the batch's sample columns, so no store does per-row
+    Python work. `from_rows` builds one from (labels, stack, count) rows (tests, tools).
+    """
+
+    start: float  # unix seconds
+    end: float
+    frequency_hz: int
+    label_sets: Sequence[tuple[int, Labels]] = ()
+    stacks: Sequence[tuple[int, Stack]] = ()
+    label_index: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row
+    stack_index: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row
+    counts: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row, > 0
+    syscalls: Sequence[SyscallRow] = ()
+
+    @classmethod
+    def from_rows(
+        cls,
+        start: float,
+        end: float,
+        frequency_hz: int,
+        rows: Iterable[tuple[Labels, Stack, int]],
+        syscalls: Sequence[SyscallRow] = (),
+    ) -> ProfileRows:
+        label_pos: dict[Labels, int] = {}
+        stack_pos: dict[Stack, int] = {}
+        li, si, counts = [], [], []
+        for labels, stack, count in rows:
+            li.append(label_pos.setdefault(labels, len(label_pos)))
+            si.append(stack_pos.setdefault(stack, len(stack_pos)))
+            counts.append(count)
+        return cls(
+            start,
+            end,
+            frequency_hz,
+            [(labels_id(lb), lb) for lb in label_pos],
+            [(stack_id(st), st) for st in stack_pos],
+            np.array(li, dtype=np.int64),
+            np.array(si, dtype=np.int64),
+            np.array(counts, dtype=np.int64),
+            syscalls,
+        )
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def rows(self) -> list[tuple[Labels, Stack, int]]:
+        """The rows as (labels, stack, count) tuples: for tests and tools, not for hot paths."""
+        return [
+            (self.label_sets[li][1], self.stacks[si][1], c)
+            for li, si, c in zip(
+                self.label_index.tolist(), self.stack_index.tolist(), self.counts.tolist(), strict=True
+            )
+        ]
+
+    @cached_property
+    def label_table_ids(self) -> np.ndarray:
+        """The content ids of `label_sets`, in order."""
+        return np.fromiter(map(_FIRST, self.label_sets), dtype=np.int64, count=len(self.label_sets))
+
+    @cached_property
+    def stack_table_ids(self) -> np.ndarray:
+        """The content ids of `stacks`, in order."""
+        if isinstance(self.stacks, StackTable):
+            return self.stacks.ids
+        return np.fromiter(map(_FIRST, self.stacks), dtype=np.int64, count=len(self.stacks))
+
+    def label_ids(self) -> np.ndarray:
+        """Per row, the content id of its label set."""
+        return self.label_table_ids[self.label_index]
+
+    def stack_ids(self) -> np.ndarray:
+        """Per row, the content id of its stack."""
+        return self.stack_table_ids[self.stack_index]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A merged profile: stack -> samples, and the sampling frequency of the data it came from."""
+
+    stacks: dict[Stack, int]
+    frequency_hz: int | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.stacks.values())
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """Samples per distinct value tuple of the group-by labels ("" where a series lacks a label)."""
+
+    by: tuple[str, ...]
+    totals: dict[tuple[str, ...], int]
+    frequency_hz: int | None

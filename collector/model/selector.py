@@ -1,0 +1,109 @@
+"""Label selectors as values: matchers that every stage evaluates the same way (the text form is parsed by
+collector/query/selector.py)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+OPERATORS = ("=", "!=", "=~", "!~")
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+class SelectorError(ValueError):
+    """A selector that cannot be parsed or a matcher that cannot be built.
+
+    ``position`` is the 0-based character offset in the selector text where parsing stopped,
+    or None when the error is not tied to a place in a text.
+    """
+
+    def __init__(self, message: str, position: int | None = None) -> None:
+        self.reason = message
+        self.position = position
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"bad selector{where}: {message}")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label condition: ``name op "value"``. Regexes match the whole value, as in PromQL."""
+
+    name: str
+    op: str
+    value: str
+    regex: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if not LABEL_NAME.fullmatch(self.name):
+            raise SelectorError(
+                f'invalid label name "{self.name}": use letters, digits and "_", not first a digit'
+            )
+        if self.op not in OPERATORS:
+            raise SelectorError(
+                f'invalid operator "{self.op}" for label "{self.name}": use one of {quoted_operators()}'
+            )
+        if self.op in ("=~", "!~"):
+            try:
+                # Prometheus compiles with RE2's DotNL, so "." also matches a newline there. Python's re
+                # is close to RE2; RE2-only syntax such as \p{L} is rejected here as an invalid regex.
+                compiled = re.compile(self.value, re.DOTALL)
+            except re.error as err:
+                where = f" (at offset {err.pos} in the regex)" if err.pos is not None else ""
+                raise SelectorError(
+                    f'invalid regex {quote(self.value)} for label "{self.name}": {err.msg}{where}'
+                ) from None
+            object.__setattr__(self, "regex", compiled)
+
+    def matches(self, value: str) -> bool:
+        """Whether a label value satisfies this condition."""
+        if self.op == "=":
+            return value == self.value
+        if self.op == "!=":
+            return value != self.value
+        assert self.regex is not None  # set in __post_init__ for both regex operators
+        found = self.regex.fullmatch(value) is not None
+        return found if self.op == "=~" else not found
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{quote(self.value)}"
+
+
+@dataclass(frozen=True)
+class Selector:
+    """All of its matchers must hold; no matchers selects everything."""
+
+    matchers: tuple[Matcher, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether a label set is selected; a missing label reads as "", so {pod=""} finds pod-less series."""
+        return all(matcher.matches(labels.get(matcher.name, "")) for matcher in self.matchers)
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(str(matcher) for matcher in self.matchers) + "}"
+
+
+def quote(value: str) -> str:
+    """Write a value as a double-quoted string that parse_selector reads back unchanged."""
+    out = ['"']
+    for char in value:
+        if char == '"':
+            out.append('\\"')
+        elif char == "\\":
+            out.append("\\\\")
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\t":
+            out.append("\\t")
+        elif char == "\r":
+            out.append("\\r")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+def quoted_operators() -> str:
+    return ", ".join(f'"{op}"' for op in OPERATORS[:-1]) + f' or "{OPERATORS[-1]}"'
