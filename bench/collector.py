@@ -332,7 +332,7 @@ def fleet_window(
 def preload_day(store: DurableStore, nodes: int, rows_per_node: int, stacks: list, now: float) -> int:
     """24 h for the fleet straight into DuckDB as rollup leaves it: 10 min rows older than 6 h, 1 min rows
     before that. Rows are generated inside DuckDB; definitions via the store's own insert path."""
-    con = store._db._con
+    con = store._db.con
     sets = [entry for n in range(nodes) for entry in node_labels(n)]
     lids = [lid for lid, _ in sets]
     labels = [labels_json(lb) for _, lb in sets]

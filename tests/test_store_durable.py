@@ -11,7 +11,7 @@ from collector.ingest.decode import decode_payload
 from collector.model.profile import FrameKey, SyscallAgg
 from collector.model.rows import ProfileRows
 from collector.query.selector import parse_selector
-from collector.store.duck import RollupPolicy
+from collector.store.cold.maintenance import RollupPolicy
 from collector.store.durable import DurableStore
 from collector.store.memory import MemoryStore
 from collector.store.wal import WriteAheadLog
@@ -48,7 +48,7 @@ def open_store(path: Path, clock: Clock, **kw) -> DurableStore:
 def crash(store: DurableStore) -> None:
     """What kill -9 leaves: no flush, no checkpoint; the files as they are."""
     store._wal.close()
-    store._db._con.close()
+    store._db.con.close()
 
 
 def fill(store, t0: float) -> None:  # noqa: ANN001
@@ -178,9 +178,9 @@ def test_rollup_keeps_totals_and_retention_deletes_old_buckets(tmp_path: Path) -
     assert 0 < total < sum(full.values())
     assert abs(total - kept) <= 2
     # Tier by tier: the last hour is still at 10 s, the rest of the last day at 1 min, older at 10 min.
-    res = dict(store._db._cursor().execute("SELECT res, count(*) FROM samples GROUP BY res").fetchall())
+    res = dict(store._db.cursor().execute("SELECT res, count(*) FROM samples GROUP BY res").fetchall())
     assert set(res) == {10, 60, 600}
-    oldest = store._db._cursor().execute("SELECT min(bucket) FROM samples").fetchone()[0]
+    oldest = store._db.cursor().execute("SELECT min(bucket) FROM samples").fetchone()[0]
     assert oldest + 600 > horizon
     # Totals over a day-old range are the same from rolled-up rows as the written windows.
     lo, hi = clock.t - 2 * day, clock.t - day
@@ -223,11 +223,11 @@ def test_a_frame_shared_by_stacks_is_stored_once_and_stacks_read_back_in_order(t
     store.write(window(clock.t, [(labels(1), a, 3), (labels(1), (), 1)]))
     store.write(window(clock.t, [(labels(2), b, 4), (labels(1), a, 2)]))
     store.flush()
-    con = store._db._con
+    con = store._db.con
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM frames").fetchone() == (3, 3)
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM stacks").fetchone() == (3, 3)
     store.close()
     store = open_store(tmp_path, clock)
-    got = store._db.stacks_of(store._db._con.execute("SELECT id FROM stacks").fetchnumpy()["id"].tolist())
+    got = store._queries.stacks_of(store._db.con.execute("SELECT id FROM stacks").fetchnumpy()["id"].tolist())
     assert sorted(got.values(), key=len) == [(), b, a]
     store.close()

@@ -31,10 +31,14 @@ from collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from collector.model.rows import Grouped, ProfileRows, Selection
 from collector.model.selector import Selector
 from collector.store.base import StoreUnavailable
-from collector.store.duck import Chunk, DuckStore, RollupPolicy
+from collector.store.cold.chunk import Chunk
+from collector.store.cold.database import Database
+from collector.store.cold.maintenance import Maintenance, RollupPolicy
+from collector.store.cold.queries import Queries
+from collector.store.cold.writer import ChunkWriter
 from collector.store.memory import MemoryStore
 from collector.store.sequences import SeenSequences
-from collector.store.wal import WalError, WriteAheadLog, Writer
+from collector.store.wal import WalError, WriteAheadLog, WriteFn
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ class DurableStore:
         background: bool = True,
         resend_horizon_s: float = MAX_BATCH_AGE_S,
         max_backlog_rows: int | None = None,
-        wal_write: Writer = os.write,
+        wal_write: WriteFn = os.write,
         db_fault: Callable[[str], None] | None = None,
     ):
         self.data_dir = Path(data_dir)
@@ -98,7 +102,10 @@ class DurableStore:
         self._flush_lock = threading.Lock()  # one flush at a time
         self._faults = _Faults()
         self.counters = {"hot_queries": 0, "cold_queries": 0, "flushes": 0, "flush_errors": 0}
-        self._db = DuckStore(self.data_dir / "profiles.duckdb", fault=db_fault)
+        self._db = Database(self.data_dir / "profiles.duckdb")
+        self._writer = ChunkWriter(self._db, fault=db_fault)
+        self._maintenance = Maintenance(self._db)
+        self._queries = Queries(self._db)
         self.hot = MemoryStore(retention_s=min(hot_s, retention_s), bucket_s=BUCKET_S, clock=clock)
         self._seen = SeenSequences(window=SEEN_WINDOW)
         for agent, seq, start in self._db.load_seen():
@@ -192,8 +199,8 @@ class DurableStore:
         try:
             # A commit can fail after it went through (an error reported at its end): inserting the chunk
             # again would count it twice. Its dedupe entries, committed with its rows, tell.
-            if not (chunk.failed and self._db.committed(chunk)):
-                self._db.insert(chunk)
+            if not (chunk.failed and self._writer.committed(chunk)):
+                self._writer.insert(chunk)
         except Exception as err:
             chunk.failed += 1
             self.counters["flush_errors"] += 1
@@ -221,10 +228,10 @@ class DurableStore:
         """Roll up, expire, prune dedupe state and forget unreferenced stacks and labels."""
         now = self._clock()
         with self._flush_lock, self._commit_lock:
-            self._db.rollup(now, self._policy)
-            self._db.expire(now - self.retention_s)
-            self._db.prune_seen(now - self._horizon_s, SEEN_WINDOW)
-            self._db.gc()
+            self._maintenance.rollup(now, self._policy)
+            self._maintenance.expire(now - self.retention_s)
+            self._maintenance.prune_seen(now - self._horizon_s, SEEN_WINDOW)
+            self._maintenance.gc()
         with self._lock:
             self._seen.forget_before(now - self._horizon_s)
         self._last_maintenance = now
@@ -262,8 +269,8 @@ class DurableStore:
             return self.hot.select(selector, start, end)
 
         def run(pending: Sequence[Chunk]) -> Selection:
-            per_sid, freq = self._db.per_key(selector, start, end, "sid", pending)
-            stacks = self._db.stacks_of(per_sid, pending)
+            per_sid, freq = self._queries.per_key(selector, start, end, "sid", pending)
+            stacks = self._queries.stacks_of(per_sid, pending)
             merged: dict = {}
             for sid, n in per_sid.items():
                 st = stacks[sid]
@@ -278,8 +285,8 @@ class DurableStore:
             return self.hot.group(selector, start, end, by)
 
         def run(pending: Sequence[Chunk]) -> Grouped:
-            per_lid, freq = self._db.per_key(selector, start, end, "lid", pending)
-            labels = self._db.labels_of(per_lid, pending)
+            per_lid, freq = self._queries.per_key(selector, start, end, "lid", pending)
+            labels = self._queries.labels_of(per_lid, pending)
             totals: dict[tuple[str, ...], int] = {}
             for lid, n in per_lid.items():
                 lb = dict(labels.get(lid, ()))
@@ -295,10 +302,10 @@ class DurableStore:
         if self._hot_covers(start, end):
             self.counters["hot_queries"] += 1
             return self.hot.syscalls(selector, start, end, by)
-        return self._cold(lambda pending: self._db.syscalls(selector, start, end, by, pending))  # type: ignore[return-value]
+        return self._cold(lambda pending: self._queries.syscalls(selector, start, end, by, pending))  # type: ignore[return-value]
 
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
-        return self._cold(lambda pending: self._db.label_sets(start, end, pending))  # type: ignore[return-value]
+        return self._cold(lambda pending: self._queries.label_sets(start, end, pending))  # type: ignore[return-value]
 
     def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
         if start is not None and end is not None and self._hot_covers(start, end):

@@ -31,7 +31,7 @@ _SOURCE_LEN = struct.Struct("<H")
 _SEQUENCE = struct.Struct("<Q")
 
 # os.write's shape: the one seam tests use to inject EIO and short writes.
-Writer = Callable[[int, memoryview], int]
+WriteFn = Callable[[int, memoryview], int]
 
 
 class WalError(OSError):
@@ -53,7 +53,7 @@ class WriteAheadLog:
     cost of one fsync per batch. Segments are created on their first append, so rotating never writes.
     """
 
-    def __init__(self, directory: Path, fsync: bool = False, write: Writer = os.write):
+    def __init__(self, directory: Path, fsync: bool = False, write: WriteFn = os.write):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync

@@ -1,0 +1,152 @@
+"""Commits chunks to the database: one transaction per chunk with its rows, the definitions they need and its
+dedupe entries; nothing is remembered as written unless the transaction commits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import chain
+
+import duckdb
+import numpy as np
+
+from collector.model.ids import frame_ids, labels_json
+from collector.model.profile import Stack
+from collector.store.cold.chunk import Chunk
+from collector.store.cold.database import Database, rollback
+
+
+class ChunkWriter:
+    """The flusher thread's side of the database."""
+
+    def __init__(self, db: Database, fault: Callable[[str], None] | None = None):
+        self._db = db
+        # The fault seam: called at each step of a flush ("definitions", "rows", "commit", "committed");
+        # tests raise from it to fail a flush there, as a full disk or an I/O error would.
+        self._fault = fault or (lambda step: None)
+
+    def insert(self, chunk: Chunk) -> None:
+        """All of a chunk in one transaction: its rows, the definitions they need, its dedupe entries.
+        On any error the transaction is rolled back and nothing is remembered as written."""
+        with self._db.write_lock:
+            con = self._db.con
+            con.execute("BEGIN")
+            try:
+                self._fault("definitions")
+                new_stacks, new_frames = self._insert_definitions(con, chunk)
+                self._fault("rows")
+                if chunk.rows:
+                    con.register("chunk_samples", chunk.sample_columns())
+                    con.execute(
+                        "INSERT INTO samples SELECT 10, bucket, lid, sid, freq, sum(count) "
+                        "FROM chunk_samples GROUP BY bucket, lid, sid, freq"
+                    )
+                    con.unregister("chunk_samples")
+                if chunk.sys_rows:
+                    con.executemany("INSERT INTO syscalls VALUES (10, ?, ?, ?, ?, ?, ?)", chunk.sys_rows)
+                if chunk.hist_rows:
+                    con.executemany("INSERT INTO syscall_hist VALUES (10, ?, ?, ?, ?, ?)", chunk.hist_rows)
+                if chunk.seen:
+                    con.execute(
+                        "INSERT INTO seen SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), "
+                        "unnest($3::DOUBLE[])",
+                        [
+                            [a for a, _, _ in chunk.seen],
+                            [q for _, q, _ in chunk.seen],
+                            [t for _, _, t in chunk.seen],
+                        ],
+                    )
+                self._fault("commit")
+                con.execute("COMMIT")
+            except BaseException:
+                rollback(con)
+                raise
+            known = self._db.known
+            known.stacks.add(new_stacks, np.zeros(len(new_stacks), dtype=np.int64))
+            known.frames.update(new_frames)
+            known.labels.update(chunk.labels)
+        self._fault("committed")
+
+    def committed(self, chunk: Chunk) -> bool:
+        """Whether a chunk whose commit reported an error is in the database all the same (its dedupe
+        entries are, then: they commit with its rows). A chunk without entries is never found."""
+        if not chunk.seen:
+            return False
+        (n,) = (
+            self._db.cursor()
+            .execute(
+                "SELECT count(*) FROM seen JOIN (SELECT unnest($1::VARCHAR[]) AS a, "
+                "unnest($2::BIGINT[]) AS q) c ON seen.agent_id = c.a AND seen.sequence = c.q",
+                [[a for a, _, _ in chunk.seen], [q for _, q, _ in chunk.seen]],
+            )
+            .fetchone()
+        )
+        return n >= len(chunk.seen)
+
+    def _insert_definitions(
+        self, con: duckdb.DuckDBPyConnection, chunk: Chunk
+    ) -> tuple[np.ndarray, list[int]]:
+        """Insert the stack, frame and label definitions the database lacks; returns the new stack and
+        frame ids (remembered as known only once the transaction commits)."""
+        ids = chunk.stack_ids()
+        new_ids = ids[self._db.known.stacks.get(ids) < 0]
+        new_frames: list[int] = []
+        if len(new_ids):
+            new_frames = self._insert_stacks(con, chunk.stacks_for(new_ids.tolist()))
+        new_labels = {lid: lb for lid, lb in chunk.labels.items() if lid not in self._db.known.labels}
+        if new_labels:
+            con.execute(
+                "INSERT INTO label_sets SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
+                "unnest($2::VARCHAR[])) n WHERE n.id NOT IN (SELECT id FROM label_sets)",
+                [list(new_labels), [labels_json(lb) for lb in new_labels.values()]],
+            )
+        return new_ids, new_frames
+
+    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, stacks: dict[int, Stack]) -> list[int]:
+        """Stacks (and frames) as columns: every frame of every stack in one flat column, each distinct
+        frame's id looked up once, and the frame lists built by DuckDB. Frames are told apart by object
+        identity first (ingest shares one FrameKey per frame), a numpy pass instead of a hash per frame."""
+        lengths = np.fromiter(map(len, stacks.values()), dtype=np.int64, count=len(stacks))
+        flat = list(chain.from_iterable(stacks.values()))
+        addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
+        _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
+        frames = [flat[i] for i in first.tolist()]
+        fids = np.array(frame_ids(frames), dtype=np.int64)
+        known = self._db.known.frames
+        new = [i for i, fid in enumerate(fids.tolist()) if fid not in known]
+        new_fids = np.zeros(0, np.int64)
+        if new:
+            new_fids, at = np.unique(fids[new], return_index=True)  # equal frames in distinct objects
+            new_frames = [frames[new[i]] for i in at.tolist()]
+            con.execute(
+                "INSERT INTO frames SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
+                "unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), unnest($4::BOOLEAN[])) n "
+                "WHERE n.id NOT IN (SELECT id FROM frames)",
+                [
+                    new_fids.tolist(),
+                    [f.function for f in new_frames],
+                    [f.module for f in new_frames],
+                    [bool(f.kernel) for f in new_frames],
+                ],
+            )
+        sids = np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks))
+        ends = np.cumsum(lengths)
+        con.register(
+            "new_stack_frames",
+            {
+                "sid": np.repeat(sids, lengths),
+                "pos": np.arange(len(flat), dtype=np.int64) - np.repeat(ends - lengths, lengths),
+                "fid": fids[which.reshape(-1)],
+            },
+        )
+        con.execute(
+            "INSERT INTO stacks SELECT sid, list(fid ORDER BY pos) FROM new_stack_frames "
+            "WHERE sid NOT IN (SELECT id FROM stacks) GROUP BY sid"
+        )
+        con.unregister("new_stack_frames")
+        if (lengths == 0).any():  # a stack of no frames has no rows above
+            con.execute(
+                "INSERT INTO stacks SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, []::BIGINT[]) n "
+                "WHERE n.id NOT IN (SELECT id FROM stacks)",
+                [sids[lengths == 0].tolist()],
+            )
+        return new_fids.tolist()
