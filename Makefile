@@ -17,7 +17,7 @@ setup-test:
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 
-proto:                 ## regenerate fleetprof/v1 and fleetprof/kubelet from proto/
+proto:                 ## regenerate fleetprof/_proto from proto/
 	bash scripts/gen_proto.sh
 
 bench: setup-test      ## agent overhead vs perf and bcc profile (see bench/)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from agent.process.table import ProcessInfo
+from fleetprof.agent.process.table import ProcessInfo
 
 
 class PodSource(Protocol):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 
-from agent.attribution import Attributor
-from agent.gpu.samples import DeviceSample, GpuWindow
-from agent.process.cgroups import CgroupIdentity
-from agent.process.table import ProcessInfo
-from agent.resolver import Window
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.gpu.samples import DeviceSample, GpuWindow
+from fleetprof.agent.process.cgroups import CgroupIdentity
+from fleetprof.agent.process.table import ProcessInfo
+from fleetprof.agent.resolver import Window
 
 
 class _Strings:

@@ -15,28 +15,28 @@ from dataclasses import dataclass
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from agent.attribution import Attributor
-from agent.batch import encode_window
-from agent.gpu.metrics import GpuExporter
-from agent.gpu.poller import GpuPoller, GpuPollerConfig
-from agent.kernel import BpfUnavailable
-from agent.kube.config import KubeConfigError, load_config
-from agent.kube.podresources import DEFAULT_SOCKET, GpuOwners, PodResourcesClient
-from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
-from agent.kube.watcher import PodWatcher
-from agent.memory import HeapTrimmer
-from agent.metrics import AgentCounters, build_registry
-from agent.process.table import ProcessInfo, ProcessTable, read_process
-from agent.python.unwinder import PythonStacks
-from agent.resolver import Resolver
-from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
-from agent.shipper import Shipper
-from agent.symbols.preloader import Preloader
-from agent.symbols.symbolizer import Symbolizer
-from agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof import __version__
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.batch import encode_window
+from fleetprof.agent.gpu.metrics import GpuExporter
+from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
+from fleetprof.agent.kernel import BpfUnavailable
+from fleetprof.agent.kube.config import KubeConfigError, load_config
+from fleetprof.agent.kube.podresources import DEFAULT_SOCKET, GpuOwners, PodResourcesClient
+from fleetprof.agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_map
+from fleetprof.agent.kube.watcher import PodWatcher
+from fleetprof.agent.memory import HeapTrimmer
+from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.process.table import ProcessInfo, ProcessTable, read_process
+from fleetprof.agent.python.unwinder import PythonStacks
+from fleetprof.agent.resolver import Resolver
+from fleetprof.agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
+from fleetprof.agent.shipper import Shipper
+from fleetprof.agent.symbols.preloader import Preloader
+from fleetprof.agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof.httpserve import HttpServer, Request, Response, json_response
-from fleetprof.v1 import ingest_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agent.shipper import ShipperStats
+from fleetprof.agent.shipper import ShipperStats
 
 
 class AgentCounters:

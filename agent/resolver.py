@@ -6,13 +6,13 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from agent.process.cgroups import CgroupIdentity
-from agent.process.table import ProcessInfo, ProcessTable
-from agent.python.codes import PYTHON_MODULE
-from agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
-from agent.sampler import STACK_LOST, STACK_NONE, Drain
-from agent.symbols.symbolizer import Frame, Symbolizer
-from agent.syscalls import SyscallDrain, SyscallStat
+from fleetprof.agent.process.cgroups import CgroupIdentity
+from fleetprof.agent.process.table import ProcessInfo, ProcessTable
+from fleetprof.agent.python.codes import PYTHON_MODULE
+from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
+from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
 
 log = logging.getLogger(__name__)
 

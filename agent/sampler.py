@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.bpfmaps import CounterDeltas, DoubleBuffer
-from agent.bpfmaps import drain_map as _drain_map
-from agent.kernel import BpfUnavailable, load_bcc
-from agent.memory import release_startup_memory
-from agent.python.offsets import PyProc
+from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer
+from fleetprof.agent.bpfmaps import drain_map as _drain_map
+from fleetprof.agent.kernel import BpfUnavailable, load_bcc
+from fleetprof.agent.memory import release_startup_memory
+from fleetprof.agent.python.offsets import PyProc
 
 log = logging.getLogger(__name__)
 

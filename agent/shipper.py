@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from fleetprof.v1 import ingest_pb2 as pb
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes, drain_percpu_sums
-from agent.kernel import BpfUnavailable, load_bcc
-from agent.memory import release_startup_memory
-from agent.sampler import ProcessEvent
+from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes, drain_percpu_sums
+from fleetprof.agent.kernel import BpfUnavailable, load_bcc
+from fleetprof.agent.memory import release_startup_memory
+from fleetprof.agent.sampler import ProcessEvent
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
 

@@ -36,19 +36,19 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.batch import process_wire_id, stack_wire_id  # noqa: E402
-from collector.ingest.decode import decode_payload  # noqa: E402
-from collector.model.ids import labels_id, labels_json, stack_id  # noqa: E402
-from collector.model.profile import FrameKey  # noqa: E402
-from collector.model.rows import ProfileRows, Selection  # noqa: E402
-from collector.model.selector import Selector  # noqa: E402
-from collector.query.selector import parse_selector  # noqa: E402
-from collector.render.tree import top_functions  # noqa: E402
-from collector.store.base import ProfileStore  # noqa: E402
-from collector.store.durable import DurableStore  # noqa: E402
-from collector.store.memory import MemoryStore  # noqa: E402
-from fleetprof.v1 import ingest_pb2 as pb  # noqa: E402
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
+from fleetprof._proto.v1 import ingest_pb2 as pb  # noqa: E402
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
+from fleetprof.agent.batch import process_wire_id, stack_wire_id  # noqa: E402
+from fleetprof.collector.ingest.decode import decode_payload  # noqa: E402
+from fleetprof.collector.model.ids import labels_id, labels_json, stack_id  # noqa: E402
+from fleetprof.collector.model.profile import FrameKey  # noqa: E402
+from fleetprof.collector.model.rows import ProfileRows, Selection  # noqa: E402
+from fleetprof.collector.model.selector import Selector  # noqa: E402
+from fleetprof.collector.query.selector import parse_selector  # noqa: E402
+from fleetprof.collector.render.tree import top_functions  # noqa: E402
+from fleetprof.collector.store.base import ProfileStore  # noqa: E402
+from fleetprof.collector.store.durable import DurableStore  # noqa: E402
+from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CPUS, HZ, WINDOW = 64, 19, 10

@@ -57,7 +57,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from overhead import BpfRunTimeStats, build, fds_of_kind  # noqa: E402 - after the path fix above
 
-from agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer  # noqa: E402
+from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer  # noqa: E402
 
 STORM_SOURCE = REPO / "tests" / "workloads" / "syscall_storm.c"
 SPIN_SOURCE = REPO / "bench" / "workloads" / "spin.c"

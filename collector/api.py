@@ -10,20 +10,20 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from collector.model.profile import GPU_STATE_NAME, Stacks
-from collector.model.rows import Selection
-from collector.model.selector import Matcher, Selector, SelectorError
-from collector.query.selector import parse_selector
-from collector.query.timerange import TimeRangeError, resolve_range
-from collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
-from collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
-from collector.render.html import render_html
-from collector.render.pprof import to_pprof
-from collector.render.speedscope import to_speedscope
-from collector.render.svg import render_svg
-from collector.render.tree import to_folded, to_json, top_functions, truncate
-from collector.store.base import ProfileStore
-from collector.store.gpu_usage import GpuUsageLog
+from fleetprof.collector.model.profile import GPU_STATE_NAME, Stacks
+from fleetprof.collector.model.rows import Selection
+from fleetprof.collector.model.selector import Matcher, Selector, SelectorError
+from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.query.timerange import TimeRangeError, resolve_range
+from fleetprof.collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
+from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
+from fleetprof.collector.render.html import render_html
+from fleetprof.collector.render.pprof import to_pprof
+from fleetprof.collector.render.speedscope import to_speedscope
+from fleetprof.collector.render.svg import render_svg
+from fleetprof.collector.render.tree import to_folded, to_json, top_functions, truncate
+from fleetprof.collector.store.base import ProfileStore
+from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 WEB_DIR = Path(__file__).parent / "web"

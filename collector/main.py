@@ -11,19 +11,19 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry
 
-from collector.api import QueryApi
-from collector.ingest.service import IngestService, serve_ingest
-from collector.ingest.validate import IngestLimits
-from collector.metrics.cpu import CpuMetrics
-from collector.metrics.gpu import GpuMetrics
-from collector.metrics.ingest import IngestMetrics
-from collector.metrics.queries import QueryTimer, TimedStore
-from collector.metrics.syscalls import SyscallMetrics
-from collector.model.gpu import GpuWindow
-from collector.model.rows import ProfileRows
-from collector.store.base import ProfileStore
-from collector.store.gpu_usage import GpuUsageLog
-from collector.store.memory import MemoryStore
+from fleetprof.collector.api import QueryApi
+from fleetprof.collector.ingest.service import IngestService, serve_ingest
+from fleetprof.collector.ingest.validate import IngestLimits
+from fleetprof.collector.metrics.cpu import CpuMetrics
+from fleetprof.collector.metrics.gpu import GpuMetrics
+from fleetprof.collector.metrics.ingest import IngestMetrics
+from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
+from fleetprof.collector.metrics.syscalls import SyscallMetrics
+from fleetprof.collector.model.gpu import GpuWindow
+from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.store.base import ProfileStore
+from fleetprof.collector.store.gpu_usage import GpuUsageLog
+from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.httpserve import HttpServer
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ def open_store(config: CollectorConfig) -> ProfileStore:
     """The store the flags ask for: in memory, or durable in config.data_dir."""
     if config.data_dir is None:
         return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
-    from collector.ingest.decode import Decoder, decode_payload
-    from collector.store.durable import DurableStore
+    from fleetprof.collector.ingest.decode import Decoder, decode_payload
+    from fleetprof.collector.store.durable import DurableStore
 
     decoder = Decoder()
     return DurableStore(

@@ -72,7 +72,7 @@ def _hostport(text: str) -> str:
 
 
 def _sample_fraction(text: str) -> int:
-    from agent.syscalls import parse_sample_fraction
+    from fleetprof.agent.syscalls import parse_sample_fraction
 
     try:
         return parse_sample_fraction(text)
@@ -81,7 +81,7 @@ def _sample_fraction(text: str) -> int:
 
 
 def _latency_duty(text: str):  # noqa: ANN202 - agent.syscalls.LatencyDuty, imported lazily
-    from agent.syscalls import parse_latency_duty
+    from fleetprof.agent.syscalls import parse_latency_duty
 
     try:
         return parse_latency_duty(text)
@@ -90,7 +90,7 @@ def _latency_duty(text: str):  # noqa: ANN202 - agent.syscalls.LatencyDuty, impo
 
 
 def _pod_label(text: str) -> str:
-    from agent.kube.pods import parse_label_map
+    from fleetprof.agent.kube.pods import parse_label_map
 
     try:
         parse_label_map([text])
@@ -316,7 +316,7 @@ def _exts(formats: dict[str, str]) -> str:
 
 
 def _seconds_or_duration(text: str) -> float:
-    from collector.query.timerange import TimeRangeError, parse_duration
+    from fleetprof.collector.query.timerange import TimeRangeError, parse_duration
 
     try:
         v = parse_duration(text)
@@ -329,7 +329,7 @@ def _seconds_or_duration(text: str) -> float:
 
 # -- commands ------------------------------------------------------------------------------------
 def cmd_collector(args: argparse.Namespace) -> int:
-    from collector.main import Collector, CollectorConfig
+    from fleetprof.collector.main import Collector, CollectorConfig
 
     try:
         col = Collector(
@@ -354,8 +354,8 @@ def cmd_collector(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from agent.kernel import BpfUnavailable
-    from agent.main import Agent, AgentConfig
+    from fleetprof.agent.kernel import BpfUnavailable
+    from fleetprof.agent.main import Agent, AgentConfig
 
     config = AgentConfig(
         collector=args.collector,
@@ -375,8 +375,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         gpu=args.gpu,
         gpu_interval_s=args.gpu_interval,
     )
-    from agent.kernel import missing_prerequisite
-    from agent.kube.config import KubeConfigError
+    from fleetprof.agent.kernel import missing_prerequisite
+    from fleetprof.agent.kube.config import KubeConfigError
 
     problem = missing_prerequisite()  # before anything else: one sentence, nothing logged ahead of it
     if problem:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.main import Collector, CollectorConfig
-from collector.render.tree import parse_folded
+from fleetprof.collector.main import Collector, CollectorConfig
+from fleetprof.collector.render.tree import parse_folded
 from tests.browser import Chromium, Page
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,7 +134,7 @@ def page(browser: Chromium) -> Iterator[Page]:
 
 def require_bpf() -> None:
     """eBPF tests fail (not skip) where BPF cannot run: CI must never pass without them."""
-    from agent.kernel import missing_prerequisite
+    from fleetprof.agent.kernel import missing_prerequisite
 
     problem = missing_prerequisite()
     if problem:

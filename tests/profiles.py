@@ -7,8 +7,8 @@ import uuid
 
 import grpc
 
-from fleetprof.v1 import ingest_pb2 as pb
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from tests.wire import BatchBuilder
 
 Row = tuple[int, str, dict[str, str], list[tuple[str, str]], int, int]

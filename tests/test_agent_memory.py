@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.memory import clean_compiler_mappings
+from fleetprof.agent.memory import clean_compiler_mappings
 
 SMAPS = """\
 7f0000000000-7f0000100000 r--p 00000000 fe:01 123 /usr/lib/x86_64-linux-gnu/libLLVM-14.so.1

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kernel import missing_prerequisite
-from collector.render.tree import parse_folded
+from fleetprof.agent.kernel import missing_prerequisite
+from fleetprof.collector.render.tree import parse_folded
 from tests.conftest import RunningCollector, fleetprof, free_port
 from tests.test_ingest import make_batch, push
 

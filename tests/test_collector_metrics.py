@@ -5,9 +5,9 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
-from collector.metrics.cpu import CpuMetrics
-from collector.model.rows import ProfileRows
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.metrics.cpu import CpuMetrics
+from fleetprof.collector.model.rows import ProfileRows
 from tests.conftest import http_get, start_collector
 from tests.test_ingest import make_batch, push
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
 from tests.conftest import REPO, fleetprof, free_port, http_get
 from tests.test_ingest import make_batch, push
 
@@ -603,7 +603,7 @@ def collector_exposition() -> str:
 @pytest.fixture(scope="module")
 def agent_exposition() -> str:
     """The /metrics of a real Agent object over its own HTTP server (no BPF is loaded for this)."""
-    from agent.main import Agent, AgentConfig
+    from fleetprof.agent.main import Agent, AgentConfig
 
     port = free_port()
     agent = Agent(

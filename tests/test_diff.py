@@ -10,10 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from collector.model.profile import FrameKey
-from collector.render.diff import build_diff_tree, diff_colour, function_diff, limit_pair, render_diff_svg
-from collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
-from collector.render.tree import OTHER
+from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.render.diff import (
+    build_diff_tree,
+    diff_colour,
+    function_diff,
+    limit_pair,
+    render_diff_svg,
+)
+from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
+from fleetprof.collector.render.tree import OTHER
 from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.profiles import PROFILE, Row, push_profile
 

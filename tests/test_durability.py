@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent.shipper import Shipper
+from fleetprof.agent.shipper import Shipper
 from tests.conftest import REPO, free_port, wait_until
 from tests.test_ingest import make_batch
 

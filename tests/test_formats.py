@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.model.profile import FrameKey
-from collector.render.html import render_html
+from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.render.html import render_html
 from tests.browser import CHROMIUM, Page
 from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.profiles import PROFILE, push_profile, wide_rows

@@ -11,15 +11,15 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.attribution import Attributor
-from agent.batch import encode_window
-from agent.gpu.poller import GpuPoller, GpuPollerConfig
-from agent.kube.podresources import DeviceAssignment
-from agent.kube.pods import PodMeta
-from agent.process.cgroups import CgroupIdentity
-from agent.process.table import ProcessInfo
-from agent.resolver import Window
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.batch import encode_window
+from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
+from fleetprof.agent.kube.podresources import DeviceAssignment
+from fleetprof.agent.kube.pods import PodMeta
+from fleetprof.agent.process.cgroups import CgroupIdentity
+from fleetprof.agent.process.table import ProcessInfo
+from fleetprof.agent.resolver import Window
 from tests.conftest import RunningCollector, http_get
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.test_ingest import make_batch, push

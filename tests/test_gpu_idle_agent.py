@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.main import Agent, AgentConfig
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.main import Agent, AgentConfig
 from tests.conftest import RunningCollector, free_port, require_bpf
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.wire import sample_rows

@@ -10,9 +10,9 @@ import urllib.parse
 
 import pytest
 
-from agent.batch import stack_wire_id
-from collector.render.tree import parse_folded
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.batch import stack_wire_id
+from fleetprof.collector.render.tree import parse_folded
 from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.test_gpu_e2e import T0, gpu_batch
 from tests.test_ingest import push

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.gpu.metrics import GpuExporter
-from agent.gpu.poller import GpuPoller, GpuPollerConfig
+from fleetprof.agent.gpu.metrics import GpuExporter
+from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
 from tests.fake_pynvml import CONSTANTS, ERRORS, FakeGpu, FakeMig, FakeNvml
 
 T0 = 1_700_000_000.0
@@ -163,7 +163,7 @@ def test_lost_gpu_reinitializes_with_backoff(
     poller = poller_for(clock, interval_s=1.0, max_backoff_s=8.0)
     assert tick(world, clock, poller) is not None
     world.lost = True  # GPU_IS_LOST mid-run
-    with caplog.at_level(logging.WARNING, logger="agent.gpu.poller"):
+    with caplog.at_level(logging.WARNING, logger="fleetprof.agent.gpu.poller"):
         assert tick(world, clock, poller) is None
     assert poller.state == "lost" and not poller.up
     assert ("nvmlShutdown", ()) in world.calls
@@ -199,11 +199,11 @@ def test_no_library_turns_the_source_off_once(
 ) -> None:
     world = install(monkeypatch, FakeNvml([], library=False))
     poller = poller_for(clock, absent_retry_s=60.0)
-    with caplog.at_level(logging.INFO, logger="agent.gpu"):
+    with caplog.at_level(logging.INFO, logger="fleetprof.agent.gpu"):
         for _ in range(200):
             assert tick(world, clock, poller) is None
     assert poller.state == "no_library"
-    lines = [r for r in caplog.records if r.name.startswith("agent.gpu")]
+    lines = [r for r in caplog.records if r.name.startswith("fleetprof.agent.gpu")]
     assert len(lines) == 1
     assert "GPU monitoring is off" in lines[0].getMessage()
     assert "no NVIDIA driver library" in lines[0].getMessage()

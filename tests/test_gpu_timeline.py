@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from agent.gpu.timeline import GpuTimeline
+from fleetprof.agent.gpu.timeline import GpuTimeline
 
 
 def timeline_of(points: list[tuple[float, int | None, set[int]]], **kw: float) -> GpuTimeline:

@@ -7,8 +7,8 @@ import random
 
 import numpy as np
 
-from collector.model.id_index import IdIndex
-from collector.model.ids import stack_id_of_frames, stack_ids_of
+from fleetprof.collector.model.id_index import IdIndex
+from fleetprof.collector.model.ids import stack_id_of_frames, stack_ids_of
 
 
 def test_lookups_match_a_dict_through_merges_and_remaps() -> None:

@@ -7,8 +7,8 @@ import uuid
 import grpc
 import pytest
 
-from fleetprof.v1 import ingest_pb2 as pb
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from tests.conftest import RunningCollector, samples_of
 from tests.wire import BatchBuilder
 

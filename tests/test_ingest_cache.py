@@ -8,11 +8,11 @@ import time
 import grpc
 import pytest
 
-from agent.batch import stack_wire_id
-from collector.ingest.decode import Decoder, decode_batch
-from collector.ingest.validate import BatchError, IngestLimits
-from collector.model.profile import FrameKey
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.batch import stack_wire_id
+from fleetprof.collector.ingest.decode import Decoder, decode_batch
+from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.model.profile import FrameKey
 from tests.conftest import RunningCollector, http_get
 from tests.test_ingest import make_batch, push
 

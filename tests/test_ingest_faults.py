@@ -12,15 +12,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.shipper import Shipper
-from collector.ingest.decode import decode_payload
-from collector.ingest.service import IngestService
-from collector.ingest.validate import IngestLimits
-from collector.main import Collector, CollectorConfig
-from collector.model.rows import ProfileRows
-from collector.query.selector import parse_selector
-from collector.store.durable import DurableStore
-from collector.store.memory import MemoryStore
+from fleetprof.agent.shipper import Shipper
+from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.ingest.service import IngestService
+from fleetprof.collector.ingest.validate import IngestLimits
+from fleetprof.collector.main import Collector, CollectorConfig
+from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.store.durable import DurableStore
+from fleetprof.collector.store.memory import MemoryStore
 from tests.conftest import free_port, wait_until
 from tests.test_ingest import make_batch, push
 from tests.test_store_faults import Faults

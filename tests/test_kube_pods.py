@@ -15,10 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from agent.kube.client import KubeClient
-from agent.kube.config import KubeConfig, KubeConfigError, in_cluster_config, kubeconfig_config, load_config
-from agent.kube.pods import DEFAULT_POD_LABELS, PodCache, PodMeta, parse_label_map, pod_meta, workload_of
-from agent.kube.watcher import PodWatcher
+from fleetprof.agent.kube.client import KubeClient
+from fleetprof.agent.kube.config import (
+    KubeConfig,
+    KubeConfigError,
+    in_cluster_config,
+    kubeconfig_config,
+    load_config,
+)
+from fleetprof.agent.kube.pods import (
+    DEFAULT_POD_LABELS,
+    PodCache,
+    PodMeta,
+    parse_label_map,
+    pod_meta,
+    workload_of,
+)
+from fleetprof.agent.kube.watcher import PodWatcher
 from tests.fake_apiserver import (
     FakeApiServer,
     bookmark,
@@ -263,7 +276,7 @@ def test_401_rereads_the_rotated_token_file(tmp_path, cache):
 def test_unreachable_server_backs_off_logs_once_and_stops_promptly(cache, caplog):
     with FakeApiServer() as gone:
         url = gone.url
-    caplog.set_level(logging.DEBUG, logger="agent.kube")
+    caplog.set_level(logging.DEBUG, logger="fleetprof.agent.kube")
     with watching(KubeConfig(server=url, token="t"), cache) as watcher:
         eventually(lambda: watcher.stats.errors >= 3, "several failed attempts")
         assert not watcher.synced()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from collector.model.profile import FrameKey
-from collector.model.rows import ProfileRows
-from collector.query.selector import parse_selector
-from collector.store.memory import MemoryStore
+from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.store.memory import MemoryStore
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
 

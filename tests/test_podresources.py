@@ -13,9 +13,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.kube.podresources import DeviceAssignment, GpuOwners, PodResourcesClient, PodResourcesError
-from fleetprof.kubelet import podresources_v1_pb2 as pb
-from fleetprof.kubelet import podresources_v1_pb2_grpc as pb_grpc
+from fleetprof._proto.kubelet import podresources_v1_pb2 as pb
+from fleetprof._proto.kubelet import podresources_v1_pb2_grpc as pb_grpc
+from fleetprof.agent.kube.podresources import (
+    DeviceAssignment,
+    GpuOwners,
+    PodResourcesClient,
+    PodResourcesError,
+)
 
 GPU_A = "GPU-8a1d6c2e-3f4b-4a5c-9d6e-7f8091a2b3c4"
 GPU_B = "GPU-1b2c3d4e-5f60-4718-8293-a4b5c6d7e8f9"
@@ -234,7 +239,7 @@ def test_gpu_owners_without_the_socket_is_off_and_says_so_once(
     sock_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     owners = GpuOwners(PodResourcesClient(str(sock_dir / "absent.sock")), refresh_s=10)
-    with caplog.at_level(logging.DEBUG, logger="agent.kube.podresources"):
+    with caplog.at_level(logging.DEBUG, logger="fleetprof.agent.kube.podresources"):
         for now in range(0, 100, 5):
             owners.refresh_if_stale(float(now))
     assert not owners.enabled
@@ -273,7 +278,7 @@ def test_gpu_owners_keeps_the_last_good_answer_through_errors_backs_off_and_reco
     assert owners.owner(GPU_A) is not None
 
     fake.fail = grpc.StatusCode.INTERNAL
-    with caplog.at_level(logging.WARNING, logger="agent.kube.podresources"):
+    with caplog.at_level(logging.WARNING, logger="fleetprof.agent.kube.podresources"):
         owners.refresh_if_stale(10.0)  # fails: next try in 20 s
         owners.refresh_if_stale(29.0)  # backing off: not asked
         owners.refresh_if_stale(30.0)  # fails again: next try in 40 s (the cap)

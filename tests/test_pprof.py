@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.model.profile import FrameKey
-from collector.render.pprof import _varint, to_pprof
+from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.render.pprof import _varint, to_pprof
 from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.profiles import FREQUENCY_HZ, PROFILE, push_profile, wide_rows
 

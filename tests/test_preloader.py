@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from agent.symbols.maps import parse_maps
-from agent.symbols.preloader import Preloader
+from fleetprof.agent.symbols.maps import parse_maps
+from fleetprof.agent.symbols.preloader import Preloader
 
 MAPS = parse_maps("55d0c0000000-55d0c0001000 r-xp 00001000 08:01 1234 /usr/bin/worker\n")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.process.table import ProcessTable
+from fleetprof.agent.process.table import ProcessTable
 
 POD_A = "a1b2c3d4-0000-4000-8000-000000000001"
 POD_B = "a1b2c3d4-0000-4000-8000-000000000002"

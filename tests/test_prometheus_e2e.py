@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.batch import process_wire_id, stack_wire_id
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.batch import process_wire_id, stack_wire_id
 from tests.conftest import REPO, RunningAgent, start_agent, start_collector, stop_agent
 from tests.prometheus import (
     Prometheus,

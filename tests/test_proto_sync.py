@@ -1,4 +1,4 @@
-"""The code in fleetprof/v1 and fleetprof/kubelet is exactly what scripts/gen_proto.sh makes from proto/."""
+"""The code in fleetprof/_proto is exactly what scripts/gen_proto.sh makes from proto/."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO
 
-GENERATED_PACKAGES = ["fleetprof/v1", "fleetprof/kubelet"]
+GENERATED_PACKAGES = ["fleetprof/_proto/v1", "fleetprof/_proto/kubelet"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_generated_code_matches_the_proto_sources(fresh: Path, package: str) -> 
 
 def test_sections_keep_their_field_ranges() -> None:
     """20-29 belong to the syscall section and 30-39 to the GPU section; nothing else may take them."""
-    from fleetprof.v1 import ingest_pb2 as pb
+    from fleetprof._proto.v1 import ingest_pb2 as pb
 
     by_number = {f.number: f.name for f in pb.Batch.DESCRIPTOR.fields}
     assert all(name.startswith("syscall") for n, name in by_number.items() if 20 <= n < 30)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.process.table import ProcessTable
-from agent.python.codes import line_at
-from agent.python.merge import merge
-from agent.python.unwinder import PythonStacks
-from agent.resolver import Resolver
-from agent.sampler import CpuSampler, SamplerConfig
-from agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.process.table import ProcessTable
+from fleetprof.agent.python.codes import line_at
+from fleetprof.agent.python.merge import merge
+from fleetprof.agent.python.unwinder import PythonStacks
+from fleetprof.agent.resolver import Resolver
+from fleetprof.agent.sampler import CpuSampler, SamplerConfig
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
 from tests.conftest import (
     WORKLOADS,
     RunningAgent,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.model.profile import FrameKey
-from collector.render.svg import frame_colour, render_svg
-from collector.render.tree import (
+from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.render.svg import frame_colour, render_svg
+from fleetprof.collector.render.tree import (
     OTHER,
     Node,
     build_tree,

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from collector.model.selector import Matcher, Selector, SelectorError, quote
-from collector.query.selector import parse_selector
+from fleetprof.collector.model.selector import Matcher, Selector, SelectorError, quote
+from fleetprof.collector.query.selector import parse_selector
 
 
 def _triples(selector: Selector) -> list[tuple[str, str, str]]:

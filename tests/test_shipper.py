@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from agent.shipper import Shipper
-from collector.main import Collector, CollectorConfig
+from fleetprof.agent.shipper import Shipper
+from fleetprof.collector.main import Collector, CollectorConfig
 from tests.conftest import RunningCollector, free_port, samples_of, wait_until
 from tests.test_ingest import make_batch
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from collector.model.profile import FrameKey
-from collector.render.speedscope import to_speedscope
+from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.render.speedscope import to_speedscope
 from tests.conftest import REPO, RunningCollector, fleetprof, http_get
 from tests.profiles import FREQUENCY_HZ, PROFILE, push_profile, wide_rows
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from collector.ingest.decode import decode_payload
-from collector.model.profile import FrameKey, SyscallAgg
-from collector.model.rows import ProfileRows
-from collector.query.selector import parse_selector
-from collector.store.cold.maintenance import RollupPolicy
-from collector.store.durable import DurableStore
-from collector.store.memory import MemoryStore
-from collector.store.wal import WriteAheadLog
+from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.model.profile import FrameKey, SyscallAgg
+from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.store.cold.maintenance import RollupPolicy
+from fleetprof.collector.store.durable import DurableStore
+from fleetprof.collector.store.memory import MemoryStore
+from fleetprof.collector.store.wal import WriteAheadLog
 from tests.test_ingest import make_batch
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")

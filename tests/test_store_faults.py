@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.ingest.decode import decode_payload
-from collector.store.base import StoreUnavailable
-from collector.store.durable import DurableStore
-from collector.store.wal import WriteAheadLog
+from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.store.base import StoreUnavailable
+from fleetprof.collector.store.durable import DurableStore
+from fleetprof.collector.store.wal import WriteAheadLog
 from tests.test_ingest import make_batch
 from tests.test_store_durable import EVERYTHING, Clock, crash
 

@@ -14,10 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from agent.symbols.elf import ET_DYN, ET_EXEC, ElfError, ElfFile, SymbolTable, debug_file_path, load_symbols
-from agent.symbols.kallsyms import KernelSymbols
-from agent.symbols.maps import Mapping, find, parse_maps, read_maps
-from agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.symbols.elf import (
+    ET_DYN,
+    ET_EXEC,
+    ElfError,
+    ElfFile,
+    SymbolTable,
+    debug_file_path,
+    load_symbols,
+)
+from fleetprof.agent.symbols.kallsyms import KernelSymbols
+from fleetprof.agent.symbols.maps import Mapping, find, parse_maps, read_maps
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
 
 PROGRAM = r"""
 #define _GNU_SOURCE

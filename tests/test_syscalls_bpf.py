@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW
-from agent.syscalls import (
+from fleetprof.agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW
+from fleetprof.agent.syscalls import (
     DEFAULT_SAMPLE_EVERY,
     NBUCKETS,
     STAT_NAMES,
@@ -324,7 +324,7 @@ def test_missing_tracepoints_leave_the_agent_running_and_are_said_once(
     require_bpf()
     import bcc
 
-    from agent.main import Agent, AgentConfig
+    from fleetprof.agent.main import Agent, AgentConfig
 
     def refuse(self, tp: bytes = b"", fn_name: bytes = b"") -> None:  # noqa: ANN001 - BCC's signature
         raise Exception(f"Failed to attach BPF to raw tracepoint {tp.decode()}")

@@ -6,9 +6,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.metrics.syscalls import SyscallMetrics
-from collector.model.profile import SyscallAgg
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.metrics.syscalls import SyscallMetrics
+from fleetprof.collector.model.profile import SyscallAgg
 from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.test_ingest import make_batch, push
 

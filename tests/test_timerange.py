@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.query.timerange import TimeRangeError, parse_duration, parse_time, resolve_range
+from fleetprof.collector.query.timerange import TimeRangeError, parse_duration, parse_time, resolve_range
 
 NOW = 1_795_860_000.0  # 2026-11-28T10:00:00Z
 

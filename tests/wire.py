@@ -8,8 +8,8 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from agent.batch import process_wire_id, stack_wire_id
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.batch import process_wire_id, stack_wire_id
 
 
 class Row(NamedTuple):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.gpu.nvml import (
+from fleetprof.agent.gpu.nvml import (
     DRIVER_NOT_LOADED,
     Handle,
     Nvml,
@@ -21,7 +21,7 @@ from agent.gpu.nvml import (
     NvmlNotSupported,
     NvmlUnavailable,
 )
-from agent.gpu.samples import (
+from fleetprof.agent.gpu.samples import (
     IDLE_BELOW_PERCENT,
     DeviceIdentity,
     DeviceSample,
@@ -30,7 +30,7 @@ from agent.gpu.samples import (
     Snapshot,
     aggregate,
 )
-from agent.gpu.timeline import GpuTimeline
+from fleetprof.agent.gpu.timeline import GpuTimeline
 
 log = logging.getLogger(__name__)
 

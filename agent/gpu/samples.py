@@ -6,8 +6,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agent.kube.podresources import DeviceAssignment
-    from agent.process.table import ProcessInfo
+    from fleetprof.agent.kube.podresources import DeviceAssignment
+    from fleetprof.agent.process.table import ProcessInfo
 
 # A GPU counts as idle in a poll when its utilization (the share of NVML's sample period in which a kernel
 # ran) is below this. Not 0: an idle GPU with a polling monitor or a stray context shows 1-3%, while a

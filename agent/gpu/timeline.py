@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from typing import Literal
 
-from agent.gpu.samples import IDLE_BELOW_PERCENT
+from fleetprof.agent.gpu.samples import IDLE_BELOW_PERCENT
 
 State = Literal["busy", "idle"]
 

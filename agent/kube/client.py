@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from urllib.parse import urlencode, urlsplit
 
-from agent.kube.config import KubeConfig, KubeConfigError
+from fleetprof.agent.kube.config import KubeConfig, KubeConfigError
 
 log = logging.getLogger(__name__)
 

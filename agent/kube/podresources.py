@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from fleetprof.kubelet import podresources_v1_pb2 as pb
-from fleetprof.kubelet import podresources_v1_pb2_grpc as pb_grpc
+from fleetprof._proto.kubelet import podresources_v1_pb2 as pb
+from fleetprof._proto.kubelet import podresources_v1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.kube.client import ApiStatusError, KubeClient, KubeConnectionError
-from agent.kube.config import KubeConfig
-from agent.kube.pods import PodCache
+from fleetprof.agent.kube.client import ApiStatusError, KubeClient, KubeConnectionError
+from fleetprof.agent.kube.config import KubeConfig
+from fleetprof.agent.kube.pods import PodCache
 
 log = logging.getLogger(__name__)
 

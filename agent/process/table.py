@@ -10,8 +10,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.process.cgroups import CgroupIdentity, read_cgroup
-from agent.symbols.maps import Mapping, read_maps
+from fleetprof.agent.process.cgroups import CgroupIdentity, read_cgroup
+from fleetprof.agent.symbols.maps import Mapping, read_maps
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agent.python.offsets import (
+from fleetprof.agent.python.offsets import (
     DEBUG_OFFSETS_BYTES,
     FIRST_DEBUG_OFFSETS,
     LAST_KNOWN,
@@ -25,8 +25,8 @@ from agent.python.offsets import (
     Offsets,
     from_debug_offsets,
 )
-from agent.symbols.elf import ElfError, ElfFile, Segment
-from agent.symbols.maps import Mapping
+from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment
+from fleetprof.agent.symbols.maps import Mapping
 
 INTERPRETER_NAME = re.compile(r"^(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so(?:\.[\d.]+)?)?$")
 SHT_SYMTAB, SHT_DYNSYM = 2, 11

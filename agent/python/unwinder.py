@@ -9,14 +9,14 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from agent.python.codes import CodeNames
-from agent.python.detect import Detector, PythonProcess
-from agent.python.merge import merge
-from agent.python.offsets import FRAME_OWNED_BY_CSTACK, PyProc, to_bpf
+from fleetprof.agent.python.codes import CodeNames
+from fleetprof.agent.python.detect import Detector, PythonProcess
+from fleetprof.agent.python.merge import merge
+from fleetprof.agent.python.offsets import FRAME_OWNED_BY_CSTACK, PyProc, to_bpf
 
 if TYPE_CHECKING:
-    from agent.process.table import ProcessInfo
-from agent.symbols.symbolizer import Frame
+    from fleetprof.agent.process.table import ProcessInfo
+from fleetprof.agent.symbols.symbolizer import Frame
 
 log = logging.getLogger(__name__)
 

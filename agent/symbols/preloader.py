@@ -16,8 +16,8 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from agent.symbols.maps import Mapping
-from agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.symbols.maps import Mapping
+from fleetprof.agent.symbols.symbolizer import Symbolizer
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
-from agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
-from agent.symbols.maps import Mapping, find
+from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
+from fleetprof.agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
+from fleetprof.agent.symbols.maps import Mapping, find
 
 UNKNOWN = "[unknown]"
 KERNEL_MODULE = "[kernel]"

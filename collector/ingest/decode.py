@@ -10,14 +10,14 @@ from itertools import repeat
 
 import numpy as np
 
-from collector.ingest import validate
-from collector.ingest.frames import FrameTable
-from collector.ingest.validate import MAX_LABEL_BYTES, MAX_STACK_DEPTH, IngestLimits
-from collector.model.id_index import IdIndex, with_room
-from collector.model.ids import labels_id, stack_ids_of
-from collector.model.profile import GPU_STATE_NAME, Labels, Stack, SyscallAgg
-from collector.model.rows import ProfileRows, StackTable
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.ingest import validate
+from fleetprof.collector.ingest.frames import FrameTable
+from fleetprof.collector.ingest.validate import MAX_LABEL_BYTES, MAX_STACK_DEPTH, IngestLimits
+from fleetprof.collector.model.id_index import IdIndex, with_room
+from fleetprof.collector.model.ids import labels_id, stack_ids_of
+from fleetprof.collector.model.profile import GPU_STATE_NAME, Labels, Stack, SyscallAgg
+from fleetprof.collector.model.rows import ProfileRows, StackTable
 
 GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.model.id_index import IdIndex, with_room
-from collector.model.ids import interned_frame_columns
-from collector.model.profile import FrameKey
+from fleetprof.collector.model.id_index import IdIndex, with_room
+from fleetprof.collector.model.ids import interned_frame_columns
+from fleetprof.collector.model.profile import FrameKey
 
 
 class FrameTable:

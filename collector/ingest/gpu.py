@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.model.gpu import GpuWindow, PodGpuUse
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.model.gpu import GpuWindow, PodGpuUse
 from fleetprof.gpu_families import DeviceReading, percent, scaled
-from fleetprof.v1 import ingest_pb2 as pb
 
 
 def gpu_window(batch: pb.Batch) -> GpuWindow | None:

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 
-from collector.ingest.decode import Decoder
-from collector.ingest.gpu import gpu_window
-from collector.ingest.validate import BatchError, IngestLimits
-from collector.model.gpu import GpuWindow
-from collector.model.rows import ProfileRows
-from collector.store.base import DurableBatches, ProfileStore, StoreUnavailable
-from collector.store.sequences import SeenSequences
-from fleetprof.v1 import ingest_pb2 as pb
-from fleetprof.v1 import ingest_pb2_grpc as pb_grpc
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
+from fleetprof.collector.ingest.decode import Decoder
+from fleetprof.collector.ingest.gpu import gpu_window
+from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.model.gpu import GpuWindow
+from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.store.base import DurableBatches, ProfileStore, StoreUnavailable
+from fleetprof.collector.store.sequences import SeenSequences
 
 log = logging.getLogger(__name__)
 

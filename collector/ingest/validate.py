@@ -9,8 +9,8 @@ from typing import NoReturn
 
 import numpy as np
 
-from collector.model.profile import MAX_BATCH_AGE_S
-from fleetprof.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.model.profile import MAX_BATCH_AGE_S
 
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_FREQUENCY_HZ = 100_000

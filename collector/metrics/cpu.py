@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from collector.model.rows import ProfileRows
+from fleetprof.collector.model.rows import ProfileRows
 
 SERIES_LABELS = ("node", "namespace", "pod", "container")
 OTHER = "other"

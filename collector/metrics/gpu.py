@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from collector.model.gpu import POD_GPU_LABELS, GpuWindow, PodGpuUse
+from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow, PodGpuUse
 from fleetprof.gpu_families import DeviceReading, device_families
 
 

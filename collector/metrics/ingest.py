@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from collector.ingest.service import IngestService
-from collector.store.base import ProfileStore
+from fleetprof.collector.ingest.service import IngestService
+from fleetprof.collector.store.base import ProfileStore
 
 
 class IngestMetrics:

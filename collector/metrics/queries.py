@@ -8,10 +8,10 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 
-from collector.model.profile import SyscallAgg
-from collector.model.rows import Grouped, ProfileRows, Selection
-from collector.model.selector import Selector
-from collector.store.base import ProfileStore
+from fleetprof.collector.model.profile import SyscallAgg
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
+from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.store.base import ProfileStore
 
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from collector.model.profile import SyscallRow
+from fleetprof.collector.model.profile import SyscallRow
 
 SERIES_LABELS = ("node", "namespace", "pod", "container", "syscall")
 # Histogram bounds: every second power of two from 1 µs to 17 s (2^10 .. 2^34 ns). Syscalls live in the µs

@@ -10,7 +10,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from collector.model.profile import FrameKey, Labels, Stack
+from fleetprof.collector.model.profile import FrameKey, Labels, Stack
 
 
 def _h64(data: bytes) -> int:

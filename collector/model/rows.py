@@ -10,8 +10,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from collector.model.ids import labels_id, stack_id
-from collector.model.profile import Labels, Stack, SyscallRow
+from fleetprof.collector.model.ids import labels_id, stack_id
+from fleetprof.collector.model.profile import Labels, Stack, SyscallRow
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FIRST = itemgetter(0)

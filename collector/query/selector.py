@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from collector.model.selector import LABEL_NAME, Matcher, Selector, SelectorError, quoted_operators
+from fleetprof.collector.model.selector import LABEL_NAME, Matcher, Selector, SelectorError, quoted_operators
 
 _WHITESPACE = " \t\r\n"
 # Two-character operators first, so "=~" is not read as "=" followed by a stray "~".

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 # Prometheus units, each at most once and largest first ("1h30m", not "30m1h"). A year is 365 days.
 _DURATION = re.compile(
@@ -131,7 +131,7 @@ def _parameter(parse: Callable[..., float], name: str, text: str, *args: float) 
 def _rfc3339_seconds(text: str, moment: re.Match[str]) -> float:
     fields = moment.groupdict()
     if fields["utc"]:
-        zone = timezone.utc
+        zone = UTC
     else:
         if int(fields["off_hour"]) > 23 or int(fields["off_minute"]) > 59:
             raise TimeRangeError(f'invalid time "{text}": timezone offset out of range')
@@ -162,6 +162,6 @@ def _describe(text: str | None, seconds: float) -> str:
 
 def _iso(seconds: float) -> str:
     try:
-        return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+        return datetime.fromtimestamp(seconds, tz=UTC).isoformat().replace("+00:00", "Z")
     except (OverflowError, OSError, ValueError):
         return f"{seconds} unix seconds"

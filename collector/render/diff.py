@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collector.model.profile import FrameKey, Stacks
-from collector.render.svg import render_tree_svg
-from collector.render.tree import OTHER, Node, function_counts, truncate, truncate_onto
+from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.svg import render_tree_svg
+from fleetprof.collector.render.tree import OTHER, Node, function_counts, truncate, truncate_onto
 
 SORTS = ("self", "total")
 GROWTH_RGB = (224, 48, 32)  # red: a larger share in the comparison

@@ -3,9 +3,9 @@ valueRight/selfRight), in Grafana's DataFrame JSON shape (schema + data.values).
 
 from __future__ import annotations
 
-from collector.model.profile import Stacks
-from collector.render.diff import DiffNode, build_diff_tree
-from collector.render.tree import KERNEL_SUFFIX, Node, build_tree
+from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.render.diff import DiffNode, build_diff_tree
+from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree
 
 
 def _label(node: Node) -> str:

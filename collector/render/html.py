@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 import json
 
-from collector.model.profile import Stacks
-from collector.render.svg import frame_colour
-from collector.render.tree import OTHER, Node, build_tree
+from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.render.svg import frame_colour
+from fleetprof.collector.render.tree import OTHER, Node, build_tree
 
 FRAME_H = 18
 

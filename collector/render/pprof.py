@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gzip
 
-from collector.model.profile import FrameKey, Stacks
-from collector.render.tree import UNKNOWN_FRAME
+from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 KERNEL_FILE = "[kernel.kallsyms]"
 

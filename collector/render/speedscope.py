@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collector.model.profile import FrameKey, Stacks
-from collector.render.tree import UNKNOWN_FRAME
+from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 KERNEL_FILE = "[kernel]"

@@ -6,8 +6,8 @@ import json
 import re
 from collections.abc import Callable
 
-from collector.model.profile import Stacks
-from collector.render.tree import OTHER, Node, build_tree
+from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.render.tree import OTHER, Node, build_tree
 
 FRAME_H = 16  # px per stack level; rects are one px shorter so levels stay visually apart
 PAD = 10

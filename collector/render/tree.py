@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.model.profile import FrameKey, Stacks
 
 KERNEL_SUFFIX = "_[k]"
 # The frame that truncate() folds a parent's light children into. The module marks it as ours, so a real

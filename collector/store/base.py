@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from collector.model.profile import SyscallAgg
-from collector.model.rows import Grouped, ProfileRows, Selection
-from collector.model.selector import Selector
+from fleetprof.collector.model.profile import SyscallAgg
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
+from fleetprof.collector.model.selector import Selector
 
 
 class ProfileStore(Protocol):

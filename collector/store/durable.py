@@ -27,18 +27,18 @@ from pathlib import Path
 
 import duckdb
 
-from collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
-from collector.model.rows import Grouped, ProfileRows, Selection
-from collector.model.selector import Selector
-from collector.store.base import StoreUnavailable
-from collector.store.cold.chunk import Chunk
-from collector.store.cold.database import Database
-from collector.store.cold.maintenance import Maintenance, RollupPolicy
-from collector.store.cold.queries import Queries
-from collector.store.cold.writer import ChunkWriter
-from collector.store.memory import MemoryStore
-from collector.store.sequences import SeenSequences
-from collector.store.wal import WalError, WriteAheadLog, WriteFn
+from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
+from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.store.base import StoreUnavailable
+from fleetprof.collector.store.cold.chunk import Chunk
+from fleetprof.collector.store.cold.database import Database
+from fleetprof.collector.store.cold.maintenance import Maintenance, RollupPolicy
+from fleetprof.collector.store.cold.queries import Queries
+from fleetprof.collector.store.cold.writer import ChunkWriter
+from fleetprof.collector.store.memory import MemoryStore
+from fleetprof.collector.store.sequences import SeenSequences
+from fleetprof.collector.store.wal import WalError, WriteAheadLog, WriteFn
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.model.gpu import POD_GPU_LABELS, GpuWindow
-from collector.model.selector import Selector
+from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow
+from fleetprof.collector.model.selector import Selector
 
 
 @dataclass(frozen=True)

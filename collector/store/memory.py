@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from collector.model.id_index import IdIndex
-from collector.model.ids import labels_id
-from collector.model.profile import Labels, Stack, SyscallAgg
-from collector.model.rows import Grouped, ProfileRows, Selection
-from collector.model.selector import Selector
+from fleetprof.collector.model.id_index import IdIndex
+from fleetprof.collector.model.ids import labels_id
+from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
+from fleetprof.collector.model.selector import Selector
 
 
 class _Bucket:

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collector.model.ids import labels_id
-from collector.model.profile import Labels, Stack
-from collector.model.rows import ProfileRows
+from fleetprof.collector.model.ids import labels_id
+from fleetprof.collector.model.profile import Labels, Stack
+from fleetprof.collector.model.rows import ProfileRows
 
 
 @dataclass

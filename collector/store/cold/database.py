@@ -25,7 +25,7 @@ from pathlib import Path
 
 import duckdb
 
-from collector.model.id_index import IdIndex
+from fleetprof.collector.model.id_index import IdIndex
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS frames (id BIGINT, function VARCHAR, module VARCHAR, kernel BOOLEAN);

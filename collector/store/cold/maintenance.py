@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.store.cold.database import Database, KnownIds, rollback
+from fleetprof.collector.store.cold.database import Database, KnownIds, rollback
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from collections.abc import Iterable, Sequence
 import duckdb
 import numpy as np
 
-from collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
-from collector.model.selector import Selector
-from collector.store.cold.chunk import Chunk, merged_columns
-from collector.store.cold.database import Database
+from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
+from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.store.cold.chunk import Chunk, merged_columns
+from fleetprof.collector.store.cold.database import Database
 
 _CACHE_LIMIT = 1_000_000
 

@@ -9,10 +9,10 @@ from itertools import chain
 import duckdb
 import numpy as np
 
-from collector.model.ids import frame_ids, labels_json
-from collector.model.profile import Stack
-from collector.store.cold.chunk import Chunk
-from collector.store.cold.database import Database, rollback
+from fleetprof.collector.model.ids import frame_ids, labels_json
+from fleetprof.collector.model.profile import Stack
+from fleetprof.collector.store.cold.chunk import Chunk
+from fleetprof.collector.store.cold.database import Database, rollback
 
 
 class ChunkWriter:

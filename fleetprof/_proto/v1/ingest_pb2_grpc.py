@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from fleetprof.v1 import ingest_pb2 as fleetprof_dot_v1_dot_ingest__pb2
+from fleetprof._proto.v1 import ingest_pb2 as fleetprof_dot___proto_dot_v1_dot_ingest__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in fleetprof/v1/ingest_pb2_grpc.py depends on'
+        + ' but the generated code in fleetprof/_proto/v1/ingest_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class IngestStub:
         """
         self.Push = channel.stream_stream(
                 '/fleetprof.v1.Ingest/Push',
-                request_serializer=fleetprof_dot_v1_dot_ingest__pb2.Batch.SerializeToString,
-                response_deserializer=fleetprof_dot_v1_dot_ingest__pb2.Ack.FromString,
+                request_serializer=fleetprof_dot___proto_dot_v1_dot_ingest__pb2.Batch.SerializeToString,
+                response_deserializer=fleetprof_dot___proto_dot_v1_dot_ingest__pb2.Ack.FromString,
                 _registered_method=True)
 
 
@@ -60,8 +60,8 @@ def add_IngestServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_stream_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=fleetprof_dot_v1_dot_ingest__pb2.Batch.FromString,
-                    response_serializer=fleetprof_dot_v1_dot_ingest__pb2.Ack.SerializeToString,
+                    request_deserializer=fleetprof_dot___proto_dot_v1_dot_ingest__pb2.Batch.FromString,
+                    response_serializer=fleetprof_dot___proto_dot_v1_dot_ingest__pb2.Ack.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,8 +89,8 @@ class Ingest:
             request_iterator,
             target,
             '/fleetprof.v1.Ingest/Push',
-            fleetprof_dot_v1_dot_ingest__pb2.Batch.SerializeToString,
-            fleetprof_dot_v1_dot_ingest__pb2.Ack.FromString,
+            fleetprof_dot___proto_dot_v1_dot_ingest__pb2.Batch.SerializeToString,
+            fleetprof_dot___proto_dot_v1_dot_ingest__pb2.Ack.FromString,
             options,
             channel_credentials,
             insecure,
