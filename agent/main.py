@@ -57,7 +57,7 @@ class AgentConfig:
     syscalls: bool = True  # counts always, latency in duty-cycled windows (agent/syscalls.py)
     syscall_latency_sample_every: int | None = None  # None: the tracer's measured default; 0: count only
     syscall_latency_duty: LatencyDuty | None = None  # None: the tracer's measured default
-    python: bool = True  # Python-aware stacks: walk CPython frames in BPF (issue #7)
+    python: bool = True  # Python-aware stacks: walk CPython frames in BPF
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
 

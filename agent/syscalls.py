@@ -37,26 +37,16 @@ STAT_NAMES = (
 )
 TIMING_OPEN, TIMING_EPOCH = 0, 1  # indices of the `timing` array
 
-# Defaults: time 1 call in 16 during a 1 s timing window every 10 s (LatencyDuty). From bench/syscalls.py
-# --quick on this machine kind (2 vCPUs, kernel 6.18, 2026-11-22; median ns added per getppid, untraced
-# 179 ns; "BPF" is the programs' own run time per syscall from the kernel's accounting, the rest of the
-# added ns is the tracepoint machinery; A/B medians swing by +-30 ns between runs, BPF ns by +-3):
-#
-#   empty program on raw sys_enter                +33          empty programs on sys_enter + sys_exit   +57
-#   count only (0)                                +57  BPF 26  bcc syscount-bpfcc (counts)              +60
-#   timing 1/16, always                          +110  BPF 67  timing 1/1, always                      +281
-#   timing 1/16 in 1 s of 10 (default)            +50  BPF 24  bcc syscount-bpfcc -L (latency)         +284
-#   timing 1/4 in 1 s of 10                       +88  BPF 36  timing 1/1 in 1 s of 10                  +93
-#
-# Timing at any rate needs sys_exit attached, and the machinery of a second tracepoint costs as much as
-# the first: that, not the sampling rate, is the price of latency. So sys_exit is attached only around
-# timing windows (10% of the time plus a tail as long as the window, for calls in flight), and outside
-# them the tracer costs what count-only costs: the default measured the same as count only (within the
-# noise), at a quarter of the always-on timing cost. Within windows 1/16 keeps the BPF time at the count-
-# only level; a (process, syscall) made 100 times a second still gets ~190 timed calls in 5 minutes.
-# Calls that block longer than the tail (1 s) are counted but not timed (stat stale_start): the latency
-# histograms describe calls up to ~1 s well and longer ones not at all. Sampling draws
-# bpf_get_prandom_u32(): a per-CPU counter measured no cheaper and would lock onto periodic call patterns.
+# Defaults: time 1 call in 16 during a 1 s timing window every 10 s (LatencyDuty); the measurements behind
+# them are in the README ("Syscall tracing cost", bench/syscalls.py). Timing at any rate needs sys_exit
+# attached, and the machinery of a second tracepoint costs as much as the first: that, not the sampling
+# rate, is the price of latency. So sys_exit is attached only around timing windows (10% of the time plus a
+# tail as long as the window, for calls in flight), and outside them the tracer costs what count-only
+# costs. Within windows 1/16 keeps the BPF time at the count-only level; a (process, syscall) made 100
+# times a second still gets ~190 timed calls in 5 minutes. Calls that block longer than the tail (1 s) are
+# counted but not timed (stat stale_start): the latency histograms describe calls up to ~1 s well and
+# longer ones not at all. Sampling draws bpf_get_prandom_u32(): a per-CPU counter measured no cheaper and
+# would lock onto periodic call patterns.
 DEFAULT_SAMPLE_EVERY = 16
 
 # The drain's grace (bpfmaps.DoubleBuffer.GRACE_S) suffices here: syscall probes run with preemption off

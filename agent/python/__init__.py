@@ -1,1 +1,1 @@
-"""Python-aware stacks: detect CPython processes, hand their layout to BPF, name their frames (issue #7)."""
+"""Python-aware stacks: detect CPython processes, hand their layout to BPF, name their frames."""
