@@ -25,6 +25,7 @@ UNMAPPED = "[unmapped]"
 @dataclass(frozen=True)
 class ResolvedSample:
     process: ProcessInfo
+    tid: int  # the agent's own (per-thread Python stacks are checked by it); batches sum a process's threads
     frames: tuple[Frame, ...]  # root first
     kernel_start: int  # index of the first kernel frame (len(frames) if none)
     count: int
@@ -99,7 +100,7 @@ class Resolver:
             frames = user + kernel
             if not frames:
                 frames = (NO_STACK,)
-            samples.append(ResolvedSample(proc, frames, len(user), s.count, s.gpu_slot))
+            samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot))
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
         if python is not None:

@@ -1,0 +1,276 @@
+"""What each `fleetprof` subcommand does: run the collector, the agent or the demo, or query a collector."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fleetprof.cli.parser import (
+    DEFAULT_AGENT_HTTP,
+    DEFAULT_COLLECTOR_HTTP,
+    DIFF_FORMATS,
+    FLAME_FORMATS,
+    extensions,
+    format_of,
+)
+from fleetprof.cli.tables import (
+    format_diff,
+    format_gpus,
+    format_groups,
+    format_pods,
+    format_syscalls,
+    format_top,
+)
+from fleetprof.client import QueryError, fetch, fetch_json
+
+POD_GROUP = ("namespace", "pod", "workload_kind", "workload", "node")
+
+
+def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
+    since = args.since
+    if since is None and args.from_ is None:
+        since = "5m"
+    return {"query": args.query, "since": since, "from": args.from_, "until": args.until, "gpu": args.gpu}
+
+
+def cmd_collector(args: argparse.Namespace) -> int:
+    from fleetprof.collector.main import Collector, CollectorConfig
+
+    try:
+        col = Collector(
+            CollectorConfig(
+                grpc=args.grpc,
+                http=args.http,
+                retention_s=args.retention,
+                data_dir=args.data_dir,
+                wal_fsync=args.wal_fsync,
+                flush_s=args.flush_interval,
+                max_clock_skew_s=args.max_clock_skew,
+            )
+        )
+    except OSError as err:
+        print(f"fleetprof collector: {err}", file=sys.stderr)
+        return 1
+    col.start()
+    print(f"fleetprof collector: gRPC {args.grpc}, UI and API http://{args.http}/", flush=True)
+    _wait_for_signal(col.stop)
+    col.wait()
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from fleetprof.agent.kernel import BpfUnavailable
+    from fleetprof.agent.main import Agent, AgentConfig
+
+    config = AgentConfig(
+        collector=args.collector,
+        http=args.http,
+        frequency_hz=args.frequency,
+        interval_s=args.interval,
+        node=args.node,
+        include_idle=args.include_idle,
+        kubeconfig=args.kubeconfig,
+        kubernetes=not args.no_kubernetes,
+        pod_labels=tuple(args.pod_label),
+        pod_resources_socket=args.pod_resources_socket,
+        syscalls=args.syscalls,
+        syscall_latency_sample_every=args.syscall_latency_sample,
+        syscall_latency_duty=args.syscall_latency_duty,
+        python=args.python,
+        gpu=args.gpu,
+        gpu_interval_s=args.gpu_interval,
+    )
+    from fleetprof.agent.kernel import missing_prerequisite
+    from fleetprof.agent.kube.config import KubeConfigError
+
+    problem = missing_prerequisite()  # before anything else: one sentence, nothing logged ahead of it
+    if problem:
+        print(f"fleetprof agent: {problem}", file=sys.stderr)
+        return 1
+    try:
+        agent = Agent(config)
+    except (OSError, KubeConfigError, ValueError) as err:
+        print(f"fleetprof agent: cannot start: {err}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop())
+    signal.signal(signal.SIGINT, lambda *_: agent.stop())
+    try:
+        agent.run()
+    except BpfUnavailable as err:
+        print(f"fleetprof agent: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
+    signal.signal(signal.SIGTERM, lambda *_: on_stop())
+    signal.signal(signal.SIGINT, lambda *_: on_stop())
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    params = _range_params(args) | {"limit": str(args.limit)}
+    if args.by:
+        print(format_groups(fetch_json(args.collector, "/api/v1/top", params | {"by": args.by})))
+        return 0
+    data = fetch_json(args.collector, "/api/v1/top", params | {"sort": args.sort})
+    print(format_top(data))
+    return 0
+
+
+def cmd_pods(args: argparse.Namespace) -> int:
+    params = _range_params(args) | {"limit": str(args.limit), "by": ",".join(POD_GROUP)}
+    print(format_pods(fetch_json(args.collector, "/api/v1/top", params)))
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    params = _range_params(args) | {"limit": str(args.limit), "functions": str(args.functions)}
+    params.pop("gpu")
+    print(format_gpus(fetch_json(args.collector, "/api/v1/gpus", params)))
+    return 0
+
+
+def cmd_syscalls(args: argparse.Namespace) -> int:
+    base = _range_params(args) | {"by": args.by, "limit": str(args.limit)}
+    by_time = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "time"})
+    by_count = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "count"})
+    print(format_syscalls(by_time, "time"))
+    print()
+    print(format_syscalls(by_count, "count"))
+    return 0
+
+
+def _format_or_complain(command: str, output: str, formats: dict[str, str]) -> str | None:
+    fmt = format_of(output, formats)
+    if fmt is None:
+        print(
+            f"fleetprof {command}: cannot tell the format of {output!r}: use one of {extensions(formats)}",
+            file=sys.stderr,
+        )
+    return fmt
+
+
+def _write(output: str, fmt: str, body: bytes) -> None:
+    Path(output).write_bytes(body)
+    print(f"wrote {output} ({fmt}, {len(body)} bytes)")
+
+
+def cmd_flame(args: argparse.Namespace) -> int:
+    fmt = "folded"
+    if args.output:
+        fmt = _format_or_complain("flame", args.output, FLAME_FORMATS)
+        if fmt is None:
+            return 2
+    params = _range_params(args) | {"format": fmt}
+    if args.max_nodes:
+        params["max_nodes"] = str(args.max_nodes)
+    body = fetch(args.collector, "/api/v1/profile", params)
+    if args.output:
+        _write(args.output, fmt, body)
+    else:
+        sys.stdout.write(body.decode())
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    fmt = "json"
+    if args.output:
+        fmt = _format_or_complain("diff", args.output, DIFF_FORMATS)
+        if fmt is None:
+            return 2
+    params = _range_params(args) | {
+        "query2": args.query2,
+        "since2": args.since2,
+        "from2": args.from2,
+        "until2": args.until2,
+        "format": fmt,
+        "sort": args.sort,
+        "limit": str(args.limit),
+    }
+    if args.max_nodes:
+        params["max_nodes"] = str(args.max_nodes)
+    body = fetch(args.collector, "/api/v1/diff", params)
+    if args.output:
+        _write(args.output, fmt, body)
+    else:
+        print(format_diff(json.loads(body)))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Collector and agent as child processes of this one; Ctrl-C stops both."""
+    exe = [sys.executable, "-m", "fleetprof.cli"]
+    collector = subprocess.Popen(exe + ["collector"])
+    time.sleep(1.0)
+    if collector.poll() is not None:
+        print("fleetprof demo: the collector did not start (see above)", file=sys.stderr)
+        return 1
+    agent = subprocess.Popen(
+        exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)]
+    )
+    children = [agent, collector]
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    url = f"http://{DEFAULT_COLLECTOR_HTTP}"
+    print(
+        f"fleetprof demo: UI {url}/   API {url}/api/v1/top   agent metrics http://{DEFAULT_AGENT_HTTP}/metrics"
+    )
+    print(f"fleetprof demo: first `fleetprof top` in {args.warmup:g} s; Ctrl-C stops both", flush=True)
+    first_top_at = time.monotonic() + args.warmup
+    give_up_at = first_top_at + 60  # the agent's BPF compile can take a while on a loaded machine
+    shown = False
+    rc = 0
+    while not stopping:
+        if any(p.poll() is not None for p in children):
+            print("fleetprof demo: a child process exited; stopping", file=sys.stderr)
+            rc = 1
+            break
+        now = time.monotonic()
+        if not shown and now >= first_top_at:
+            first_top_at = now + 1.0
+            try:
+                data = fetch_json(url, "/api/v1/top", {"since": "1m", "limit": "15"})
+            except QueryError as err:
+                data = None
+                if now >= give_up_at:
+                    shown = True
+                    print(f"fleetprof demo: {err}", file=sys.stderr)
+            if data is not None and (data["total"] > 0 or now >= give_up_at):
+                shown = True
+                print(format_top(data), flush=True)
+                print(f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | {url}/", flush=True)
+        time.sleep(0.2)
+    for p in children:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in children:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    print("fleetprof demo: stopped")
+    return rc
+
+
+COMMANDS = {
+    "collector": cmd_collector,
+    "agent": cmd_agent,
+    "demo": cmd_demo,
+    "top": cmd_top,
+    "pods": cmd_pods,
+    "syscalls": cmd_syscalls,
+    "gpus": cmd_gpus,
+    "flame": cmd_flame,
+    "diff": cmd_diff,
+}

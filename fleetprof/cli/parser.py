@@ -1,0 +1,313 @@
+"""The `fleetprof` command line: every subcommand's flags and the value types that check them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_COLLECTOR_GRPC = "127.0.0.1:7470"
+DEFAULT_COLLECTOR_HTTP = "127.0.0.1:7471"
+DEFAULT_AGENT_HTTP = "127.0.0.1:7472"
+# Longest suffix first: ".speedscope.json" must not be read as ".json".
+FLAME_FORMATS = {
+    ".speedscope.json": "speedscope",
+    ".grafana.json": "grafana",
+    ".pb.gz": "pprof",
+    ".pprof": "pprof",
+    ".svg": "svg",
+    ".html": "html",
+    ".folded": "folded",
+    ".txt": "folded",
+    ".json": "json",
+}
+DIFF_FORMATS = {".grafana.json": "grafana", ".svg": "svg", ".json": "json"}
+
+
+def extensions(formats: dict[str, str]) -> str:
+    """The extensions a format table accepts, for help text and error messages."""
+    return ", ".join(formats)
+
+
+def format_of(path: str, formats: dict[str, str]) -> str | None:
+    """The output format a file name asks for by its extension (case-insensitive), or None."""
+    name = Path(path).name.lower()
+    return next((fmt for ext, fmt in formats.items() if name.endswith(ext)), None)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {v}")
+    return v
+
+
+def _frequency(text: str) -> int:
+    v = _positive_int(text)
+    if v > 1000:
+        raise argparse.ArgumentTypeError(f"{v} Hz is above the 1000 Hz limit (the default is 19 Hz)")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0.5 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.5 and 3600 seconds, got {v:g}")
+    return v
+
+
+def _hostport(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text if host else f"127.0.0.1:{port}"
+
+
+def _sample_fraction(text: str) -> int:
+    from fleetprof.agent.syscalls import parse_sample_fraction
+
+    try:
+        return parse_sample_fraction(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _latency_duty(text: str):  # noqa: ANN202 - agent.syscalls.LatencyDuty, imported lazily
+    from fleetprof.agent.syscalls import parse_latency_duty
+
+    try:
+        return parse_latency_duty(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _pod_label(text: str) -> str:
+    from fleetprof.agent.kube.pods import parse_label_map
+
+    try:
+        parse_label_map([text])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _seconds_or_duration(text: str) -> float:
+    from fleetprof.collector.query.timerange import TimeRangeError, parse_duration
+
+    try:
+        v = parse_duration(text)
+    except TimeRangeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if v < 15 * 60:
+        raise argparse.ArgumentTypeError(f"must be at least 15m, got {text}")
+    return v
+
+
+def _add_query_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector HTTP URL")
+    p.add_argument(
+        "--query", default="{}", help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\''
+    )
+    p.add_argument(
+        "--since", default=None, help="window ending now (or at --until), e.g. 5m, 1h (default 5m)"
+    )
+    p.add_argument("--from", dest="from_", default=None, help="start: unix seconds, RFC 3339, or now-15m")
+    p.add_argument("--until", default=None, help="end: unix seconds, RFC 3339, or now-5m (default now)")
+    p.add_argument(
+        "--gpu",
+        choices=("idle", "busy"),
+        default=None,
+        help="only CPU samples taken while the process's GPUs were idle (busy)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetprof", description="Always-on eBPF fleet profiler")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("collector", help="run the collector (gRPC ingest, store, HTTP API and UI)")
+    c.add_argument("--grpc", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="gRPC listen address")
+    c.add_argument("--http", type=_hostport, default=DEFAULT_COLLECTOR_HTTP, help="HTTP listen address")
+    c.add_argument(
+        "--retention",
+        type=_seconds_or_duration,
+        default=None,
+        help="how long data is kept, e.g. 36h, 7d (>= 15m; default 1h in memory, 7d with --data-dir)",
+    )
+    c.add_argument(
+        "--data-dir",
+        default=None,
+        help="keep profiles on disk here (DuckDB + write-ahead log); without it, in memory only",
+    )
+    c.add_argument(
+        "--wal-fsync",
+        action="store_true",
+        help="fsync every batch before acknowledging it (survives power loss, not only a crash)",
+    )
+    c.add_argument(
+        "--flush-interval",
+        type=_seconds,
+        default=10.0,
+        help="seconds between moves of logged batches into the database (with --data-dir; default 10)",
+    )
+    c.add_argument(
+        "--max-clock-skew",
+        type=_seconds,
+        default=300.0,
+        help="refuse batches whose window ends more than this many seconds ahead of the collector's clock"
+        " (default 300)",
+    )
+
+    a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
+    a.add_argument(
+        "--collector", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="collector gRPC HOST:PORT"
+    )
+    a.add_argument("--http", type=_hostport, default=DEFAULT_AGENT_HTTP, help="/metrics and /healthz address")
+    a.add_argument(
+        "--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)"
+    )
+    a.add_argument(
+        "--interval", type=_seconds, default=10.0, help="seconds between drains/batches (default 10)"
+    )
+    a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
+    a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
+    # On by default: counting costs about what bcc syscount costs, and latency is timed only inside
+    # duty-cycled windows (measured in bench/syscalls.py; see agent/syscalls.py).
+    a.add_argument(
+        "--syscalls",
+        dest="syscalls",
+        action="store_true",
+        default=True,
+        help="attach the syscall tracepoints: per-pod syscall counts and latency (default on)",
+    )
+    a.add_argument("--no-syscalls", dest="syscalls", action="store_false", help="do not trace syscalls")
+    a.add_argument(
+        "--syscall-latency-sample",
+        type=_sample_fraction,
+        default=None,
+        metavar="1/N",
+        help="inside timing windows, time one syscall in N (a power of two; 0 counts only; default 1/16)",
+    )
+    a.add_argument(
+        "--syscall-latency-duty",
+        type=_latency_duty,
+        default=None,
+        metavar="W/P",
+        help="timing windows of W seconds every P seconds (default 1/10; 1/1 times all the time)",
+    )
+    a.add_argument(
+        "--python",
+        dest="python",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Python-aware stacks: show CPython 3.11-3.13 functions in place of the interpreter (default on)",
+    )
+    a.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig for pod metadata (default: in-cluster service account, else $KUBECONFIG, else off)",
+    )
+    a.add_argument("--no-kubernetes", action="store_true", help="do not ask the API server for pod metadata")
+    a.add_argument(
+        "--pod-label",
+        type=_pod_label,
+        action="append",
+        default=[],
+        metavar="KEY[=NAME]",
+        help="pod label to profile as NAME (repeatable; default: app.kubernetes.io/name or app as app)",
+    )
+    a.add_argument(
+        "--pod-resources-socket",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="kubelet PodResources socket, for GPU → pod ownership (absent: feature off)",
+    )
+    a.add_argument("--gpu", dest="gpu", action="store_true", default=True, help="poll GPUs (NVML; default)")
+    a.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not poll GPUs")
+    a.add_argument(
+        "--gpu-interval", type=_seconds, default=1.0, help="seconds between NVML polls (0.5-3600; default 1)"
+    )
+
+    d = sub.add_parser("demo", help="collector + agent on this machine, then a first `top`")
+    d.add_argument("--frequency", type=_frequency, default=19)
+    d.add_argument("--interval", type=_seconds, default=5.0)
+    d.add_argument("--warmup", type=_seconds, default=15.0, help="seconds before the first top")
+
+    t = sub.add_parser("top", help="hottest functions (self and total), or label groups with --by")
+    _add_query_args(t)
+    t.add_argument("--limit", type=_positive_int, default=20)
+    t.add_argument(
+        "--sort", choices=("self", "total"), default="self", help="rank functions by self or total samples"
+    )
+    t.add_argument(
+        "--by", default=None, metavar="LABEL[,LABEL]", help="rank label groups instead, e.g. pod or node"
+    )
+
+    pods = sub.add_parser("pods", help="pods by CPU share for a selection")
+    _add_query_args(pods)
+    pods.add_argument("--limit", type=_positive_int, default=30)
+
+    sc = sub.add_parser("syscalls", help="top syscalls by time and by count for a selection")
+    _add_query_args(sc)
+    sc.add_argument(
+        "--by", default="syscall", help="group by these labels (e.g. pod,syscall; default syscall)"
+    )
+    sc.add_argument("--limit", type=_positive_int, default=15)
+
+    f = sub.add_parser(
+        "flame",
+        help="write a flame graph or profile (.svg .html .pb.gz .speedscope.json .json .folded) "
+        "or print folded stacks",
+    )
+    _add_query_args(f)
+    f.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="file to write; the extension picks the format: " + extensions(FLAME_FORMATS),
+    )
+    f.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
+    f.add_argument(
+        "--gpu-idle",
+        dest="gpu",
+        action="store_const",
+        const="idle",
+        help="the CPU time spent while the processes' GPUs sat idle (same as --gpu idle)",
+    )
+
+    g = sub.add_parser(
+        "gpus", help="per pod: GPU utilization, memory, idle fraction, and the CPU's top functions while idle"
+    )
+    _add_query_args(g)
+    g.add_argument("--limit", type=_positive_int, default=30)
+    g.add_argument("--functions", type=_positive_int, default=3, help="top idle-time functions per pod")
+
+    df = sub.add_parser(
+        "diff",
+        help="compare two selections (two time ranges or two selectors): per-function share deltas",
+        description="The baseline is --query/--since/--from/--until; the comparison is --query2/--since2/"
+        "--from2/--until2, each defaulting to the baseline's (so give a second selector or a second range).",
+    )
+    _add_query_args(df)
+    df.add_argument("--query2", default=None, help="comparison selector (default: --query)")
+    df.add_argument("--since2", default=None, help="comparison window ending at --until2 (default now)")
+    df.add_argument("--from2", default=None, help="comparison start")
+    df.add_argument("--until2", default=None, help="comparison end")
+    df.add_argument(
+        "--sort", choices=("self", "total"), default="self", help="order by |delta| of self or total"
+    )
+    df.add_argument("--limit", type=_positive_int, default=20)
+    df.add_argument(
+        "-o",
+        "--output",
+        default=None,
+        help="write a file instead: .svg (red/blue diff flame graph), .grafana.json (Grafana's diff frame), "
+        ".json (the table)",
+    )
+    df.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
+    return parser
