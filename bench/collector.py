@@ -15,7 +15,6 @@ store in this process, pre-loaded directly.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import sqlite3
@@ -25,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -33,6 +31,7 @@ from pathlib import Path
 import duckdb
 import grpc
 import numpy as np
+from common import free_port, proc_cpu_s, proc_status, scrape, wait_for_health
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,14 +52,6 @@ from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 CPUS, HZ, WINDOW = 64, 19, 10
 SAMPLES_PER_BATCH = CPUS * HZ * WINDOW
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- realistic batches -------------------------------------------------------------------------------
@@ -123,27 +114,6 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Ba
 
 
 # -- ingest through gRPC -----------------------------------------------------------------------------
-def collector_gauge(http_port: int, name: str) -> float:
-    """One unlabelled sample from the collector's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(f"{name} is not in the collector's /metrics")
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def proc_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -162,16 +132,9 @@ def run_ingest(
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics_url = f"http://127.0.0.1:{http_port}/metrics"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=1).read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise RuntimeError("collector did not start") from None
-                time.sleep(0.1)
+        wait_for_health(proc, f"http://127.0.0.1:{http_port}/healthz", "collector", timeout_s=60)
         latencies: list[float] = []
         acked = [0]
         stop = threading.Event()
@@ -221,9 +184,9 @@ def run_ingest(
         if data_dir is not None:
             # The first flush writes every definition the warm-up taught the collector (all stacks and
             # label sets of the fleet: a once-per-start cost); measure the steady state after it.
-            flushes = collector_gauge(http_port, "fleetprof_store_flushes")
+            flushes = scrape(metrics_url)["fleetprof_store_flushes"]
             deadline = time.time() + 60
-            while collector_gauge(http_port, "fleetprof_store_flushes") <= flushes and time.time() < deadline:
+            while scrape(metrics_url)["fleetprof_store_flushes"] <= flushes and time.time() < deadline:
                 time.sleep(0.2)
         go.set()
         cpu0 = proc_cpu_s(proc.pid)
@@ -234,7 +197,7 @@ def run_ingest(
             t.join()
         wall = time.perf_counter() - t0
         cpu = proc_cpu_s(proc.pid) - cpu0
-        rss = proc_rss_mb(proc.pid)
+        rss = int(proc_status(proc.pid)["VmRSS"][0]) / 1024
         batches = acked[0]
         samples = batches * SAMPLES_PER_BATCH
         time.sleep(12 if data_dir else 0)  # one flush: the WAL's batches are in the database
@@ -419,6 +382,16 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
 TOP_QUERY = "SELECT sid, sum(count) FROM s WHERE lid % 3 = 0 GROUP BY sid"
 
 
+def engine_row(engine: str, rows: int, insert_s: float, path: Path, top_s: list[float]) -> dict:
+    """One line of the engines table: insert rate, file bytes per row, median `top` time."""
+    return {
+        "engine": engine,
+        "insert rows/s": rows / insert_s,
+        "bytes/row": path.stat().st_size / rows,
+        "top query ms": 1000 * statistics.median(top_s),
+    }
+
+
 def run_engines(rows: int) -> list[dict]:
     """The cold tier's insert and query pattern on DuckDB (numpy columns) and SQLite (executemany)."""
     rng = random.Random(3)
@@ -440,14 +413,7 @@ def run_engines(rows: int) -> list[dict]:
     ins = time.perf_counter() - t0
     con.execute("CHECKPOINT")
     q, _ = timings(lambda: con.execute(TOP_QUERY).fetchall(), 5)
-    out.append(
-        {
-            "engine": "DuckDB (numpy columns)",
-            "insert rows/s": rows / ins,
-            "bytes/row": (tmp / "x.duckdb").stat().st_size / rows,
-            "top query ms": 1000 * statistics.median(q),
-        }
-    )
+    out.append(engine_row("DuckDB (numpy columns)", rows, ins, tmp / "x.duckdb", q))
     con.close()
     sq = sqlite3.connect(tmp / "x.sqlite")
     sq.execute("PRAGMA journal_mode=WAL")
@@ -460,14 +426,7 @@ def run_engines(rows: int) -> list[dict]:
             sq.executemany("INSERT INTO s VALUES (?, ?, ?, ?)", tuples[i : i + chunk])
     ins = time.perf_counter() - t0
     q, _ = timings(lambda: sq.execute(TOP_QUERY).fetchall(), 3)
-    out.append(
-        {
-            "engine": "SQLite (executemany, WAL)",
-            "insert rows/s": rows / ins,
-            "bytes/row": (tmp / "x.sqlite").stat().st_size / rows,
-            "top query ms": 1000 * statistics.median(q),
-        }
-    )
+    out.append(engine_row("SQLite (executemany, WAL)", rows, ins, tmp / "x.sqlite", q))
     sq.close()
     shutil.rmtree(tmp, ignore_errors=True)
     return out

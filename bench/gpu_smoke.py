@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from common import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,12 +52,6 @@ TRAINER = textwrap.dedent(
             train_step(model, opt, x)
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str) -> dict:

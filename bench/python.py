@@ -26,15 +26,7 @@ import tempfile
 import urllib.parse
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import (  # noqa: E402 - bench scripts are run as files
-    BpfRunTimeStats,
-    Children,
-    Collector,
-    FleetprofAgent,
-    http_get,
-    read_usage,
-)
+from common import BpfRunTimeStats, Children, Collector, FleetprofAgent, http_get, read_usage
 
 WORKLOAD = Path(__file__).parent / "workloads" / "py_work.py"
 PYSPY = Path(sys.executable).parent / "py-spy"

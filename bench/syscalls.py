@@ -52,24 +52,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+from common import (
+    SPIN_SOURCE,
+    BenchError,
+    BpfProgram,
+    BpfRunTimeStats,
+    Children,
+    bpf_programs,
+    build,
+    run_workload,
+    spread_pct,
+)
 
-from overhead import BpfRunTimeStats, build, fds_of_kind  # noqa: E402 - after the path fix above
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer  # noqa: E402
 
 STORM_SOURCE = REPO / "tests" / "workloads" / "syscall_storm.c"
-SPIN_SOURCE = REPO / "bench" / "workloads" / "spin.c"
 SYSCOUNT = "syscount-bpfcc"
 START_TIMEOUT_S = 60.0
 STORMS = ("getppid", "pipe")
 # The floor: empty programs (not fleetprof code; loaded from this string only to measure the machinery).
 EMPTY_PROGRAMS = b"int on_sys_enter(void *ctx) { return 0; }\nint on_sys_exit(void *ctx) { return 0; }\n"
-
-
-class BenchError(RuntimeError):
-    """The benchmark cannot go on; the message says why."""
 
 
 # -- workloads ------------------------------------------------------------------------------------
@@ -88,19 +93,11 @@ def storm_ns_per_call(binary: Path, mode: str, seconds: float) -> float:
 
 def spin_records_per_cpu_s(binary: Path, seconds: float) -> float:
     """Records per second of the workers' own CPU time, one worker per CPU."""
-    workers = [
-        subprocess.Popen([str(binary), "run", str(seconds)], stdout=subprocess.PIPE, text=True)
-        for _ in range(os.cpu_count() or 1)
-    ]
-    records = cpu_ns = 0
-    for w in workers:
-        out, _ = w.communicate(timeout=seconds + 60)
-        if w.returncode != 0:
-            raise BenchError(f"spin failed (exit {w.returncode})")
-        n, _elapsed_ns, cpu, _checksum = out.split()
-        records += int(n)
-        cpu_ns += int(cpu)
-    return records / (cpu_ns / 1e9)
+    children = Children()
+    try:
+        return run_workload(children, binary, os.cpu_count() or 1, seconds).per_cpu_second
+    finally:
+        children.close()
 
 
 def run_workloads(bins: Binaries, seconds: float) -> dict[str, float]:
@@ -258,36 +255,23 @@ def measure_pair(row: Row, make: Callable[[], Tracer], bins: Binaries, seconds: 
     )
 
 
-def program_stats(pid: int) -> dict[str, tuple[int, int]]:
-    """prog_id -> (run_time_ns, run_cnt) for the BPF programs `pid` holds."""
-    progs = {}
-    for fd in fds_of_kind(pid, "anon_inode:bpf-prog"):
-        try:
-            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        info = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
-        if "run_time_ns" in info:
-            progs[info["prog_id"]] = (int(info["run_time_ns"]), int(info["run_cnt"]))
-    return progs
-
-
 def bpf_run_time(make: Callable[[], Tracer], bins: Binaries, seconds: float) -> tuple[float, int, int]:
     """(ns, program runs, syscalls) the tracer's programs spent on a getppid storm, from kernel stats."""
     tracer = make()
     tracer.start()
     try:
-        before = program_stats(tracer.pid)
+        before = bpf_programs(tracer.pid)
         storm_ns_per_call(bins.storm, "getppid", seconds)
-        after = program_stats(tracer.pid)
+        after = bpf_programs(tracer.pid)
     finally:
         tracer.stop()
     ns = runs = syscalls = 0
-    for prog, (t, n) in after.items():
-        t0, n0 = before.get(prog, (0, 0))
-        ns += t - t0
-        runs += n - n0
-        syscalls = max(syscalls, n - n0)  # sys_enter runs once per syscall (sys_exit as often)
+    for prog_id, prog in after.items():
+        was = before.get(prog_id, BpfProgram(prog.prog_type, 0, 0))
+        ns += prog.run_time_ns - was.run_time_ns
+        runs += prog.run_cnt - was.run_cnt
+        # sys_enter runs once per syscall (sys_exit as often)
+        syscalls = max(syscalls, prog.run_cnt - was.run_cnt)
     return ns, runs, syscalls
 
 
@@ -313,10 +297,6 @@ def measure_bpf_time(rows: list[Row], conds: list[tuple[str, Callable[[], Tracer
         for row, values in zip(rows, per_row, strict=True):
             row.bpf_ns = statistics.median(values)
         return statistics.median(accounting)
-
-
-def spread_pct(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values) * 100
 
 
 def table(rows: list[Row], untraced: dict[str, list[float]], accounting_ns: float | None) -> str:

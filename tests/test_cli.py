@@ -11,7 +11,7 @@ import pytest
 from fleetprof.agent.kernel import missing_prerequisite
 from fleetprof.collector.render.tree import parse_folded
 from tests.conftest import RunningCollector, fleetprof, free_port
-from tests.test_ingest import make_batch, push
+from tests.wire import make_batch, push
 
 
 @pytest.mark.parametrize(

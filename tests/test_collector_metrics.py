@@ -9,7 +9,7 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.metrics.cpu import CpuMetrics
 from fleetprof.collector.model.rows import ProfileRows
 from tests.conftest import http_get, start_collector
-from tests.test_ingest import make_batch, push
+from tests.wire import make_batch, push
 
 
 def pod_batch(seq: int, count: int, pod: str = "trainer-0") -> pb.Batch:

@@ -2,160 +2,39 @@
 
 Manifests are validated offline against the Kubernetes JSON schemas (kubernetes-validate, strict: unknown
 fields fail). ServiceMonitor is a prometheus-operator CRD, which those schemas lack: it is validated
-against SERVICE_MONITOR_SCHEMA below, written from the CRD's documented fields (monitoring.coreos.com/v1
-ServiceMonitorSpec, Endpoint, RelabelConfig, NamespaceSelector), closed to unknown fields like the rest.
-Flags in the manifests are checked against `fleetprof agent --help` / `fleetprof collector --help`, and
-every metric name in the dashboards' PromQL against the /metrics of a real collector fed real batches
-over gRPC and of a real agent process object.
+against SERVICE_MONITOR_SCHEMA in tests/manifests.py, written from the CRD's documented fields
+(monitoring.coreos.com/v1 ServiceMonitorSpec, Endpoint, RelabelConfig, NamespaceSelector), closed to
+unknown fields like the rest. Flags in the manifests are checked against `fleetprof agent --help` /
+`fleetprof collector --help`, and every metric name in the dashboards' PromQL against the /metrics of a
+real collector fed real batches over gRPC and of a real agent process object.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from functools import cache
 from pathlib import Path
 
 import grpc
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from tests.conftest import REPO, fleetprof, free_port, http_get
-from tests.test_ingest import make_batch, push
+from tests.conftest import free_port, http_get
+from tests.manifests import (
+    DEPLOY,
+    K8S_VERSIONS,
+    MANIFESTS,
+    assert_flags_accepted,
+    cli_flags,
+    flags_used,
+    manifest_objects,
+    validate_object,
+)
+from tests.wire import hist, make_batch, push, with_syscalls
 
-DEPLOY = REPO / "deploy"
-MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
-# The oldest Kubernetes the chart supports (appArmorProfile in securityContext is 1.30+) and the newest
-# schemas kubernetes-validate ships.
-K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version().rsplit(".", 1)[0])
-
-_STR = {"type": "string"}
-_STRLIST = {"type": "array", "items": _STR}
-_LABEL_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "matchLabels": {"type": "object", "additionalProperties": _STR},
-        "matchExpressions": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["key", "operator"],
-                "properties": {
-                    "key": _STR,
-                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-                    "values": _STRLIST,
-                },
-            },
-        },
-    },
-}
-_RELABEL = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-        "separator": _STR,
-        "targetLabel": _STR,
-        "regex": _STR,
-        "modulus": {"type": "integer", "minimum": 1},
-        "replacement": _STR,
-        "action": {
-            "enum": [
-                "replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
-                "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
-                "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
-                "dropequal", "DropEqual",
-            ]
-        },
-    },
-}  # fmt: skip
-_DURATION = {"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-             "(([0-9]+)s)?(([0-9]+)ms)?)$"}  # fmt: skip
-SERVICE_MONITOR_SCHEMA = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
-                "namespace": _STR,
-                "labels": {"type": "object", "additionalProperties": _STR},
-                "annotations": {"type": "object", "additionalProperties": _STR},
-            },
-        },
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["selector", "endpoints"],
-            "properties": {
-                "jobLabel": _STR,
-                "targetLabels": _STRLIST,
-                "podTargetLabels": _STRLIST,
-                "sampleLimit": {"type": "integer", "minimum": 0},
-                "selector": _LABEL_SELECTOR,
-                "namespaceSelector": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"any": {"type": "boolean"}, "matchNames": _STRLIST},
-                },
-                "endpoints": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "additionalProperties": False,
-                        "properties": {
-                            "port": _STR,
-                            "targetPort": {"type": ["string", "integer"]},
-                            "path": {"type": "string", "pattern": "^/"},
-                            "scheme": {"enum": ["http", "https"]},
-                            "params": {"type": "object", "additionalProperties": _STRLIST},
-                            "interval": _DURATION,
-                            "scrapeTimeout": _DURATION,
-                            "honorLabels": {"type": "boolean"},
-                            "honorTimestamps": {"type": "boolean"},
-                            "relabelings": {"type": "array", "items": _RELABEL},
-                            "metricRelabelings": {"type": "array", "items": _RELABEL},
-                        },
-                        "oneOf": [{"required": ["port"]}, {"required": ["targetPort"]}],
-                    },
-                },
-            },
-        },
-    },
-}
-
-
-def validate_object(obj: dict, version: str) -> None:
-    """One object against Kubernetes `version`'s schema (strict), or ours for ServiceMonitor."""
-    name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
-    if obj.get("kind") == "ServiceMonitor":
-        try:
-            jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
-        except jsonschema.ValidationError as err:
-            pytest.fail(f"{name}: {err.message} at {list(err.absolute_path)}")
-        return
-    try:
-        kubernetes_validate.validate(obj, version, strict=True)
-    except kubernetes_validate.ValidationError as err:
-        pytest.fail(f"{name} is not valid Kubernetes {version}: {err.message} at {list(err.path)}")
-
-
-def manifest_objects() -> list[dict]:
-    return [d for path in MANIFESTS for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 def _find(kind: str, name: str | None = None) -> dict:
@@ -349,27 +228,6 @@ def test_network_policies_select_real_pods_and_open_the_listening_ports() -> Non
 # ---- flags against the CLI ---------------------------------------------------------------------------
 
 
-@cache
-def cli_flags(command: str) -> frozenset[str]:
-    r = fleetprof(command, "--help")
-    assert r.returncode == 0, r.stderr
-    out = r.stdout
-    return frozenset(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", out))
-
-
-def _flags_used(args: list[str]) -> list[str]:
-    return [a.split("=", 1)[0] for a in args if a.startswith("--")]
-
-
-def assert_flags_accepted(workload: dict) -> None:
-    (c,) = workload["spec"]["template"]["spec"]["containers"]
-    assert c["command"] == ["fleetprof"]
-    command, *args = c["args"]
-    assert command in ("agent", "collector")
-    unknown = sorted(set(_flags_used(args)) - cli_flags(command))
-    assert not unknown, f"{workload['metadata']['name']}: `fleetprof {command}` does not accept {unknown}"
-
-
 def test_help_parsing_finds_the_known_flags() -> None:
     assert {"--collector", "--http", "--node", "--frequency", "--interval"} <= cli_flags("agent")
     assert {"--grpc", "--http", "--retention"} <= cli_flags("collector")
@@ -388,7 +246,7 @@ def test_dockerfiles_build_the_documented_images(name: str) -> None:
     entry = json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.M).group(1))
     cmd = json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1))
     assert entry == ["fleetprof"] and cmd[0] == name
-    unknown = sorted(set(_flags_used(cmd)) - cli_flags(name))
+    unknown = sorted(set(flags_used(cmd)) - cli_flags(name))
     assert not unknown, f"Dockerfile.{name} CMD uses {unknown}"
     exposed = {int(p) for p in re.findall(r"^EXPOSE (.+)$", text, re.M)[0].split()}
     workload = _find("DaemonSet" if name == "agent" else "StatefulSet")
@@ -502,8 +360,6 @@ PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped
 
 def _realistic_batches() -> list[pb.Batch]:
     """What an agent on a GPU node sends: pod-labelled CPU samples, syscalls, sampler stats, GPUs."""
-    from tests.test_syscalls_collector import hist, with_syscalls
-
     b = make_batch(count=190)
     s = list(b.strings)
     for key, value in (("namespace", "ml"), ("pod", "trainer-0"), ("container", "main"), ("pod_uid", "u-1")):

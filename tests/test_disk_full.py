@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.collector_process import start_collector_process
 from tests.conftest import free_port, http_get, start_agent, stop_agent, wait_until
-from tests.test_durability import start
-from tests.test_profile_e2e import steal_seconds
+from tests.steal_time import steal_seconds
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -79,7 +79,7 @@ def test_a_disk_filled_and_freed_while_an_agent_streams_loses_and_doubles_nothin
     data = small_disk / "data"
     grpc_port, http_port = free_port(), free_port()
     url = f"http://127.0.0.1:{http_port}"
-    col = start(data, grpc_port, http_port, "--flush-interval", "1")
+    col = start_collector_process(data, grpc_port, http_port, "--flush-interval", "1")
     agent = start_agent(f"127.0.0.1:{grpc_port}", FREQUENCY, 1.0)
     filler = small_disk / "filler"
     try:
@@ -122,7 +122,7 @@ def test_a_disk_filled_and_freed_while_an_agent_streams_loses_and_doubles_nothin
         col.wait()
         log = col.stderr.read().decode()
         col.stderr.close()
-        col = start(data, grpc_port, http_port, "--flush-interval", "1")
+        col = start_collector_process(data, grpc_port, http_port, "--flush-interval", "1")
         after = pid_samples(url, work.pid)
     finally:
         stop_agent(agent)

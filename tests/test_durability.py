@@ -7,62 +7,20 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from fleetprof.agent.shipper import Shipper
-from tests.conftest import REPO, free_port, wait_until
-from tests.test_ingest import make_batch
-
-
-def start(data_dir: Path, grpc_port: int, http_port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleetprof.cli",
-            "collector",
-            "--data-dir",
-            str(data_dir),
-            "--grpc",
-            f"127.0.0.1:{grpc_port}",
-            "--http",
-            f"127.0.0.1:{http_port}",
-            *extra,
-        ],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"collector exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
-            )
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=1).read()
-            return True
-        except OSError:
-            return False
-
-    wait_until(up, 60, "the collector to serve /healthz", every=0.1)
-    return proc
-
-
-def kill9(proc: subprocess.Popen) -> None:
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
+from tests.collector_process import kill9, start_collector_process
+from tests.conftest import free_port
+from tests.wire import make_batch
 
 
 def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path: Path) -> None:
     rng = random.Random(os.getpid())
     grpc_port, http_port = free_port(), free_port()
-    proc = start(tmp_path, grpc_port, http_port)
+    proc = start_collector_process(tmp_path, grpc_port, http_port)
     shipper = Shipper(f"127.0.0.1:{grpc_port}", max_batches=1000, backoff_s=(0.05, 0.3))
     shipper.start()
     expected = 0
@@ -87,11 +45,11 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path: Path) -> N
                 pending_at_kill.append(shipper.pending())
                 kill9(proc)  # at a random moment: mid-stream, mid-flush, or idle
                 kills += 1
-                proc = start(tmp_path, grpc_port, http_port)
+                proc = start_collector_process(tmp_path, grpc_port, http_port)
         assert shipper.flush(60), f"{shipper.pending()} batches never acknowledged"
         assert shipper.stats.batches_dropped == 0 and shipper.stats.batches_rejected == 0
         kill9(proc)  # even the last acknowledged batches survive without a clean stop
-        proc = start(tmp_path, grpc_port, http_port)
+        proc = start_collector_process(tmp_path, grpc_port, http_port)
         q = "query=%7B%7D&since=2h&limit=1"
         with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/api/v1/top?{q}", timeout=30) as r:
             total = json.loads(r.read())["total"]

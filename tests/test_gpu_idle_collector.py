@@ -14,8 +14,8 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import stack_wire_id
 from fleetprof.collector.render.tree import parse_folded
 from tests.conftest import RunningCollector, fleetprof, http_get
-from tests.test_gpu_e2e import T0, gpu_batch
-from tests.test_ingest import push
+from tests.gpu_batches import T0, gpu_batch
+from tests.wire import push
 
 NOW = time.time()
 RANGE = {"from": str(NOW - 60), "until": str(NOW + 60)}

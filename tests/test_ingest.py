@@ -8,25 +8,8 @@ import grpc
 import pytest
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from tests.conftest import RunningCollector, samples_of
-from tests.wire import BatchBuilder
-
-
-def make_batch(seq: int = 1, agent_id: str | None = None, node: str = "node-a", count: int = 5) -> pb.Batch:
-    """One process (pid 42, comm "worker", container_id "abc123") with `count` samples of main;work."""
-    b = BatchBuilder(node, agent_id, seq)
-    b.sample(
-        b.process(42, "worker", {"container_id": "abc123"}),
-        b.stack([("main", "app"), ("work", "app")]),
-        count,
-    )
-    return b.build()
-
-
-def push(target: str, batches: list[pb.Batch]) -> list[int]:
-    with grpc.insecure_channel(target) as ch:
-        return [a.sequence for a in pb_grpc.IngestStub(ch).Push(iter(batches), timeout=10)]
+from tests.wire import make_batch, push
 
 
 def corrupt(mutate) -> pb.Batch:  # noqa: ANN001

@@ -14,7 +14,7 @@ from fleetprof.collector.ingest.decode import Decoder, decode_batch
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
 from fleetprof.collector.model.profile import FrameKey
 from tests.conftest import RunningCollector, http_get
-from tests.test_ingest import make_batch, push
+from tests.wire import make_batch, push
 
 NOW = time.time_ns()
 

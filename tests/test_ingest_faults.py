@@ -18,14 +18,11 @@ from fleetprof.collector.ingest.service import IngestService
 from fleetprof.collector.ingest.validate import IngestLimits
 from fleetprof.collector.main import Collector, CollectorConfig
 from fleetprof.collector.model.rows import ProfileRows
-from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from tests.conftest import free_port, wait_until
-from tests.test_ingest import make_batch, push
-from tests.test_store_faults import Faults
-
-EVERYTHING = parse_selector("{}")
+from tests.stores import EVERYTHING, Faults
+from tests.wire import make_batch, push
 
 
 def stored(store) -> int:  # noqa: ANN001

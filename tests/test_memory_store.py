@@ -8,16 +8,9 @@ from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.store.memory import MemoryStore
+from tests.stores import Clock
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def labels(pid: int, comm: str = "app", node: str = "n1") -> tuple:

@@ -18,6 +18,7 @@ from tests.conftest import (
     stop_agent,
     wait_until,
 )
+from tests.steal_time import steal_seconds
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -92,13 +93,6 @@ def test_samples_match_cpu_time_across_many_drains(
     assert lo <= got <= hi, (
         f"{got} samples for {cpu_s:.2f} CPU s (+ {steal:.2f} s stolen) at {agent.frequency} Hz"
     )
-
-
-def steal_seconds() -> float:
-    """Time the hypervisor took from this VM's CPUs since boot (/proc/stat, all CPUs)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def test_agent_reports_its_health_and_sampler_outcomes(agent: RunningAgent) -> None:

@@ -31,7 +31,7 @@ from tests.prometheus import (
     stop_prometheus,
     wait_for,
 )
-from tests.test_ingest import push
+from tests.wire import push
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -206,7 +206,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         batches = [fleet_batch(seq, agent_id, now - (BATCHES - seq) * 10**9) for seq in range(1, BATCHES + 1)]
         push(grpc_target, batches[:1])
         bad = fleet_batch(1, uuid.uuid4().hex, now)
-        bad.samples[0].stack = 7
+        bad.sample_columns.stack[0] = 7
         with pytest.raises(grpc.RpcError):
             push(grpc_target, [bad])  # refused: gives fleetprof_ingest_rejected_batches_total a reason
         agent = start_agent(grpc_target, 99, 1.0)

@@ -7,7 +7,7 @@ import uuid
 from fleetprof.agent.shipper import Shipper
 from fleetprof.collector.main import Collector, CollectorConfig
 from tests.conftest import RunningCollector, free_port, samples_of, wait_until
-from tests.test_ingest import make_batch
+from tests.wire import make_batch
 
 
 def test_batches_queued_while_the_collector_is_down_arrive_exactly_once_after_it_starts() -> None:

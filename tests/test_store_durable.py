@@ -15,19 +15,11 @@ from fleetprof.collector.store.cold.maintenance import RollupPolicy
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.collector.store.wal import WriteAheadLog
-from tests.test_ingest import make_batch
+from tests.stores import EVERYTHING, Clock, crash
+from tests.wire import make_batch
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
 KERNEL = FrameKey("do_syscall_64", "", True)
-EVERYTHING = parse_selector("{}")
-
-
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def labels(pid: int, comm: str = "app", node: str = "n1", pod: str = "") -> tuple:
@@ -43,12 +35,6 @@ def window(t: float, rows: list, syscalls: list = (), freq: int = 19) -> Profile
 
 def open_store(path: Path, clock: Clock, **kw) -> DurableStore:
     return DurableStore(path, decode=decode_payload, clock=clock, background=False, **kw)
-
-
-def crash(store: DurableStore) -> None:
-    """What kill -9 leaves: no flush, no checkpoint; the files as they are."""
-    store._wal.close()
-    store._db.con.close()
 
 
 def fill(store, t0: float) -> None:  # noqa: ANN001

@@ -14,33 +14,10 @@ from fleetprof.collector.ingest.decode import decode_payload
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.wal import WriteAheadLog
-from tests.test_ingest import make_batch
-from tests.test_store_durable import EVERYTHING, Clock, crash
+from tests.stores import EVERYTHING, Clock, Faults, crash
+from tests.wire import make_batch
 
 AGENT = "agent-f"
-
-
-class Faults:
-    """Switchable faults for the two seams: `wal` makes os.write fail (after writing `wal_partial`
-    bytes of the record), `db_step` names the flush step that raises."""
-
-    def __init__(self) -> None:
-        self.wal: int | None = None  # errno to raise
-        self.wal_partial = 0
-        self.db_step: str | None = None
-        self.db_calls: list[str] = []
-
-    def write(self, fd: int, data: memoryview) -> int:
-        if self.wal is None:
-            return os.write(fd, data)
-        if self.wal_partial:
-            os.write(fd, data[: self.wal_partial])  # a short write lands, then the error
-        raise OSError(self.wal, os.strerror(self.wal))
-
-    def db(self, step: str) -> None:
-        self.db_calls.append(step)
-        if step == self.db_step:
-            raise OSError(errno.EIO, f"injected I/O error at {step}")
 
 
 def open_store(path: Path, clock: Clock, faults: Faults, **kw) -> DurableStore:

@@ -6,35 +6,10 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
 from fleetprof.collector.model.profile import SyscallAgg
 from tests.conftest import RunningCollector, fleetprof, http_get
-from tests.test_ingest import make_batch, push
-
-
-def hist(**buckets: int) -> list[int]:
-    out = [0] * 40
-    for k, n in buckets.items():
-        out[int(k[1:])] = n
-    return out
-
-
-def with_syscalls(batch: pb.Batch, rows: list[tuple[str, int, int, int, list[int]]]) -> pb.Batch:
-    for name, count, timed, timed_ns, h in rows:
-        batch.strings.append(name)
-        batch.syscalls.append(
-            pb.SyscallStats(
-                process=0,
-                syscall=len(batch.strings) - 1,
-                count=count,
-                timed=timed,
-                timed_ns=timed_ns,
-                latency_log2_ns=h,
-            )
-        )
-    batch.syscall_latency_sample_every = 16
-    return batch
+from tests.wire import hist, make_batch, push, with_syscalls
 
 
 def test_quantiles_come_from_the_log2_histogram() -> None:

@@ -1,5 +1,5 @@
-"""Batches in tests, in the one form agents send: built with the agent's own wire-id functions, and read
-back row by row."""
+"""Batches in tests, in the one form agents send: built with the agent's own wire-id functions, read back
+row by row, and pushed to a collector over gRPC."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+import grpc
+
 from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from fleetprof.agent.batch import process_wire_id, stack_wire_id
 
 
@@ -101,3 +104,46 @@ class BatchBuilder:
     def build(self) -> pb.Batch:
         self.batch.strings.extend(self._strings)  # insertion order is id order
         return self.batch
+
+
+def make_batch(seq: int = 1, agent_id: str | None = None, node: str = "node-a", count: int = 5) -> pb.Batch:
+    """One process (pid 42, comm "worker", container_id "abc123") with `count` samples of main;work."""
+    b = BatchBuilder(node, agent_id, seq)
+    b.sample(
+        b.process(42, "worker", {"container_id": "abc123"}),
+        b.stack([("main", "app"), ("work", "app")]),
+        count,
+    )
+    return b.build()
+
+
+def hist(**buckets: int) -> list[int]:
+    """A syscall latency histogram (40 log2 ns buckets) from counts by bucket: hist(b10=6) is 6 in 2^10 ns."""
+    out = [0] * 40
+    for k, n in buckets.items():
+        out[int(k[1:])] = n
+    return out
+
+
+def with_syscalls(batch: pb.Batch, rows: list[tuple[str, int, int, int, list[int]]]) -> pb.Batch:
+    """`batch` with syscall rows (name, count, timed, timed_ns, histogram) of its first process."""
+    for name, count, timed, timed_ns, h in rows:
+        batch.strings.append(name)
+        batch.syscalls.append(
+            pb.SyscallStats(
+                process=0,
+                syscall=len(batch.strings) - 1,
+                count=count,
+                timed=timed,
+                timed_ns=timed_ns,
+                latency_log2_ns=h,
+            )
+        )
+    batch.syscall_latency_sample_every = 16
+    return batch
+
+
+def push(target: str, batches: list[pb.Batch]) -> list[int]:
+    """Send `batches` on one Push stream to the collector at `target`; the sequences it acknowledged."""
+    with grpc.insecure_channel(target) as ch:
+        return [a.sequence for a in pb_grpc.IngestStub(ch).Push(iter(batches), timeout=10)]

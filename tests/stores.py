@@ -1,0 +1,51 @@
+"""What the store tests share: a settable clock, a selector of everything, a crash, injectable disk faults."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.store.durable import DurableStore
+
+EVERYTHING = parse_selector("{}")
+
+
+class Clock:
+    """A store's clock that stands still until a test sets `t`."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def crash(store: DurableStore) -> None:
+    """What kill -9 leaves: no flush, no checkpoint; the files as they are."""
+    store._wal.close()
+    store._db.con.close()
+
+
+class Faults:
+    """Switchable faults for the durable store's two seams (DurableStore's wal_write and db_fault): `wal`
+    makes os.write fail (after writing `wal_partial` bytes of the record), `db_step` names the flush step
+    that raises."""
+
+    def __init__(self) -> None:
+        self.wal: int | None = None  # errno to raise
+        self.wal_partial = 0
+        self.db_step: str | None = None
+        self.db_calls: list[str] = []
+
+    def write(self, fd: int, data: memoryview) -> int:
+        if self.wal is None:
+            return os.write(fd, data)
+        if self.wal_partial:
+            os.write(fd, data[: self.wal_partial])  # a short write lands, then the error
+        raise OSError(self.wal, os.strerror(self.wal))
+
+    def db(self, step: str) -> None:
+        self.db_calls.append(step)
+        if step == self.db_step:
+            raise OSError(errno.EIO, f"injected I/O error at {step}")
