@@ -322,6 +322,16 @@ class Agent:
         except Exception:
             log.exception("final drain failed")
         self.shipper.stop(flush_timeout_s=5.0)
+        shipped, samples = self.shipper.stats, self.counters.snapshot()[0]
+        log.info(
+            "agent stopped: %d samples drained; batches: %d acknowledged, %d refused as invalid, %d dropped "
+            "(queue full), %d unacknowledged at exit",
+            samples,
+            shipped.batches_acked,
+            shipped.batches_rejected,
+            shipped.batches_dropped,
+            self.shipper.pending(),
+        )
         if self._events_thread is not None:
             self._events_thread.join()  # before the sampler frees the ring buffers it waits on
         self.preloader.stop()
