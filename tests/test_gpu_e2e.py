@@ -4,6 +4,7 @@ collector, whose /metrics shows device and per-pod GPU series with the right lab
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 
 import grpc
@@ -23,7 +24,7 @@ from tests.conftest import RunningCollector, http_get
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.test_ingest import make_batch, push
 
-T0 = 1_700_000_000.0
+T0 = float(int(time.time()) - 60)  # recent: the collector refuses windows older than 2 h
 TRAINER_UID = "0b7c6a52-1111-4c1e-9d1a-aaaaaaaaaaaa"
 TRAINER_CID = "c" * 64
 GIB = 1 << 30
