@@ -1,6 +1,6 @@
 # The two commands of the README, and the routine ones.
 PY := .venv/bin/python
-.PHONY: demo test setup setup-test lint proto bench
+.PHONY: demo test setup setup-test lint proto bench images
 
 demo: setup            ## install what is missing, then run collector + agent on this machine
 	.venv/bin/fleetprof demo
@@ -22,3 +22,6 @@ proto:                 ## regenerate fleetprof/_proto from proto/
 
 bench: setup-test      ## agent overhead vs perf and bcc profile (see bench/)
 	$(PY) bench/overhead.py
+
+images:                ## podman builds of deploy/Dockerfile.{agent,collector} (base from debootstrap if missing)
+	bash scripts/images.sh

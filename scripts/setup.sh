@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what fleetprof needs on a fresh Debian machine; safe to run again (does only what is missing).
 #   scripts/setup.sh          runtime: BCC, kernel headers, the virtualenv with fleetprof in editable mode
-#   scripts/setup.sh --test   also what the test suite uses (dev Python deps, headless Chromium)
+#   scripts/setup.sh --test   also what the test suite uses (dev Python deps, headless Chromium, podman)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,9 @@ need_root() {
 APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf)
 [ $WANT_TEST = 1 ] && APT_PKGS+=(chromium golang-go prometheus)  # go tool pprof reads our pprof; prometheus: test_prometheus_e2e (own free port, never :9090)
 [ $WANT_TEST = 1 ] && ! command -v npm >/dev/null && APT_PKGS+=(npm)  # fetches speedscope's schema below
+# test_images: scripts/images.sh (podman, runc: crun fails on these VMs; debootstrap: the base image);
+# test_wheel: a venv of Debian's python3, as the agent image makes.
+[ $WANT_TEST = 1 ] && APT_PKGS+=(podman runc debootstrap python3-venv gcc)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

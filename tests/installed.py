@@ -1,0 +1,96 @@
+"""Helpers for tests of fleetprof as users install it (a wheel in a venv, the container images): a collector
+known only by its HTTP address, and a workload whose hot function must show up under its own pid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetprof.collector.render.tree import parse_folded
+from tests.conftest import REPO, http_get, samples_of, wait_until
+
+# tests/workloads/two_funcs.c: fp_driver calls fp_hot_alpha for SHARE % of its CPU time, fp_cold_beta for
+# the rest. HOT_SHARE leaves no doubt which function leads the profile.
+HOT_FUNCTION = "fp_hot_alpha"
+HOT_SHARE = 85
+WORKLOAD = "two_funcs"
+
+
+@dataclass
+class HttpCollector:
+    """A collector running in another process or container, read through its HTTP API only."""
+
+    url: str
+
+    def healthy(self) -> bool:
+        try:
+            return json.loads(http_get(f"{self.url}/healthz", timeout=2)).get("status") == "ok"
+        except OSError:
+            return False
+
+    def folded(self, query: str, since: str = "10m") -> dict:
+        q = urllib.parse.urlencode({"query": query, "since": since, "format": "folded"})
+        return parse_folded(http_get(f"{self.url}/api/v1/profile?{q}").decode())
+
+    def json(self, path: str, **params: str) -> dict:
+        return json.loads(http_get(f"{self.url}{path}?{urllib.parse.urlencode(params)}"))
+
+
+def package_data_files() -> set[str]:
+    """Every file other than Python source under the three source folders, as paths inside a wheel (agent/
+    installs as fleetprof/agent/, collector/ as fleetprof/collector/): the agent and collector read these at
+    run time (BPF programs and headers, web assets) or ship them (stubs)."""
+    files = set()
+    for folder, installed_as in (
+        ("agent", "fleetprof/agent"),
+        ("collector", "fleetprof/collector"),
+        ("fleetprof", "fleetprof"),
+    ):
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts:
+                files.add(f"{installed_as}/{path.relative_to(REPO / folder).as_posix()}")
+    return files
+
+
+def profile_hot_workload(
+    col: HttpCollector, workload: Path, timeout: float, alive: Callable[[], None] = lambda: None
+) -> tuple[int, dict]:
+    """Run the workload on this host until the collector shows its hot function under its pid.
+
+    It runs for up to `timeout` seconds and is stopped as soon as the evidence is there, so the wait is one
+    agent interval or so whatever the interval; `alive` raises if the agent or collector died meanwhile.
+    Returns the pid and its folded stacks.
+    """
+    proc = subprocess.Popen([str(workload), str(timeout + 30), str(HOT_SHARE)], stdout=subprocess.DEVNULL)
+    query = f'{{pid="{proc.pid}"}}'
+
+    def hot_seen() -> dict | None:
+        alive()
+        if proc.poll() is not None:
+            raise AssertionError(f"the workload exited early with {proc.returncode}")
+        stacks = col.folded(query)
+        hot = sum(n for st, n in stacks.items() if st and st[-1].function == HOT_FUNCTION)
+        # More than one drain's worth, so the shares below mean something.
+        return stacks if hot >= 20 else None
+
+    try:
+        stacks = wait_until(hot_seen, timeout, f"samples of {HOT_FUNCTION} under pid {proc.pid}", every=1.0)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.pid, stacks
+
+
+def assert_hot_function_leads(col: HttpCollector, pid: int, stacks: dict) -> None:
+    """The workload's profile is its own: its hot function leads, under its callers, in its binary."""
+    total = samples_of(stacks)
+    hot = sum(n for st, n in stacks.items() if st and st[-1].function == HOT_FUNCTION)
+    assert hot / total > 0.5, f"{HOT_FUNCTION} has {hot} of {total} samples of pid {pid}"
+    heaviest = max((st for st in stacks if st and st[-1].function == HOT_FUNCTION), key=stacks.get)
+    assert [f.function for f in heaviest][-3:] == ["main", "fp_driver", HOT_FUNCTION]
+    top = col.json("/api/v1/top", query=f'{{pid="{pid}"}}', since="10m", limit="3")
+    assert (top["functions"][0]["function"], top["functions"][0]["module"]) == (HOT_FUNCTION, WORKLOAD)

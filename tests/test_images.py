@@ -1,0 +1,186 @@
+"""The images as deploy/ ships them: scripts/images.sh builds deploy/Dockerfile.agent and .collector (on a
+locally built debian:bookworm-slim), then both run with the manifests' settings and profile a host process.
+
+The collector runs as the StatefulSet runs it (its non-root user, read-only root, no capabilities); the
+agent as the DaemonSet runs it (hostPID, root with the listed capabilities only, seccomp/AppArmor
+unconfined, read-only root, the host's debugfs, tracefs, cgroup, bpffs, /lib/modules and /usr/src).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, http_get, require_bpf, wait_until
+from tests.containers import (
+    Container,
+    container_from_manifest,
+    host_capabilities,
+    require_podman,
+    workload_spec,
+)
+from tests.installed import WORKLOAD, HttpCollector, assert_hot_function_leads, profile_hot_workload
+
+pytestmark = pytest.mark.slow
+
+COLLECTOR_UID = 10001  # the Dockerfile's USER; the StatefulSet's runAsUser and fsGroup must match it
+NODE = "images-test-node"
+INSTALLS = r" RUN .*(apt-get install|-r requirements\.txt)"  # the slow steps of both Dockerfiles
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """scripts/images.sh: fast when podman has the base and the layers (a cold run debootstraps)."""
+    require_podman()
+    log = tmp_path_factory.mktemp("images") / "build.log"
+    built = subprocess.run(
+        ["bash", "scripts/images.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "IMAGES_LOG": str(log)},
+    )  # fmt: skip
+    assert built.returncode == 0, f"scripts/images.sh failed:\n{built.stderr}\n{log.read_text()[-4000:]}"
+    return {
+        "agent": workload_spec("DaemonSet", "fleetprof-agent")["containers"][0]["image"],
+        "collector": workload_spec("StatefulSet", "fleetprof-collector")["containers"][0]["image"],
+    }
+
+
+def test_images_are_built_from_the_deploy_dockerfiles_as_the_manifests_name_them(images: dict) -> None:
+    for component, image in images.items():
+        out = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{json .Config}}", image],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, f"{image} (named in the {component} manifest) is not built: {out.stderr}"
+        config = json.loads(out.stdout)
+        assert config["Entrypoint"] == ["fleetprof"] and config["Cmd"][0] == component
+        assert not any(e.startswith("PIP_CERT=") for e in config.get("Env", [])), "a build argument leaked"
+
+
+@pytest.fixture(scope="module")
+def collector(images: dict) -> Iterator[tuple[Container, HttpCollector, int]]:
+    grpc, http = free_port(), free_port()
+    c = container_from_manifest(
+        "StatefulSet", "fleetprof-collector",
+        args={"--grpc": f"127.0.0.1:{grpc}", "--http": f"127.0.0.1:{http}"}, env={},
+    )  # fmt: skip
+    try:
+        c.start()
+        col = HttpCollector(f"http://127.0.0.1:{http}")
+
+        def up() -> bool:
+            c.alive()
+            return col.healthy()
+
+        wait_until(up, 120, f"the collector container {c.name} to serve /healthz", every=0.5)
+        yield c, col, grpc
+    finally:
+        c.remove()
+
+
+@pytest.fixture(scope="module")
+def agent(collector: tuple, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Container, int]]:
+    require_bpf()
+    _, _, grpc = collector
+    http = free_port()
+    # The kubelet's PodResources directory does not exist off a Kubernetes node (the agent logs that GPU
+    # → pod attribution is off); an empty directory of the test's stands in for it.
+    pod_resources = tmp_path_factory.mktemp("pod-resources")
+    a = container_from_manifest(
+        "DaemonSet", "fleetprof-agent",
+        args={"--collector": f"127.0.0.1:{grpc}", "--http": f"127.0.0.1:{http}"},
+        env={"NODE_NAME": NODE},
+        host_dirs={"/var/lib/kubelet/pod-resources": pod_resources},
+    )  # fmt: skip
+    try:
+        a.start()
+
+        def up() -> bool:
+            a.alive()
+            try:
+                health = json.loads(http_get(f"http://127.0.0.1:{http}/healthz", timeout=2))
+            except OSError:
+                return False
+            return health["collector_connected"]
+
+        # BCC compiles the BPF programs at start; the agent connects at its first batch (--interval).
+        wait_until(up, 180, f"the agent container {a.name} to load BPF and reach the collector", every=1)
+        yield a, http
+    finally:
+        a.remove()
+
+
+def test_collector_container_runs_as_its_non_root_user_and_writes_its_store(
+    images: dict, collector: tuple
+) -> None:
+    c, _, _ = collector
+    assert c.exec("id", "-u") == str(COLLECTOR_UID) and c.exec("id", "-g") == str(COLLECTOR_UID)
+    # The image alone, without the manifest's runAsUser, runs as that user too.
+    alone = subprocess.run(
+        ["podman", "run", "--rm", "--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit",
+         "nproc=4096:4096", "--network", "none", "--entrypoint", "id", images["collector"], "-u"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert alone.stdout.strip() == str(COLLECTOR_UID), alone.stderr
+    assert c.exec("stat", "-c", "%u", "/var/lib/fleetprof/wal") == str(COLLECTOR_UID)
+    assert c.inspect("{{.HostConfig.ReadonlyRootfs}}") == "true"
+    assert c.inspect("{{.EffectiveCaps}}") in ("[]", "<no value>")
+
+
+@pytest.mark.bpf
+def test_agent_container_runs_with_the_daemonsets_privileges_only(agent: tuple) -> None:
+    a, _ = agent
+    spec = workload_spec("DaemonSet", "fleetprof-agent")["containers"][0]["securityContext"]
+    if spec.get("privileged"):
+        assert a.inspect("{{.HostConfig.Privileged}}") == "true"
+        return
+    assert a.inspect("{{.HostConfig.Privileged}}") == "false"
+    caps = {c.removeprefix("CAP_") for c in a.inspect("{{.EffectiveCaps}}").strip("[]").split()}
+    wanted = set(spec["capabilities"]["add"])
+    # Exactly the listed ones, less those this machine's own bounding set lacks: SYS_RESOURCE on the
+    # development VMs, which the agent does without on kernels >= 5.11 (BPF maps are charged to memcg).
+    assert caps == wanted & host_capabilities(), (
+        f"missing {sorted(wanted - caps)}, extra {sorted(caps - wanted)}"
+    )
+    assert a.inspect("{{.HostConfig.PidMode}}") == "host"
+    assert a.exec("id", "-u") == "0"
+
+
+@pytest.mark.bpf
+def test_agent_container_profiles_a_host_workload_under_its_pid(
+    agent: tuple, collector: tuple, workload_bin
+) -> None:
+    a, _ = agent
+    c, col, _ = collector
+
+    def alive() -> None:
+        a.alive()
+        c.alive()
+
+    # At the DaemonSet's --interval (10 s) the hot function shows after one or two batches.
+    pid, stacks = profile_hot_workload(col, workload_bin(WORKLOAD), timeout=180, alive=alive)
+    assert_hot_function_leads(col, pid, stacks)
+    by_node = col.json("/api/v1/top", query=f'{{pid="{pid}"}}', by="node", since="10m")["groups"]
+    assert [g["labels"]["node"] for g in by_node] == [NODE]
+
+
+def test_images_sh_reuses_the_base_and_the_layers(images: dict, tmp_path: Path) -> None:
+    """A second run neither debootstraps nor installs packages again: the base image and the apt and pip
+    layers come from podman's store (only a change to fleetprof's own code rebuilds its last layer)."""
+    log = tmp_path / "rebuild.log"
+    again = subprocess.run(
+        ["bash", "scripts/images.sh"], cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "IMAGES_LOG": str(log)},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "base docker.io/library/debian:bookworm-slim present" in again.stderr
+    lines = log.read_text().splitlines()
+    installs = [i for i, ln in enumerate(lines) if ln.startswith("STEP ") and re.search(INSTALLS, ln)]
+    assert len(installs) == 4, lines  # apt-get and the dependencies, in each image
+    for i in installs:
+        assert lines[i + 1].startswith("--> Using cache"), f"rebuilt: {lines[i]}"

@@ -1,0 +1,194 @@
+"""fleetprof as a wheel, installed the way the agent image installs it: into a venv of Debian's python3 with
+--system-site-packages (BCC from python3-bpfcc), then run from a directory outside the source tree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, http_get, require_bpf, stop_process, wait_until
+from tests.installed import (
+    HOT_FUNCTION,
+    WORKLOAD,
+    HttpCollector,
+    assert_hot_function_leads,
+    package_data_files,
+    profile_hot_workload,
+)
+
+pytestmark = pytest.mark.slow
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # what `python3` is in the image (Debian bookworm's)
+# What the Dockerfiles COPY: the wheel is built from these alone, as in the image.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "agent", "collector", "fleetprof")
+
+
+@dataclass
+class Installed:
+    wheel: Path
+    venv: Path
+    elsewhere: Path  # a working directory outside the source tree
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            args, capture_output=True, text=True, cwd=self.elsewhere, env=self.env, timeout=timeout
+        )
+
+    def fleetprof(self, *args: str, log: Path) -> subprocess.Popen:
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                [str(self.venv / "bin" / "fleetprof"), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.elsewhere,
+                env=self.env,
+            )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    root = tmp_path_factory.mktemp("wheel")
+    src = root / "src"
+    src.mkdir()
+    for name in BUILD_INPUTS:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    # Built from a copy, so setuptools' build/ and egg-info never land in the working tree.
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+         "-w", str(root / "dist"), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, f"pip wheel failed:\n{built.stderr[-3000:]}"
+    (wheel,) = (root / "dist").glob("fleetprof-*.whl")
+
+    if not Path(SYSTEM_PYTHON).exists():
+        pytest.fail(f"{SYSTEM_PYTHON} is missing: Debian's python3 is what the agent image runs on")
+    venv = root / "venv"
+    made = subprocess.run(
+        [SYSTEM_PYTHON, "-m", "venv", "--system-site-packages", str(venv)], capture_output=True, text=True
+    )
+    assert made.returncode == 0, f"venv failed (needs Debian's python3-venv):\n{made.stderr}"
+    # Dependencies from PyPI, through pip's cache (~/.cache/pip), so a rerun downloads nothing.
+    pip = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert pip.returncode == 0, f"pip install of the wheel failed:\n{pip.stderr[-3000:]}"
+
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    return Installed(wheel, venv, elsewhere, env)
+
+
+def test_wheel_carries_every_file_the_code_reads_at_run_time(installed: Installed) -> None:
+    expected = package_data_files()
+    assert {
+        "fleetprof/agent/bpf/cpu_sampler.c",
+        "fleetprof/agent/bpf/process_event.h",
+        "fleetprof/collector/web/index.html",
+    } <= expected
+    with zipfile.ZipFile(installed.wheel) as whl:
+        names = set(whl.namelist())
+    missing = expected - names
+    assert not missing, f"the wheel lacks {sorted(missing)}: list them in pyproject.toml's package-data"
+    # One import namespace: nothing but fleetprof (and its metadata) lands in site-packages.
+    top = {name.split("/")[0] for name in names}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"fleetprof"}, sorted(top)
+
+
+def test_installed_package_is_imported_from_the_venv_with_debians_bcc(installed: Installed) -> None:
+    out = installed.run(
+        str(installed.venv / "bin" / "python"),
+        "-c",
+        "import fleetprof.agent.bpf as bpf, bcc, fleetprof.collector as collector, pathlib; "
+        "print(pathlib.Path(bpf.__file__).parent); print(collector.__file__); print(bcc.__file__)",
+    )
+    assert out.returncode == 0, out.stderr
+    bpf_dir, collector_file, bcc_file = (Path(line) for line in out.stdout.split())
+    assert installed.venv in bpf_dir.parents and installed.venv in collector_file.parents, out.stdout
+    assert REPO not in bpf_dir.parents
+    assert bcc_file.is_relative_to("/usr/lib/python3/dist-packages"), bcc_file
+    for header in ("process_event.h", "python_stack.h"):
+        assert (bpf_dir / header).read_bytes() == (REPO / "agent" / "bpf" / header).read_bytes()
+
+
+@dataclass
+class Running:
+    col: HttpCollector
+    collector: subprocess.Popen
+    agent: subprocess.Popen
+    logs: Path
+
+    def alive(self) -> None:
+        for name, proc in (("collector", self.collector), ("agent", self.agent)):
+            if proc.poll() is not None:
+                log = (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise AssertionError(f"the installed {name} exited with {proc.returncode}:\n{log}")
+
+
+@pytest.fixture(scope="module")
+def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    require_bpf()
+    logs = tmp_path_factory.mktemp("wheel-logs")
+    grpc, http, agent_http = free_port(), free_port(), free_port()
+    collector = installed.fleetprof(
+        "collector", "--grpc", f"127.0.0.1:{grpc}", "--http", f"127.0.0.1:{http}", log=logs / "collector.log"
+    )
+    agent = None
+    try:
+        agent = installed.fleetprof(
+            "agent", "--collector", f"127.0.0.1:{grpc}", "--http", f"127.0.0.1:{agent_http}",
+            "--frequency", "99", "--interval", "1", "--node", "wheel-node",
+            log=logs / "agent.log",
+        )  # fmt: skip
+        r = Running(HttpCollector(f"http://127.0.0.1:{http}"), collector, agent, logs)
+
+        def up() -> bool:
+            r.alive()
+            if not r.col.healthy():
+                return False
+            try:
+                http_get(f"http://127.0.0.1:{agent_http}/healthz", timeout=2)
+                return True
+            except OSError:
+                return False
+
+        wait_until(up, 120, "the installed collector and agent to serve /healthz")
+        yield r
+    finally:
+        if agent is not None:
+            stop_process(agent, 30)
+        stop_process(collector, 30)
+
+
+@pytest.mark.bpf
+def test_installed_agent_profiles_a_workload_into_the_installed_collector(
+    running: Running, installed: Installed, workload_bin
+) -> None:
+    pid, stacks = profile_hot_workload(running.col, workload_bin(WORKLOAD), timeout=120, alive=running.alive)
+    assert_hot_function_leads(running.col, pid, stacks)
+    # The installed command line reads it back too.
+    top = installed.run("fleetprof", "top", "--collector", running.col.url, "--query", f'{{pid="{pid}"}}')
+    assert top.returncode == 0, top.stderr
+    assert HOT_FUNCTION in top.stdout.splitlines()[2], top.stdout
+
+
+@pytest.mark.bpf  # shares the running pair with the test above
+def test_installed_collector_serves_the_web_ui(running: Running) -> None:
+    for path, name in (("/", "index.html"), ("/app.js", "app.js"), ("/app.css", "app.css")):
+        assert http_get(f"{running.col.url}{path}") == (REPO / "collector" / "web" / name).read_bytes(), path
