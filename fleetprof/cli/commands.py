@@ -145,7 +145,10 @@ def cmd_syscalls(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_or_complain(command: str, output: str, formats: dict[str, str]) -> str | None:
+def _output_format(command: str, output: str | None, formats: dict[str, str], default: str) -> str | None:
+    """The format `output`'s extension names (`default` without a file); None, said on stderr, if none."""
+    if not output:
+        return default
     fmt = format_of(output, formats)
     if fmt is None:
         print(
@@ -161,11 +164,9 @@ def _write(output: str, fmt: str, body: bytes) -> None:
 
 
 def cmd_flame(args: argparse.Namespace) -> int:
-    fmt = "folded"
-    if args.output:
-        fmt = _format_or_complain("flame", args.output, FLAME_FORMATS)
-        if fmt is None:
-            return 2
+    fmt = _output_format("flame", args.output, FLAME_FORMATS, "folded")
+    if fmt is None:
+        return 2
     params = _range_params(args) | {"format": fmt}
     if args.max_nodes:
         params["max_nodes"] = str(args.max_nodes)
@@ -178,11 +179,9 @@ def cmd_flame(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    fmt = "json"
-    if args.output:
-        fmt = _format_or_complain("diff", args.output, DIFF_FORMATS)
-        if fmt is None:
-            return 2
+    fmt = _output_format("diff", args.output, DIFF_FORMATS, "json")
+    if fmt is None:
+        return 2
     params = _range_params(args) | {
         "query2": args.query2,
         "since2": args.since2,
