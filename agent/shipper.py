@@ -118,7 +118,13 @@ class Shipper:
             return max(self._sizes, key=self._sizes.get, default=0)
 
     # -- the sending thread ------------------------------------------------------------------------
-    def _requests(self, broken: threading.Event) -> Iterator[pb.Batch]:
+    def _first_unacked(self, sent: list[int]) -> int | None:
+        """The oldest batch sent on this stream and not acknowledged: the one the collector refused (it
+        takes a stream's batches in order and ends the stream at the first it refuses)."""
+        with self._lock:
+            return next((seq for seq in sent if seq in self._pending), None)
+
+    def _requests(self, broken: threading.Event, sent: list[int]) -> Iterator[pb.Batch]:
         """Everything pending (a resend after a reconnect), then what is submitted meanwhile; ends the
         stream once every batch is acknowledged. A stream per flush, not one held open: an open stream
         keeps gRPC's channel thread polling, a fixed CPU cost the agent pays even when idle."""
@@ -133,6 +139,7 @@ class Shipper:
                     continue
                 batch = self._pending[nxt]
             sent_upto = nxt
+            sent.append(nxt)
             self.stats.batches_sent += 1
             yield batch
 
@@ -155,8 +162,9 @@ class Shipper:
             if not self._wait_for_work():
                 return
             broken = threading.Event()
+            sent: list[int] = []
             try:
-                call = stub.Push(self._requests(broken), wait_for_ready=False)
+                call = stub.Push(self._requests(broken, sent), wait_for_ready=False)
                 for ack in call:
                     if not self.connected:
                         log.info("connected to collector %s", self.target)
@@ -168,9 +176,12 @@ class Shipper:
                 detail = err.details() if hasattr(err, "details") else str(err)
                 self.stats.send_errors += 1
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    # The message names the batch ("batch 7: ..."), except when its bytes were unreadable
+                    # ("batch (unreadable): ..."); either way it is the first unacknowledged one sent.
                     m = _BATCH_IN_ERROR.search(detail or "")
-                    if m:
-                        self._settle(int(m.group(1)), acked=False)
+                    refused = int(m.group(1)) if m else self._first_unacked(sent)
+                    if refused is not None:
+                        self._settle(refused, acked=False)
                     log.error("collector rejected a batch: %s", detail)
                     delay = self._backoff[0]
                 elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from concurrent import futures
 
+import grpc
+
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from fleetprof.agent.shipper import Shipper
 from fleetprof.collector.main import Collector, CollectorConfig
 from tests.conftest import RunningCollector, free_port, samples_of, wait_until
@@ -110,3 +115,42 @@ def test_a_batch_over_the_transport_limit_is_dropped_not_resent_forever() -> Non
     finally:
         shipper.stop(flush_timeout_s=0)
         col.stop()
+
+
+class UnreadableSecond(pb_grpc.IngestServicer):
+    """A collector's Push at the gRPC boundary, in the real shape: acks every batch but refuses the second
+    one it ever receives as unreadable, with the message ingest gives bytes it cannot parse (it names no
+    batch number)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def Push(self, request_iterator, context):  # noqa: ANN001, ANN201, N802
+        for batch in request_iterator:
+            self.received.append(batch.sequence)
+            if len(self.received) == 2:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "batch (unreadable): 16 bytes are not a fleetprof.v1.Batch message (Error parsing)",
+                )
+            yield pb.Ack(sequence=batch.sequence)
+
+
+def test_a_batch_refused_as_unreadable_is_dropped_once_not_resent_forever() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    collector = UnreadableSecond()
+    pb_grpc.add_IngestServicer_to_server(collector, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    shipper = Shipper(f"127.0.0.1:{port}", backoff_s=(0.05, 0.2))
+    shipper.start()
+    try:
+        for i in range(4):
+            shipper.submit(make_batch(count=i + 1))
+        assert shipper.flush(15), f"{shipper.pending()} batches never settled"
+        assert shipper.stats.batches_rejected == 1 and shipper.stats.batches_acked == 3
+        assert collector.received.count(2) == 1  # refused once, dropped: never sent again
+        assert sorted(set(collector.received)) == [1, 2, 3, 4]
+    finally:
+        shipper.stop(flush_timeout_s=0)
+        server.stop(0)
