@@ -7,8 +7,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import re2
+
 OPERATORS = ("=", "!=", "=~", "!~")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Prometheus compiles with RE2's DotNL: "." also matches a newline.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.dot_nl = True
+_RE2_OPTIONS.log_errors = False  # the error goes to the user as a SelectorError, not to stderr
 
 
 class SelectorError(ValueError):
@@ -32,7 +38,7 @@ class Matcher:
     name: str
     op: str
     value: str
-    regex: re.Pattern[str] | None = field(init=False, repr=False, compare=False, default=None)
+    regex: re2._Regexp | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not LABEL_NAME.fullmatch(self.name):
@@ -45,13 +51,14 @@ class Matcher:
             )
         if self.op in ("=~", "!~"):
             try:
-                # Prometheus compiles with RE2's DotNL, so "." also matches a newline there. Python's re
-                # is close to RE2; RE2-only syntax such as \p{L} is rejected here as an invalid regex.
-                compiled = re.compile(self.value, re.DOTALL)
-            except re.error as err:
-                where = f" (at offset {err.pos} in the regex)" if err.pos is not None else ""
+                # RE2, as Prometheus: matching runs in time linear in the value, so no selector can make a
+                # query backtrack for ever (Python's re takes minutes on (a+)+b against 30 a's).
+                compiled = re2.compile(self.value, _RE2_OPTIONS)
+            except re2.error as err:
+                reason = err.args[0].decode() if err.args and isinstance(err.args[0], bytes) else str(err)
                 raise SelectorError(
-                    f'invalid regex {quote(self.value)} for label "{self.name}": {err.msg}{where}'
+                    f'invalid regex {quote(self.value)} for label "{self.name}": {reason} (regexes use RE2 '
+                    "syntax, as in Prometheus: no backreferences or lookaround)"
                 ) from None
             object.__setattr__(self, "regex", compiled)
 
