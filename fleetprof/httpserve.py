@@ -1,4 +1,8 @@
-"""A small threaded HTTP server with a route table, shared by the agent and the collector."""
+"""A small threaded HTTP server with a route table, shared by the agent and the collector.
+
+Bounded so that no client can stall it: at most `max_connections` connections are served at once (more get
+a 503 at once), a connection that sends nothing for `read_timeout_s` is closed, and a handler that runs past
+`budget_s` is answered with a 503 naming the budget (it finishes in the background, on a bounded pool)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import selectors
 import socket
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -55,18 +61,60 @@ def text_response(text: str, content_type: str = "text/plain; charset=utf-8") ->
 Handler = Callable[[Request], Response]
 
 
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b'Content-Length: 59\r\n\r\n{"error":"too many connections at once; retry in a moment"}'
+)
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most `limit` of them: the one over gets a 503 and is closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type, limit: int):
+        self._slots = threading.BoundedSemaphore(limit)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:  # noqa: ANN001
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class HttpServer:
     """Routes GET requests by exact path or by prefix (longest first); runs on a daemon thread."""
 
     def __init__(
-        self, host: str, port: int, routes: dict[str, Handler], prefixes: dict[str, Handler] | None = None
+        self,
+        host: str,
+        port: int,
+        routes: dict[str, Handler],
+        prefixes: dict[str, Handler] | None = None,
+        max_connections: int = 64,
+        read_timeout_s: float = 15.0,
+        budget_s: float = 30.0,
     ):
         self._routes = routes
         self._prefixes = sorted((prefixes or {}).items(), key=lambda kv: -len(kv[0]))
+        self._budget_s = budget_s
+        self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"http-work:{port}")
         server = self
 
         class _H(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = read_timeout_s  # a client that stops sending mid-request (or idles) is dropped
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 server._dispatch(self)
@@ -74,8 +122,7 @@ class HttpServer:
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug("%s %s", self.address_string(), fmt % args)
 
-        self._httpd = ThreadingHTTPServer((host, port), _H)
-        self._httpd.daemon_threads = True
+        self._httpd = _BoundedServer((host, port), _H, max_connections)
         self._httpd.timeout = 0  # handle_request() after select() said readable: never block in it
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name=f"http:{port}", daemon=True)
@@ -105,6 +152,7 @@ class HttpServer:
             self._wake_w.send(b"x")
             self._thread.join()
         self._httpd.server_close()
+        self._workers.shutdown(wait=False, cancel_futures=True)
         self._wake_r.close()
         self._wake_w.close()
 
@@ -119,7 +167,13 @@ class HttpServer:
         try:
             if handler is None:
                 raise HttpError(404, f"no such endpoint: {path}")
-            resp = handler(req)
+            resp = self._workers.submit(handler, req).result(timeout=self._budget_s)
+        except FutureTimeout:
+            budget = f"{self._budget_s:g} s"
+            message = (
+                f"the query ran past its {budget} budget: ask for a shorter range or a narrower selector"
+            )
+            resp = json_response({"error": message}, 503)
         except HttpError as err:
             resp = json_response({"error": err.message}, err.status)
         except Exception as exc:  # a bug in a handler must not take the server down
