@@ -18,6 +18,12 @@ def corrupt(mutate) -> pb.Batch:  # noqa: ANN001
     return b
 
 
+def relabel(b: pb.Batch, name: str, value: str = "v") -> None:
+    """Give the batch's process one label (name, value), as a hostile or broken agent might."""
+    b.strings.extend([name, value])
+    b.processes[0].labels[0].name, b.processes[0].labels[0].value = len(b.strings) - 2, len(b.strings) - 1
+
+
 BAD_BATCHES = {
     "empty node": (lambda b: setattr(b.agent, "node", ""), "agent.node is empty"),
     "bad string id in stack": (lambda b: b.stacks[0].functions.__setitem__(1, 99), "refers to string 99"),
@@ -39,6 +45,15 @@ BAD_BATCHES = {
     "a stack without its id": (lambda b: b.stack_ids.pop(), "0 stack_ids for 1 stacks"),
     "a process without its id": (lambda b: b.process_ids.pop(), "0 process_ids for 1 processes"),
     "modules out of step": (lambda b: b.stacks[0].modules.append(3), "2 functions but 3 modules"),
+    "a process label posing as the node": (lambda b: relabel(b, "node", "other-node"), "'node' is one"),
+    "a process label posing as the GPU state": (
+        lambda b: relabel(b, "gpu_state", "idle"),
+        "'gpu_state' is one",
+    ),
+    "an internal label name": (lambda b: relabel(b, "__name__"), "'__name__' is one the collector"),
+    "a label name Prometheus refuses": (lambda b: relabel(b, "app-name"), "is not a label name"),
+    "a label name too long": (lambda b: relabel(b, "n" * 129), "at most 128 bytes"),
+    "a label value too long": (lambda b: relabel(b, "team", "v" * 1025), "value is over 1024 bytes"),
     "first string not empty": (
         lambda b: b.strings.__setitem__(0, "x"),
         "strings[0] must be the empty string",

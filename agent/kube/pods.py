@@ -29,6 +29,7 @@ RESERVED_LABELS = frozenset(
         "pid",
         "container_id",
         "pod_uid",
+        "gpu_state",
     }
 )
 _TARGET = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

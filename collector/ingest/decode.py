@@ -13,7 +13,7 @@ import numpy as np
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.ingest import validate
 from fleetprof.collector.ingest.frames import FrameTable
-from fleetprof.collector.ingest.validate import MAX_LABEL_BYTES, MAX_STACK_DEPTH, IngestLimits
+from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
 from fleetprof.collector.model.ids import labels_id, stack_ids_of
 from fleetprof.collector.model.profile import GPU_STATE_NAME, Labels, Stack, SyscallAgg
@@ -233,7 +233,7 @@ class ProcessCache:
                 self._by_content.clear()
             labels = {"node": node, "pid": str(p.pid), "comm": strings[comm]}
             for name, value in key[3:]:
-                value = value[:MAX_LABEL_BYTES]
+                validate.check_label(seq, pi, name, value)
                 if value:
                     labels[name] = value
             lset = tuple(sorted((k, v) for k, v in labels.items() if v))

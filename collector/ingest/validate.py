@@ -3,6 +3,7 @@ batch, the field and the problem (the agent logs it and drops the batch)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -10,12 +11,17 @@ from typing import NoReturn
 import numpy as np
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector.model.profile import MAX_BATCH_AGE_S
+from fleetprof.collector.model.profile import GPU_STATE_NAME, MAX_BATCH_AGE_S
 
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_FREQUENCY_HZ = 100_000
 MAX_STACK_DEPTH = 4096
-MAX_LABEL_BYTES = 1024
+MAX_LABEL_BYTES = 1024  # a label value
+MAX_LABEL_NAME_BYTES = 128
+# Labels the collector derives itself (from the batch's identity and the process table, or ingest's GPU
+# tagging): a process label of the same name would let an agent pass its data off as another node's.
+DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME})
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_GPU_SAMPLES_PER_DEVICE = 100_000
 GPU_STATES = (pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE, pb.GPU_STATE_BUSY)
 
@@ -147,6 +153,21 @@ def check_process(seq: int, pi: int, p: pb.Process, nstr: int) -> None:
         check_string(seq, lb.value, nstr, f"process {pi} label value")
         if lb.name == 0:
             fail(seq, "bad_label", f"process {pi} has a label with an empty name")
+
+
+def check_label(seq: int, pi: int, name: str, value: str) -> None:
+    """A process label: a Prometheus label name the collector does not derive itself, both length-capped."""
+    if not LABEL_NAME.fullmatch(name) or len(name.encode()) > MAX_LABEL_NAME_BYTES:
+        fail(
+            seq,
+            "bad_label",
+            f"process {pi} label name {name[:80]!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*, at most "
+            f"{MAX_LABEL_NAME_BYTES} bytes)",
+        )
+    if name in DERIVED_LABELS or name.startswith("__"):
+        fail(seq, "bad_label", f"process {pi} label {name!r} is one the collector sets itself")
+    if len(value.encode()) > MAX_LABEL_BYTES:
+        fail(seq, "bad_label", f"process {pi} label {name!r} value is over {MAX_LABEL_BYTES} bytes")
 
 
 def check_syscalls(batch: pb.Batch, nproc: int, nstr: int) -> None:
