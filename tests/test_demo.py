@@ -6,7 +6,7 @@ import json
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
@@ -24,19 +24,30 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
         text=True,
         cwd=REPO,
     )
-    started = time.monotonic()
+    lines: list[str] = []
+
+    def read_output() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         wait_until(lambda: _healthy("http://127.0.0.1:7471/healthz"), 60, "the demo collector")
         wait_until(lambda: _healthy("http://127.0.0.1:7472/healthz"), 90, "the demo agent")
         wait_until(_has_samples, 90, "the demo's first samples")
-        time.sleep(max(0.0, 8 - (time.monotonic() - started)) + 2.5)  # past the warm-up and one retry
+        # The first top comes after the warm-up, once the collector has samples (the demo retries each
+        # second until then): wait for it, however long a busy machine makes that.
+        wait_until(lambda: any("FUNCTION" in line for line in lines), 90, "the demo's first top")
         ui = http_get("http://127.0.0.1:7471/").decode()
         assert 'id="flamegraph"' in ui
     finally:
         burner.kill()
         proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    proc.wait(timeout=60)
+    reader.join(timeout=60)
+    out = "".join(lines)
     assert proc.returncode == 0, out
     assert "UI http://127.0.0.1:7471/" in out
     assert "SELF%" in out and "FUNCTION" in out, out

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,8 +20,24 @@ from tests.wire import sample_rows
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-PHASE_MS = 1500  # each phase: GPU busy (CPU in gpu_busy_phase), then GPU idle (CPU in gpu_idle_phase)
-POLL_S = 0.2  # GPU poll interval = tagging resolution
+PHASE_MS = 2000  # each phase: GPU busy (CPU in gpu_busy_phase), then GPU idle (CPU in gpu_idle_phase)
+RUN_S = 8  # four phases: two of each state, 4 s of each whatever the phase the run starts in
+POLL_S = 0.1  # GPU poll interval = tagging resolution
+FREQUENCY = 199  # Hz: ~800 samples of each phase alone, >= ~400 with the CPUs busy
+
+
+class PhasedNvml(FakeNvml):
+    """The scripted world with its GPU busy in even PHASE_MS periods of the wall clock and idle in odd ones,
+    read at each call: a poll sees the state at its own time (a thread stepping the world lags behind it
+    on a busy machine, and its lag would count as tagging error)."""
+
+    @property
+    def step(self) -> int:
+        return int(time.time() * 1000) // PHASE_MS % 2
+
+    @step.setter
+    def step(self, value: int) -> None:
+        pass  # the clock steps this world
 
 
 def test_samples_carry_the_gpu_state_at_their_time(
@@ -30,18 +45,13 @@ def test_samples_carry_the_gpu_state_at_their_time(
 ) -> None:
     require_bpf()
     gpu = FakeGpu("GPU-phases", utilization=[(95, 60), (0, 0)])
-    world = FakeNvml([gpu])
+    world = PhasedNvml([gpu])
     monkeypatch.setitem(sys.modules, "pynvml", world.module)
-    stop = threading.Event()
-
-    def follow_the_clock() -> None:  # the GPU is busy in even phases, idle in odd ones
-        while not stop.wait(0.01):
-            world.step = int(time.time() * 1000) // PHASE_MS % 2
 
     config = AgentConfig(
         collector=collector.grpc_target,
         http=f"127.0.0.1:{free_port()}",
-        frequency_hz=99,
+        frequency_hz=FREQUENCY,
         interval_s=1.0,
         kubernetes=False,
         pod_resources_socket="/nonexistent",
@@ -50,11 +60,9 @@ def test_samples_carry_the_gpu_state_at_their_time(
         gpu_interval_s=POLL_S,
     )
     agent = Agent(config)
-    clock = threading.Thread(target=follow_the_clock, daemon=True)
-    clock.start()
     agent.start()
     try:
-        proc = subprocess.Popen([str(workload_bin("gpu_phases")), "7", str(PHASE_MS)])
+        proc = subprocess.Popen([str(workload_bin("gpu_phases")), str(RUN_S), str(PHASE_MS)])
         gpu.compute = {proc.pid: 4 << 30}  # NVML lists it as a compute process on the GPU
         time.sleep(0.5)
         batches = []
@@ -64,7 +72,6 @@ def test_samples_carry_the_gpu_state_at_their_time(
         time.sleep(2 * POLL_S)  # the poll that covers the last samples
         batches.append(agent.drain_once())
     finally:
-        stop.set()
         agent.stop()
         agent._shutdown()
     assert proc.returncode == 0
@@ -77,12 +84,24 @@ def test_samples_carry_the_gpu_state_at_their_time(
             leaf = b.strings[b.stacks[s.stack].functions[-1]]
             if leaf in ("gpu_busy_phase", "gpu_idle_phase"):
                 by_state[(leaf, s.gpu)] = by_state.get((leaf, s.gpu), 0) + s.count
-    idle_phase = sum(n for (leaf, _), n in by_state.items() if leaf == "gpu_idle_phase")
-    busy_phase = sum(n for (leaf, _), n in by_state.items() if leaf == "gpu_busy_phase")
-    assert idle_phase > 150 and busy_phase > 150, by_state
-    # Tagging is exact up to the poll resolution: only samples within a poll of a phase change can fall
-    # on the wrong side (2 x 0.2 s of each 1.5 s phase at worst).
-    assert by_state.get(("gpu_idle_phase", pb.GPU_STATE_IDLE), 0) > 0.7 * idle_phase, by_state
-    assert by_state.get(("gpu_busy_phase", pb.GPU_STATE_BUSY), 0) > 0.7 * busy_phase, by_state
+    print(f"samples by (phase, GPU state): {by_state}")
+    untagged = sum(n for (_, state), n in by_state.items() if state == pb.GPU_STATE_NONE)
+    # Samples before the first poll that lists the process carry no state: a poll's worth (~0.1 s, ~20
+    # samples). Untagged for a whole 1 s window would be 1/8 of the run.
+    assert untagged < 0.1 * sum(by_state.values()), by_state
+    idle_phase = sum(n for (leaf, st), n in by_state.items() if leaf == "gpu_idle_phase" and st)
+    busy_phase = sum(n for (leaf, st), n in by_state.items() if leaf == "gpu_busy_phase" and st)
+    # 4 s of each phase x 199 Hz: ~800 tagged samples each alone, ~400 with both CPUs busy (the workload
+    # follows the wall clock, so it gets fewer samples when it gets less CPU); 300 is 5 sigma below 400.
+    assert idle_phase > 300 and busy_phase > 300, by_state
+    # Tagging is exact up to the poll resolution: a sample's time slot (0.1 s) is judged by the first poll
+    # at or after the slot's middle, so only samples within 0.15 s of a phase change (plus any lateness
+    # of the poll thread; allow 0.05 s) can fall on the wrong side. Each state has at most 2 changes in
+    # its 4 s: at worst 2 x 0.2 / 4 = 10% of its samples are tagged wrong (measured: 1.4-5.9%).
+    # Over n >= 300: sigma = sqrt(0.1 x 0.9 / 300) = 0.017, so the 20% bound is 5.8 sigma above the worst
+    # case. A tagger that judged by 1 s drain windows instead of slots reads ~25% wrong; swapped states,
+    # ~100%.
+    assert by_state.get(("gpu_idle_phase", pb.GPU_STATE_IDLE), 0) > 0.8 * idle_phase, by_state
+    assert by_state.get(("gpu_busy_phase", pb.GPU_STATE_BUSY), 0) > 0.8 * busy_phase, by_state
     assert by_state.get(("gpu_idle_phase", pb.GPU_STATE_BUSY), 0) < 0.2 * idle_phase, by_state
     assert by_state.get(("gpu_busy_phase", pb.GPU_STATE_IDLE), 0) < 0.2 * busy_phase, by_state

@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import logging
 import sys
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -14,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof.agent.gpu.metrics import GpuExporter
 from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
+from tests.conftest import wait_until
 from tests.fake_pynvml import CONSTANTS, ERRORS, FakeGpu, FakeMig, FakeNvml
 
 T0 = 1_700_000_000.0
@@ -336,16 +336,25 @@ def test_disabled_source_says_so() -> None:
     assert m[("fleetprof_agent_gpu_state", (("state", "disabled"),))] == 1
 
 
-def test_thread_polls_and_stops_promptly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_thread_polls_every_interval_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
     world = install(monkeypatch, FakeNvml([h100(compute={1: 1})]))
     poller = GpuPoller(GpuPollerConfig(interval_s=0.05, pcie=False))
     poller.start()
-    deadline = time.monotonic() + 5
-    while poller.stats.polls < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    t0 = time.monotonic()
+    wait_until(lambda: poller.stats.polls >= 3, 30, "three polls")
     poller.stop()
-    assert time.monotonic() - t0 < 1.0
-    assert poller.stats.polls >= 3
+    assert not poller._thread.is_alive()
     assert not world.calls_to("nvmlDeviceGetPcieThroughput")
+    assert world.calls[-1][0] == "nvmlShutdown"
+
+
+def test_stop_wakes_the_thread_from_its_wait_between_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an hour between polls, the thread has exited once stop() returns: stop() woke it from its
+    wait (a thread that slept the interval out would still be alive after stop()'s 5 s join)."""
+    world = install(monkeypatch, FakeNvml([h100(compute={1: 1})]))
+    poller = GpuPoller(GpuPollerConfig(interval_s=3600, pcie=False))
+    poller.start()
+    wait_until(lambda: poller.stats.polls >= 1, 30, "the first poll")
+    poller.stop()
+    assert not poller._thread.is_alive()
+    assert poller.stats.polls == 1
     assert world.calls[-1][0] == "nvmlShutdown"

@@ -94,7 +94,9 @@ class FakeClock:
         return self.now
 
 
-def eventually(predicate: Callable[[], object], what: str, timeout: float = 3.0) -> None:
+def eventually(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Wait for `predicate` (a few ms here); the timeout only ends a wait that will never succeed, so it is
+    generous (at 3 s it was a speed limit on a machine busy with other work)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

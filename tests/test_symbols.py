@@ -7,7 +7,6 @@ import re
 import shutil
 import struct
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,14 +304,12 @@ def test_build_id_and_debuglink_of_libc_match_readelf():
 def test_libc_symbol_table_parses_with_over_a_thousand_functions():
     path = libc_path()
     with ElfFile(path) as elf:
-        t0 = time.perf_counter()
         own = SymbolTable.from_elf(elf)
         best = load_symbols(elf)
-        elapsed = time.perf_counter() - t0
+    # (How long this takes is bench/symbols.py's business, not a test's.)
     assert len(own) > 1000
     assert len(best) >= len(own)
     assert 0 < best.nbytes < 8 << 20
-    assert elapsed < 5
     getpid = [(start, size) for start, size, name in best if name in ("getpid", "__getpid")]
     assert getpid
     start, size = getpid[0]
@@ -389,15 +386,21 @@ def test_compressed_names_give_the_same_answers_as_plain():
     assert packed.lookup(0x1000 + 0x40 * 4999 + 0x30) is None
 
 
-def test_hundred_thousand_symbols_parse_in_well_under_a_second():
+def test_hundred_thousand_symbols_are_all_found_by_address():
+    """Every symbol of a large table at its start, inside it and in the gap past its size. (The parse time
+    of such a table is measured by bench/symbols.py.)"""
     entries = [(f"function_{i}", 0x400000 + 0x20 * i, 0x18, 1, 2) for i in range(100_000)]
     source = symtab(entries)
-    t0 = time.perf_counter()
     table = SymbolTable.from_sections([source])
-    elapsed = time.perf_counter() - t0
     assert len(table) == 100_000
     assert table.lookup(0x400000 + 0x20 * 76543 + 3) == ("function_76543", 3)
-    assert elapsed < 1.0
+    for i in range(0, 100_000, 997):
+        start = 0x400000 + 0x20 * i
+        assert table.lookup(start) == (f"function_{i}", 0)
+        assert table.lookup(start + 0x17) == (f"function_{i}", 0x17)
+        assert table.lookup(start + 0x18) is None  # past its size, before the next one
+    assert table.lookup(0x400000 - 1) is None
+    assert table.lookup(0x400000 + 0x20 * 99_999 + 0x18) is None
 
 
 def test_non_elf_data_raises_elf_error(tmp_path):

@@ -29,7 +29,11 @@ def middle(n):
     t0 = time.thread_time_ns()
     squares = [i * i % 7 for i in range(n)]  # the hot line: tests look for this line number
     COMPREHENSION_NS[0] += time.thread_time_ns() - t0
-    return sum(squares)
+    total = sum(squares)
+    # Freed here, in middle()'s frame: freed by the return, it would be freed after the interpreter
+    # switched to outer()'s frame, and middle()'s share would fall short of outer()'s truth by ~1.5 points.
+    del squares
+    return total
 
 
 def outer(n):
