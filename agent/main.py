@@ -177,6 +177,11 @@ class Agent:
         return json_response(body, 503 if stale else 200)
 
     def _on_process_event(self, pid: int, kind: int) -> None:
+        if kind == EVENT_EXEC:
+            # Same pid and start time, another program: the BPF side dropped its CPython layout at the
+            # exec, so what was detected before (a forked Python about to exec another) must be too, or
+            # the new interpreter is never registered and loses every Python frame.
+            self.python.forget(pid)
         if kind in (EVENT_NEW, EVENT_EXEC):
             info = self.processes.refresh(pid)
             if info is not None and (kind == EVENT_EXEC or info.start_ticks >= self._started_ticks):

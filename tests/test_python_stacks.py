@@ -120,6 +120,31 @@ def py_agent(module_collector: RunningCollector) -> Iterator[RunningAgent]:
 
 
 @pytest.mark.bpf
+def test_a_python_that_execs_another_python_gets_the_new_ones_frames(
+    py_agent: RunningAgent, module_collector: RunningCollector
+) -> None:
+    # 3.11 burns CPU until the agent has sampled and registered it, then execs 3.12 in the same process:
+    # same pid, same start time, another interpreter. The agent used to keep 3.11's verdict and never
+    # registered 3.12 (0 of ~3,000 samples with Python frames).
+    exec_after = (
+        "import os, sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 1.5: pass\n"
+        f"os.execv({python('3.12')!r}, [{python('3.12')!r}, {str(STORY)!r}, '4', '70'])\n"
+    )
+    proc = subprocess.Popen([python("3.11"), "-c", exec_after], stdout=subprocess.PIPE, text=True)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent.interval)
+    story = sum(n for st, n in everything.items() if any(named("story")(f.function) for f in st))
+    # 4 s of 3.12's CPU time at 499 Hz: ~2,000 samples under story(). Registration after the exec lags by
+    # at most a drain (1 s, 499 samples) and a count varies by sqrt(2,000) = 45 (4 sigma: 180): >= 1,300.
+    # The bug read 0.
+    print(f"after the exec: {story} samples under story() of {samples_of(everything)} in all")
+    assert story > 1000, "the exec'd interpreter's samples lack Python frames"
+
+
+@pytest.mark.bpf
 @pytest.mark.parametrize("version", ["3.11", "3.12", "3.13", "debian-3.11"])
 def test_flame_graph_shows_the_python_functions_with_their_true_shares(
     version: str, py_agent: RunningAgent, module_collector: RunningCollector
