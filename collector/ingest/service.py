@@ -62,7 +62,9 @@ class IngestService(pb_grpc.IngestServicer):
         self._clock = clock
         self._lock = threading.Lock()
         self._agent_locks = [threading.Lock() for _ in range(_AGENT_LOCKS)]
-        self._seen = SeenSequences()  # the in-memory store's dedupe state (a durable store keeps its own)
+        # The in-memory store's dedupe state (a durable store keeps its own); a resend older than the batch
+        # age limit is refused, so entries past it are swept.
+        self._seen = SeenSequences(horizon_s=self._limits.max_batch_age_s, clock=clock)
         self._decoder = Decoder()
         self.stats = IngestStats()
 
@@ -126,8 +128,6 @@ class IngestService(pb_grpc.IngestServicer):
             self._store.write(rows)
             with self._lock:
                 self._seen.add(agent_id, sequence, rows.start)
-                if self._seen.due_for_sweep():
-                    self._seen.forget_before(self._clock() - self._limits.max_batch_age_s)
         return True
 
     def _duplicate(self) -> bool:

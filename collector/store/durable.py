@@ -107,7 +107,7 @@ class DurableStore:
         self._maintenance = Maintenance(self._db)
         self._queries = Queries(self._db)
         self.hot = MemoryStore(retention_s=min(hot_s, retention_s), bucket_s=BUCKET_S, clock=clock)
-        self._seen = SeenSequences(window=SEEN_WINDOW)
+        self._seen = SeenSequences(window=SEEN_WINDOW, horizon_s=resend_horizon_s, clock=clock)
         for agent, seq, start in self._db.load_seen():
             self._seen.add(agent, seq, start)
         self._pending = Chunk(BUCKET_S)
@@ -233,7 +233,7 @@ class DurableStore:
             self._maintenance.prune_seen(now - self._horizon_s, SEEN_WINDOW)
             self._maintenance.gc()
         with self._lock:
-            self._seen.forget_before(now - self._horizon_s)
+            self._seen.sweep()
         self._last_maintenance = now
 
     def _maintain_quietly(self) -> None:

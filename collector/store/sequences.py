@@ -9,15 +9,29 @@ is what makes the ids of agents gone for good disappear.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
+
+from fleetprof.collector.model.profile import MAX_BATCH_AGE_S
 
 
 class SeenSequences:
-    """Per agent id, the sequences already ingested, each with its batch's window start (unix seconds)."""
+    """Per agent id, the sequences already ingested, each with its batch's window start (unix seconds).
+    Entries past `horizon_s` on `clock` are swept every `sweep_every` additions, and by `sweep()`."""
 
-    def __init__(self, window: int = 4096, max_agents: int = 100_000, sweep_every: int = 4096):
+    def __init__(
+        self,
+        window: int = 4096,
+        max_agents: int = 100_000,
+        horizon_s: float = MAX_BATCH_AGE_S,
+        clock: Callable[[], float] = time.time,
+        sweep_every: int = 4096,
+    ):
         self._window = window
         self._max_agents = max_agents
+        self._horizon_s = horizon_s
+        self._clock = clock
         self._agents: OrderedDict[str, dict[int, float]] = OrderedDict()
         self._sweep_every = sweep_every
         self._adds = 0
@@ -27,9 +41,7 @@ class SeenSequences:
         return s is not None and seq in s
 
     def add(self, agent_id: str, seq: int, start: float = 0.0) -> None:
-        s = self._agents.get(agent_id)
-        if s is None:
-            s = self._agents[agent_id] = {}
+        s = self._agents.setdefault(agent_id, {})
         self._agents.move_to_end(agent_id)
         s[seq] = start
         if len(s) > 2 * self._window:
@@ -39,31 +51,20 @@ class SeenSequences:
         while len(self._agents) > self._max_agents:
             self._agents.popitem(last=False)
         self._adds += 1
+        if self._adds >= self._sweep_every:  # an O(entries) pass, so only once per this many additions
+            self.sweep()
 
-    def discard(self, agent_id: str, seq: int) -> None:
-        """Forget one entry (a batch claimed for storing whose write then failed)."""
-        s = self._agents.get(agent_id)
-        if s is not None:
-            s.pop(seq, None)
-
-    def due_for_sweep(self) -> bool:
-        """Whether enough was added since the last sweep for one to be worth its O(entries) pass."""
-        return self._adds >= self._sweep_every
-
-    def forget_before(self, horizon: float) -> int:
-        """Drop entries whose window started before `horizon`, and agents left with none; returns how
-        many entries went. Entries with start 0 (written before windows were kept) go too."""
+    def sweep(self) -> None:
+        """Drop entries whose window started before the horizon, and agents left with none. Entries with
+        start 0 (written before windows were kept) go too."""
         self._adds = 0
-        dropped = 0
+        horizon = self._clock() - self._horizon_s
         for agent in list(self._agents):
             s = self._agents[agent]
-            old = [seq for seq, start in s.items() if start < horizon]
-            for seq in old:
+            for seq in [seq for seq, start in s.items() if start < horizon]:
                 del s[seq]
-            dropped += len(old)
             if not s:
                 del self._agents[agent]
-        return dropped
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._agents.values())
@@ -71,7 +72,3 @@ class SeenSequences:
     @property
     def agents(self) -> int:
         return len(self._agents)
-
-    def snapshot(self) -> dict[str, list[int]]:
-        """Every remembered sequence per agent id (what a checkpoint persists)."""
-        return {agent: sorted(seqs) for agent, seqs in self._agents.items()}
