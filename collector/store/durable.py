@@ -191,8 +191,9 @@ class DurableStore:
                 self._commit(queued)
                 with self._commit_lock:
                     self._flushing.remove(queued)
-                self._drop_wal(queued.wal_segment)
-            self._drop_wal(chunk.wal_segment)  # every chunk is committed: nothing older is needed
+                self._drop_wal(queued.wal_segment)  # each segment goes as soon as its chunks are in
+            if chunk.empty:
+                self._drop_wal(chunk.wal_segment)  # every chunk is committed: nothing older is needed
             self.counters["flushes"] += 1
 
     def _commit(self, chunk: Chunk) -> None:
