@@ -3,7 +3,6 @@ batch, the field and the problem (the agent logs it and drops the batch)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -12,6 +11,7 @@ import numpy as np
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.model.profile import GPU_STATE_NAME, MAX_BATCH_AGE_S
+from fleetprof.collector.model.selector import LABEL_NAME
 
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_FREQUENCY_HZ = 100_000
@@ -21,7 +21,6 @@ MAX_LABEL_NAME_BYTES = 128
 # Labels the collector derives itself (from the batch's identity and the process table, or ingest's GPU
 # tagging): a process label of the same name would let an agent pass its data off as another node's.
 DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME})
-LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_GPU_SAMPLES_PER_DEVICE = 100_000
 GPU_STATES = (pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE, pb.GPU_STATE_BUSY)
 
