@@ -6,10 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, wait_until_serving
 
 
 def start_collector_process(data_dir: Path, grpc_port: int, http_port: int, *extra: str) -> subprocess.Popen:
@@ -33,18 +32,7 @@ def start_collector_process(data_dir: Path, grpc_port: int, http_port: int, *ext
         stderr=subprocess.PIPE,
     )
 
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"collector exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
-            )
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=1).read()
-            return True
-        except OSError:
-            return False
-
-    wait_until(up, 60, "the collector to serve /healthz", every=0.1)
+    wait_until_serving(proc, f"http://127.0.0.1:{http_port}/healthz", 60, "the collector")
     return proc
 
 

@@ -43,6 +43,15 @@ def http_get(url: str, timeout: float = 10.0) -> bytes:
         return r.read()
 
 
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether `url` answers with a success status (unreachable, refusing or failing: False)."""
+    try:
+        http_get(url, timeout=timeout)
+        return True
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
     deadline = time.monotonic() + timeout
     while True:
@@ -182,19 +191,21 @@ def start_agent(
     )
     agent = RunningAgent(proc, port, frequency, interval)
 
+    wait_until_serving(proc, f"http://127.0.0.1:{port}/healthz", 90, "the agent")
+    return agent
+
+
+def wait_until_serving(proc: subprocess.Popen, url: str, timeout: float, what: str) -> None:
+    """Wait until `url` answers; fail at once, with the tail of its stderr, if `proc` exits first."""
+
     def up() -> bool:
         if proc.poll() is not None:
             raise AssertionError(
-                f"agent exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+                f"{what} exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
             )
-        try:
-            http_get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return True
-        except OSError:
-            return False
+        return answers(url, timeout=1)
 
-    wait_until(up, 90, "the agent to load its BPF programs and serve /healthz")
-    return agent
+    wait_until(up, timeout, f"{what} to serve {url}", every=0.1)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float) -> None:

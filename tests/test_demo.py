@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.conftest import REPO, http_get, require_bpf, wait_until
+from tests.conftest import REPO, answers, http_get, require_bpf, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -34,8 +34,8 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
     reader.start()
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        wait_until(lambda: _healthy("http://127.0.0.1:7471/healthz"), 60, "the demo collector")
-        wait_until(lambda: _healthy("http://127.0.0.1:7472/healthz"), 90, "the demo agent")
+        wait_until(lambda: answers("http://127.0.0.1:7471/healthz"), 60, "the demo collector")
+        wait_until(lambda: answers("http://127.0.0.1:7472/healthz"), 90, "the demo agent")
         wait_until(_has_samples, 90, "the demo's first samples")
         # The first top comes after the warm-up, once the collector has samples (the demo retries each
         # second until then): wait for it, however long a busy machine makes that.
@@ -55,17 +55,9 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
     assert "Traceback" not in out
     # Both children are gone: their ports are free again.
     for port in (7470, 7471, 7472):
-        assert not _healthy(f"http://127.0.0.1:{port}/healthz")
+        assert not answers(f"http://127.0.0.1:{port}/healthz")
 
 
 def _has_samples() -> bool:
     top = json.loads(http_get("http://127.0.0.1:7471/api/v1/top?since=1m"))
     return top["total"] > 0
-
-
-def _healthy(url: str) -> bool:
-    try:
-        http_get(url, timeout=1)
-        return True
-    except OSError:
-        return False

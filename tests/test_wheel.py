@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, http_get, require_bpf, stop_process, wait_until
+from tests.conftest import REPO, answers, free_port, http_get, require_bpf, stop_process, wait_until
 from tests.installed import (
     HOT_FUNCTION,
     WORKLOAD,
@@ -160,13 +160,7 @@ def running(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> I
 
         def up() -> bool:
             r.alive()
-            if not r.col.healthy():
-                return False
-            try:
-                http_get(f"http://127.0.0.1:{agent_http}/healthz", timeout=2)
-                return True
-            except OSError:
-                return False
+            return r.col.healthy() and answers(f"http://127.0.0.1:{agent_http}/healthz")
 
         wait_until(up, 120, "the installed collector and agent to serve /healthz")
         yield r
