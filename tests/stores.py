@@ -11,6 +11,11 @@ from fleetprof.collector.store.durable import DurableStore
 EVERYTHING = parse_selector("{}")
 
 
+def stored_samples(store) -> int:  # noqa: ANN001 - any ProfileStore
+    """Every sample the store holds, over all time."""
+    return sum(store.select(EVERYTHING, 0, 4e9).stacks.values())
+
+
 class Clock:
     """A store's clock that stands still until a test sets `t`."""
 

@@ -21,12 +21,8 @@ from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from tests.conftest import free_port, wait_until
-from tests.stores import EVERYTHING, Faults
+from tests.stores import Faults, stored_samples
 from tests.wire import make_batch, push
-
-
-def stored(store) -> int:  # noqa: ANN001
-    return sum(store.select(EVERYTHING, 0, 4e9).stacks.values())
 
 
 def test_batches_the_store_cannot_log_are_resent_by_the_agent_and_count_once(tmp_path: Path) -> None:
@@ -52,12 +48,12 @@ def test_batches_the_store_cannot_log_are_resent_by_the_agent_and_count_once(tmp
         assert shipper.flush(30), "the agent's queue did not drain after the disk was freed"
         assert shipper.stats.batches_dropped == 0 and shipper.stats.batches_rejected == 0
         assert col.ingest.stats.batches == 20
-        assert stored(store) == expected
+        assert stored_samples(store) == expected
     finally:
         shipper.stop(flush_timeout_s=0)
         col.stop()
     again = DurableStore(tmp_path, decode=decode_payload, background=False)
-    assert stored(again) == expected
+    assert stored_samples(again) == expected
     again.close()
 
 
@@ -92,7 +88,7 @@ def test_a_resend_racing_its_original_is_stored_once() -> None:
     second.join(10)
     assert sorted(results) == [False, True]
     assert service.stats.duplicates == 1
-    assert stored(store) == 100
+    assert stored_samples(store) == 100
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from fleetprof.collector.store.cold.maintenance import RollupPolicy
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.collector.store.wal import WriteAheadLog
-from tests.stores import EVERYTHING, Clock, crash
+from tests.stores import EVERYTHING, Clock, crash, stored_samples
 from tests.wire import make_batch
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
@@ -126,12 +126,12 @@ def test_logged_batches_survive_a_crash_and_resends_after_it_count_once(tmp_path
     assert store.replayed == 3
     for b in batches:  # the agent resends everything it may not have seen acknowledged
         assert store.seen("agent-x", b.sequence)
-    total = sum(store.select(EVERYTHING, 0, 4e9).stacks.values())
+    total = stored_samples(store)
     assert total == sum(range(1, 7))
     crash(store)  # the replayed batches were committed at start: a second crash replays nothing
     store = open_store(tmp_path, clock)
     assert store.replayed == 0
-    assert sum(store.select(EVERYTHING, 0, 4e9).stacks.values()) == 21
+    assert stored_samples(store) == 21
     store.close()
 
 

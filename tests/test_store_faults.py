@@ -14,7 +14,7 @@ from fleetprof.collector.ingest.decode import decode_payload
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.wal import WriteAheadLog
-from tests.stores import EVERYTHING, Clock, Faults, crash
+from tests.stores import Clock, Faults, crash, stored_samples
 from tests.wire import make_batch
 
 AGENT = "agent-f"
@@ -39,13 +39,9 @@ def push(store: DurableStore, seq: int) -> bool:
     return store.write_logged(AGENT, seq, payload, decode_payload(payload))
 
 
-def total(store: DurableStore) -> int:
-    return sum(store.select(EVERYTHING, 0, 4e9).stacks.values())
-
-
 def cold_total(store: DurableStore) -> int:
     """Through DuckDB plus the uncommitted chunks (the hot tier is skipped for a range this wide)."""
-    got = total(store)
+    got = stored_samples(store)
     assert store.counters["cold_queries"] > 0
     return got
 
@@ -79,7 +75,7 @@ def test_a_failed_wal_append_leaves_no_torn_record_and_its_resend_counts_once(
     crash(store)
     store = open_store(tmp_path, clock, faults)
     assert store.replayed == 4  # every record after the failed append is read back too
-    assert total(store) == 1 + 2 + 3 + 4
+    assert stored_samples(store) == 1 + 2 + 3 + 4
     store.close()
 
 
@@ -104,7 +100,7 @@ def test_a_segment_that_cannot_be_truncated_is_closed_and_later_records_replay(
     crash(store)
     store = open_store(tmp_path, clock, faults)
     assert store.replayed == 3
-    assert total(store) == 1 + 2 + 3
+    assert stored_samples(store) == 1 + 2 + 3
     store.close()
 
 
@@ -135,7 +131,7 @@ def test_a_failed_flush_keeps_its_chunk_queryable_and_its_wal_until_a_retry_comm
     crash(store)
     store = open_store(tmp_path, clock, faults)
     assert store.replayed == 0
-    assert total(store) == 10
+    assert stored_samples(store) == 10
     store.close()
 
 
@@ -152,7 +148,7 @@ def test_a_crash_while_a_flush_is_failing_loses_nothing(tmp_path: Path) -> None:
     crash(store)  # before any retry
     store = open_store(tmp_path, clock, faults)
     assert store.replayed == 2
-    assert total(store) == 3
+    assert stored_samples(store) == 3
     store.close()
 
 
@@ -169,7 +165,7 @@ def test_a_commit_that_went_through_but_reported_an_error_is_not_inserted_twice(
     assert cold_total(store) == 6
     store.close()
     store = open_store(tmp_path, clock, faults)
-    assert total(store) == 6
+    assert stored_samples(store) == 6
     store.close()
 
 
@@ -200,7 +196,7 @@ def test_close_with_a_failing_database_leaves_the_batches_to_the_wal(tmp_path: P
     faults.db_step = None
     store = open_store(tmp_path, clock, faults)
     assert store.replayed == 1
-    assert total(store) == 5
+    assert stored_samples(store) == 5
     store.close()
 
 
