@@ -147,8 +147,9 @@ class DurableStore:
             return self._seen.seen(source, sequence)
 
     def _backlog_rows(self) -> int:
-        with self._commit_lock:
-            return sum(c.rows for c in self._flushing)
+        # Without the commit lock: a cold query holds it for its whole run, and ingest must not wait on
+        # one. Copying the list is atomic, and a queued chunk's row count no longer changes.
+        return sum(c.rows for c in list(self._flushing))
 
     def write_logged(self, source: str, sequence: int, payload: bytes, profile: ProfileRows) -> bool:
         backlog = self._backlog_rows()
