@@ -36,7 +36,9 @@ from fleetprof.agent.shipper import Shipper
 from fleetprof.agent.symbols.preloader import Preloader
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
+from fleetprof.auth import TokenFile
 from fleetprof.httpserve import HttpServer, Request, Response, json_response
+from fleetprof.tls import ClientTls, ClientTlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class AgentConfig:
     python: bool = True  # Python-aware stacks: walk CPython frames in BPF
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
+    tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
+    auth_token_file: str | None = None  # send `authorization: Bearer` with its first token
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -103,7 +107,12 @@ class Agent:
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
-        self.shipper = Shipper(config.collector, max_batches=config.queue_batches)
+        self.shipper = Shipper(
+            config.collector,
+            max_batches=config.queue_batches,
+            tls=ClientTls(config.tls) if config.tls else None,
+            tokens=TokenFile(config.auth_token_file) if config.auth_token_file else None,
+        )
         self.pods = PodCache(
             label_map=parse_label_map(config.pod_labels) if config.pod_labels else DEFAULT_POD_LABELS
         )
@@ -286,6 +295,22 @@ class Agent:
             cfg.collector,
             cfg.http,
         )
+        log.info("collector connection: %s", self._protections())
+
+    def _protections(self) -> str:
+        cfg = self.config
+        if cfg.tls is None:
+            transport = "plaintext"
+        else:
+            ca = cfg.tls.ca or "the system's CAs"
+            name = f", server name {cfg.tls.server_name}" if cfg.tls.server_name else ""
+            client = f", client certificate {cfg.tls.cert}" if cfg.tls.cert else ""
+            transport = f"TLS (trusting {ca}{name}{client})"
+        if cfg.auth_token_file is None:
+            return f"{transport}, no token"
+        if cfg.tls is None:
+            return f"{transport}, token from {cfg.auth_token_file} (sent in the clear: add --tls-ca)"
+        return f"{transport}, token from {cfg.auth_token_file}"
 
     def _start_syscalls(self) -> SyscallTracer | None:
         cfg, overrides = self.config, {}

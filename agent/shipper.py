@@ -13,6 +13,8 @@ import grpc
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
+from fleetprof.auth import TokenFile
+from fleetprof.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,12 @@ class Shipper:
         max_batches: int = 64,
         max_bytes: int = 64 * 1024 * 1024,
         backoff_s: tuple[float, float] = (0.5, 30.0),
+        tls: ClientTls | None = None,
+        tokens: TokenFile | None = None,
     ):
         self.target = target
+        self._tls = tls
+        self._tokens = tokens
         self._max_batches = max_batches
         self._max_bytes = max_bytes
         self._backoff = backoff_s
@@ -143,32 +149,51 @@ class Shipper:
             self.stats.batches_sent += 1
             yield batch
 
-    def _run(self) -> None:
-        delay = self._backoff[0]
+    def _channel(self) -> grpc.Channel:
+        """A channel to the collector (it reconnects by itself); over TLS with the files as they are now."""
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.keepalive_time_ms", 30000),
         ]
-        channel = grpc.insecure_channel(self.target, options=options)  # reconnects by itself
-        stub = pb_grpc.IngestStub(channel)
-        try:
-            self._send_loop(stub, delay)
-        finally:
-            channel.close()
+        if self._tls is not None:
+            return self._tls.channel(self.target, options)
+        return grpc.insecure_channel(self.target, options=options)
 
-    def _send_loop(self, stub: pb_grpc.IngestStub, delay: float) -> None:
+    def _run(self) -> None:
+        self._chan = self._channel()
+        try:
+            self._send_loop()
+        finally:
+            self._chan.close()
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self._tokens.current()}"),) if self._tokens else ()
+
+    def _send_loop(self) -> None:
+        delay = self._backoff[0]
+        stub = pb_grpc.IngestStub(self._chan)
+        refused_credentials = False
         while not self._stop.is_set():
             if not self._wait_for_work():
                 return
+            if self._tls is not None and self._tls.changed():
+                # A renewed client certificate or CA: the open channel keeps the old one, so make a new one.
+                log.info("TLS files changed: reconnecting to %s with them", self.target)
+                self._chan.close()
+                self._chan = self._channel()
+                stub = pb_grpc.IngestStub(self._chan)
             broken = threading.Event()
             sent: list[int] = []
             try:
-                call = stub.Push(self._requests(broken, sent), wait_for_ready=False)
+                call = stub.Push(
+                    self._requests(broken, sent), metadata=self._metadata(), wait_for_ready=False
+                )
                 for ack in call:
                     if not self.connected:
                         log.info("connected to collector %s", self.target)
                     self.connected = True
+                    refused_credentials = False
                     delay = self._backoff[0]
                     self._settle(ack.sequence, acked=True)
             except grpc.RpcError as err:
@@ -191,6 +216,15 @@ class Shipper:
                     log.error("collector refused an oversized batch: %s", detail)
                 elif code == grpc.StatusCode.CANCELLED and self._stop.is_set():
                     return
+                elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                    # Our token (or certificate) is refused: keep every batch and retry with backoff, reading
+                    # the token file again each time, so a rotated token gets through without a restart.
+                    if not refused_credentials:
+                        log.error("collector %s refused our credentials (%s): %s", self.target, code, detail)
+                    refused_credentials = True
+                    self.connected = False
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, self._backoff[1])
                 else:
                     if self.connected or self.stats.send_errors == 1:
                         log.warning("collector %s unreachable (%s): %s; retrying", self.target, code, detail)

@@ -18,6 +18,7 @@ import argparse
 import random
 import shutil
 import sqlite3
+import ssl
 import statistics
 import subprocess
 import sys
@@ -118,6 +119,36 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+class Secured:
+    """TLS with client certificates and an ingest token, as the chart's TLS variant runs: the collector's
+    flags and each simulated agent's channel and metadata. Certificates are made here (`cryptography`)."""
+
+    TOKEN = "bench-ingest-token-5f1e0c"
+
+    def __init__(self, directory: Path):
+        from tests.certs import Ca
+
+        self.ca = Ca(directory, "bench")
+        self.server, self.client = self.ca.server(), self.ca.client()
+        self.token_file = directory / "ingest-token"
+        self.token_file.write_text(self.TOKEN + "\n")
+
+    def flags(self) -> list[str]:
+        return [
+            "--tls-cert", str(self.server.cert), "--tls-key", str(self.server.key),
+            "--tls-client-ca", str(self.ca.cert), "--auth-token-file", str(self.token_file),
+        ]  # fmt: skip
+
+    def channel(self, target: str, options: list) -> grpc.Channel:
+        creds = grpc.ssl_channel_credentials(
+            self.ca.cert.read_bytes(), self.client.key.read_bytes(), self.client.cert.read_bytes()
+        )
+        return grpc.secure_channel(target, creds, options=options)
+
+    def context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca.cert))
+
+
 def run_ingest(
     label: str,
     data_dir: Path | None,
@@ -125,16 +156,22 @@ def run_ingest(
     agents: int,
     seconds: float,
     new_stacks: float,
+    secured: Secured | None = None,
 ) -> dict:
     grpc_port, http_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", f"127.0.0.1:{grpc_port}"]
     cmd += ["--http", f"127.0.0.1:{http_port}"]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
+    if secured is not None:
+        cmd += secured.flags()
+    scheme, context = ("https", secured.context()) if secured else ("http", None)
+    metadata = (("authorization", f"Bearer {Secured.TOKEN}"),) if secured else ()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics_url = f"http://127.0.0.1:{http_port}/metrics"
     try:
-        wait_for_health(proc, f"http://127.0.0.1:{http_port}/healthz", "collector", timeout_s=60)
+        health = f"{scheme}://127.0.0.1:{http_port}/healthz"
+        wait_for_health(proc, health, "collector", timeout_s=60, context=context)
         latencies: list[float] = []
         acked = [0]
         stop = threading.Event()
@@ -145,9 +182,9 @@ def run_ingest(
 
         def agent(a: int) -> None:
             rng = random.Random(a)
-            with grpc.insecure_channel(
-                f"127.0.0.1:{grpc_port}", options=[("grpc.max_send_message_length", 64 << 20)]
-            ) as ch:
+            target, options = f"127.0.0.1:{grpc_port}", [("grpc.max_send_message_length", 64 << 20)]
+            channel = secured.channel(target, options) if secured else grpc.insecure_channel(target, options)
+            with channel as ch:
                 stub = pb_grpc.IngestStub(ch)
                 seq = 0
 
@@ -164,7 +201,7 @@ def run_ingest(
                     b.agent.node, b.agent.agent_id, b.sequence = f"node-{a}", f"agent-{a}", seq
                     b.start_unix_ns, b.end_unix_ns = now - WINDOW * 10**9, now
                     t0 = time.perf_counter()
-                    list(stub.Push(iter([b]), timeout=60))
+                    list(stub.Push(iter([b]), metadata=metadata, timeout=60))
                     return time.perf_counter() - t0
 
                 for t in templates:  # the collector meets this agent's stacks once, as in its first minute
@@ -493,6 +530,14 @@ def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
     for share in [float(x) for x in args.new_stacks.split(",")]:
         new = f", {100 * share:g}% new stacks"
         rows.append(run_ingest("in-memory (baseline)" + new, None, templates, args.agents, seconds, share))
+        if share == 0:
+            certs = Path(tempfile.mkdtemp(prefix="fleetprof-bench-tls-"))
+            try:
+                label = "in-memory, mutual TLS + token" + new
+                secured = Secured(certs)
+                rows.append(run_ingest(label, None, templates, args.agents, seconds, share, secured))
+            finally:
+                shutil.rmtree(certs, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
         try:
             rows.append(run_ingest("durable (--data-dir)" + new, tmp, templates, args.agents, seconds, share))

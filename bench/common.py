@@ -12,6 +12,7 @@ import platform
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,12 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 
 def wait_for_health(
-    proc: subprocess.Popen, url: str, what: str, log: Path | None = None, timeout_s: float = START_TIMEOUT_S
+    proc: subprocess.Popen,
+    url: str,
+    what: str,
+    log: Path | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+    context: ssl.SSLContext | None = None,
 ) -> None:
     """Return once `url` answers 200; BenchError (with the tail of `log`) if `proc` exits or time runs out."""
 
@@ -84,7 +90,7 @@ def wait_for_health(
         if proc.poll() is not None:
             raise BenchError(f"the {what} exited with {proc.returncode} while starting{tail()}")
         try:
-            if http_get(url, timeout_s=1.0)[0] == 200:
+            if http_get(url, timeout_s=1.0, context=context)[0] == 200:
                 return
         except OSError:
             pass  # not listening yet
@@ -99,9 +105,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout_s: float = 5.0, context: ssl.SSLContext | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")

@@ -11,7 +11,9 @@ from pathlib import Path
 import grpc
 from prometheus_client import CollectorRegistry
 
+from fleetprof.auth import TokenFile
 from fleetprof.collector.api import QueryApi
+from fleetprof.collector.ingest.auth import TokenInterceptor
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
 from fleetprof.collector.ingest.validate import IngestLimits
 from fleetprof.collector.metrics.cpu import CpuMetrics
@@ -25,6 +27,7 @@ from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.httpserve import HttpServer
+from fleetprof.tls import ServerTls, TlsError
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,38 @@ class CollectorConfig:
     wal_fsync: bool = False  # fsync each batch before acknowledging it (survives power loss too)
     flush_s: float = 10.0  # how often logged batches move into the database
     max_clock_skew_s: float = 300.0  # batch windows ending further ahead of our clock are refused
+    tls_cert: str | None = None  # with tls_key: gRPC and HTTP over TLS
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # gRPC clients must present a certificate this CA signed
+    auth_token_file: str | None = None  # gRPC calls need `authorization: Bearer` with one of its tokens
+    api_token_file: str | None = None  # so does every HTTP endpoint but /healthz
+
+
+class Protections:
+    """What guards the two ports, from the config's files (read and checked here: a bad file stops the
+    start with a clear error, not the first request)."""
+
+    def __init__(self, config: CollectorConfig):
+        if (config.tls_cert is None) != (config.tls_key is None):
+            raise TlsError("TLS needs both --tls-cert and --tls-key")
+        if config.tls_client_ca and not config.tls_cert:
+            raise TlsError("--tls-client-ca (mutual TLS) needs TLS: add --tls-cert and --tls-key")
+        self.tls = (
+            ServerTls(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
+        )
+        self.ingest_tokens = TokenFile(config.auth_token_file) if config.auth_token_file else None
+        self.api_tokens = TokenFile(config.api_token_file) if config.api_token_file else None
+
+    def describe(self) -> str:
+        tls = self.tls.describe() if self.tls else "plaintext"
+        ingest = f"{tls}, token from {self.ingest_tokens.path}" if self.ingest_tokens else f"{tls}, no token"
+        http_tls = f"TLS ({self.tls.cert})" if self.tls else "plaintext"
+        api = f"{http_tls}, token from {self.api_tokens.path}" if self.api_tokens else f"{http_tls}, no token"
+        return f"gRPC ingest: {ingest}; HTTP API, UI and /metrics: {api}"
+
+    @property
+    def none(self) -> bool:
+        return self.tls is None and self.ingest_tokens is None and self.api_tokens is None
 
 
 def open_store(config: CollectorConfig) -> ProfileStore:
@@ -65,6 +100,7 @@ def open_store(config: CollectorConfig) -> ProfileStore:
 class Collector:
     def __init__(self, config: CollectorConfig, store: ProfileStore | None = None):
         self.config = config
+        self.protections = Protections(config)  # first: bad TLS or token files stop us before the store opens
         self.store = store or open_store(config)
         self.syscall_metrics = SyscallMetrics()
         self.cpu_metrics = CpuMetrics()
@@ -85,16 +121,31 @@ class Collector:
         self.registry.register(self.query_timer)
         api = QueryApi(TimedStore(self.store, self.query_timer), self.registry, gpu_usage=self.gpu_usage)
         host, _, port = config.http.rpartition(":")
-        self.http = HttpServer(host or "127.0.0.1", int(port), api.routes(), api.prefixes())
+        self.http = HttpServer(
+            host or "127.0.0.1",
+            int(port),
+            api.routes(),
+            api.prefixes(),
+            tls=self.protections.tls,
+            tokens=self.protections.api_tokens,
+        )
         # gRPC's own limit sits well above ours so oversized batches reach validation and get a clear
         # INVALID_ARGUMENT instead of a transport-level RESOURCE_EXHAUSTED.
         limit = 4 * config.max_batch_bytes
+        interceptors = []
+        if self.protections.ingest_tokens is not None:
+            refused = lambda: self.ingest.count_rejected("unauthenticated")  # noqa: E731
+            interceptors.append(TokenInterceptor(self.protections.ingest_tokens, on_refused=refused))
         self.grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="ingest"),
+            interceptors=interceptors,
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
         )
         serve_ingest(self.ingest, self.grpc)
-        self.grpc_port = self.grpc.add_insecure_port(config.grpc)
+        if self.protections.tls is not None:
+            self.grpc_port = self.grpc.add_secure_port(config.grpc, self.protections.tls.grpc_credentials())
+        else:
+            self.grpc_port = self.grpc.add_insecure_port(config.grpc)
         if self.grpc_port == 0:
             raise OSError(f"cannot listen for gRPC on {config.grpc} (address in use?)")
         self._stopped = threading.Event()
@@ -115,7 +166,17 @@ class Collector:
     def start(self) -> None:
         self.grpc.start()
         self.http.start()
-        log.info("collector: gRPC on %s, HTTP on http://%s", self.config.grpc, self.config.http)
+        scheme = "https" if self.protections.tls else "http"
+        log.info("collector: gRPC on %s, HTTP on %s://%s", self.config.grpc, scheme, self.config.http)
+        if self.protections.none:
+            log.warning(
+                "protections: none (plaintext, no tokens): whoever reaches %s can write profiles and whoever"
+                " reaches %s can read them; see --tls-cert, --auth-token-file and --api-token-file",
+                self.config.grpc,
+                self.config.http,
+            )
+        else:
+            log.info("protections: %s", self.protections.describe())
 
     def stop(self) -> None:
         self.grpc.stop(grace=2).wait()

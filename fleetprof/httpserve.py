@@ -2,7 +2,11 @@
 
 Bounded so that no client can stall it: at most `max_connections` connections are served at once (more get
 a 503 at once), a connection that sends nothing for `read_timeout_s` is closed, and a handler that runs past
-`budget_s` is answered with a 503 naming the budget (it finishes in the background, on a bounded pool)."""
+`budget_s` is answered with a 503 naming the budget (it finishes in the background, on a bounded pool).
+
+Optionally over TLS (the handshake runs on the connection's own thread, under the read timeout, so a slow
+or plaintext client costs only its own slot), and behind a token: every path but the public ones (/healthz)
+then needs `Authorization: Bearer TOKEN`, or Basic with the token as password (a browser's login prompt)."""
 
 from __future__ import annotations
 
@@ -10,13 +14,17 @@ import json
 import logging
 import selectors
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from fleetprof.auth import presented_token
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,17 @@ def text_response(text: str, content_type: str = "text/plain; charset=utf-8") ->
 Handler = Callable[[Request], Response]
 
 
+class Tokens(Protocol):
+    def accepts(self, token: str) -> bool: ...
+
+
+class Tls(Protocol):
+    def http_context(self) -> ssl.SSLContext: ...
+
+
+_CHALLENGE = 'Basic realm="fleetprof", charset="UTF-8", Bearer realm="fleetprof"'
+
+
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
     b'Content-Length: 59\r\n\r\n{"error":"too many connections at once; retry in a moment"}'
@@ -72,8 +91,12 @@ class _BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type, limit: int):
+    def __init__(
+        self, address: tuple[str, int], handler: type, limit: int, tls: Tls | None, timeout_s: float
+    ):
         self._slots = threading.BoundedSemaphore(limit)
+        self._tls = tls
+        self._handshake_timeout_s = timeout_s
         super().__init__(address, handler)
 
     def process_request(self, request, client_address) -> None:  # noqa: ANN001
@@ -92,6 +115,21 @@ class _BoundedServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def finish_request(self, request, client_address) -> None:  # noqa: ANN001
+        if self._tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(self._handshake_timeout_s)
+        try:
+            conn = self._tls.http_context().wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as err:  # a plaintext client, a bad certificate, a timeout
+            log.debug("TLS handshake with %s failed: %s", client_address, err)
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            conn.close()
+
 
 class HttpServer:
     """Routes GET requests by exact path or by prefix (longest first); runs on a daemon thread."""
@@ -105,8 +143,14 @@ class HttpServer:
         max_connections: int = 64,
         read_timeout_s: float = 15.0,
         budget_s: float = 30.0,
+        tls: Tls | None = None,
+        tokens: Tokens | None = None,
+        public: frozenset[str] = frozenset({"/healthz"}),
     ):
         self._routes = routes
+        self._tokens = tokens
+        self._public = public
+        self.unauthorized = 0  # requests refused for a missing or wrong token (self-metric)
         self._prefixes = sorted((prefixes or {}).items(), key=lambda kv: -len(kv[0]))
         self._budget_s = budget_s
         self._workers = ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"http-work:{port}")
@@ -122,7 +166,7 @@ class HttpServer:
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug("%s %s", self.address_string(), fmt % args)
 
-        self._httpd = _BoundedServer((host, port), _H, max_connections)
+        self._httpd = _BoundedServer((host, port), _H, max_connections, tls, read_timeout_s)
         self._httpd.timeout = 0  # handle_request() after select() said readable: never block in it
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name=f"http:{port}", daemon=True)
@@ -165,9 +209,16 @@ class HttpServer:
         if handler is None:
             handler = next((fn for prefix, fn in self._prefixes if path.startswith(prefix)), None)
         try:
-            if handler is None:
+            if not self._authorized(req):
+                self.unauthorized += 1
+                resp = json_response(
+                    {"error": "this endpoint needs the API token (Authorization: Bearer)"}, 401
+                )
+                resp.headers["WWW-Authenticate"] = _CHALLENGE
+            elif handler is None:
                 raise HttpError(404, f"no such endpoint: {path}")
-            resp = self._workers.submit(handler, req).result(timeout=self._budget_s)
+            else:
+                resp = self._workers.submit(handler, req).result(timeout=self._budget_s)
         except FutureTimeout:
             budget = f"{self._budget_s:g} s"
             message = (
@@ -190,3 +241,9 @@ class HttpServer:
             h.wfile.write(resp.body)
         except (BrokenPipeError, ConnectionResetError):
             pass
+
+    def _authorized(self, req: Request) -> bool:
+        if self._tokens is None or req.path in self._public:
+            return True
+        token = presented_token(req.headers.get("authorization", ""))
+        return token is not None and self._tokens.accepts(token)

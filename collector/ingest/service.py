@@ -74,7 +74,10 @@ class IngestService(pb_grpc.IngestServicer):
         return dict(self._decoder.stacks.counts)
 
     def _rejected(self, err: BatchError) -> None:
-        reason = err.reason
+        self.count_rejected(err.reason)
+
+    def count_rejected(self, reason: str) -> None:
+        """One more refusal for `reason`: a bad batch's, or "unauthenticated" (a call without the token)."""
         with self._lock:
             self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
 

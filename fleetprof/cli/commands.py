@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -26,9 +27,22 @@ from fleetprof.cli.tables import (
     format_syscalls,
     format_top,
 )
-from fleetprof.client import QueryError, fetch, fetch_json
+from fleetprof.client import Credentials, QueryError, fetch, fetch_json
 
 POD_GROUP = ("namespace", "pod", "workload_kind", "workload", "node")
+
+
+def _credentials(args: argparse.Namespace) -> Credentials:
+    """--ca, and the API token from --token-file or $FLEETPROF_TOKEN."""
+    token = os.environ.get("FLEETPROF_TOKEN") or None
+    if args.token_file:
+        from fleetprof.auth import TokenFile, TokenFileError
+
+        try:
+            token = TokenFile(args.token_file).current()
+        except TokenFileError as err:
+            raise QueryError(str(err)) from None
+    return Credentials(ca=args.ca, token=token)
 
 
 def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
@@ -51,13 +65,19 @@ def cmd_collector(args: argparse.Namespace) -> int:
                 wal_fsync=args.wal_fsync,
                 flush_s=args.flush_interval,
                 max_clock_skew_s=args.max_clock_skew,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+                tls_client_ca=args.tls_client_ca,
+                auth_token_file=args.auth_token_file,
+                api_token_file=args.api_token_file,
             )
         )
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: TLS or token files that cannot be used
         print(f"fleetprof collector: {err}", file=sys.stderr)
         return 1
     col.start()
-    print(f"fleetprof collector: gRPC {args.grpc}, UI and API http://{args.http}/", flush=True)
+    scheme = "https" if col.protections.tls else "http"
+    print(f"fleetprof collector: gRPC {args.grpc}, UI and API {scheme}://{args.http}/", flush=True)
     _wait_for_signal(col.stop)
     col.wait()
     return 0
@@ -67,6 +87,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from fleetprof.agent.kernel import BpfUnavailable
     from fleetprof.agent.main import Agent, AgentConfig
 
+    try:
+        tls = _client_tls(args)
+    except ValueError as err:
+        print(f"fleetprof agent: {err}", file=sys.stderr)
+        return 1
     config = AgentConfig(
         collector=args.collector,
         http=args.http,
@@ -84,6 +109,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         python=args.python,
         gpu=args.gpu,
         gpu_interval_s=args.gpu_interval,
+        tls=tls,
+        auth_token_file=args.auth_token_file,
     )
     from fleetprof.agent.kernel import missing_prerequisite
     from fleetprof.agent.kube.config import KubeConfigError
@@ -93,7 +120,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"fleetprof agent: {problem}", file=sys.stderr)
         return 1
     try:
-        agent = Agent(config)
+        agent = Agent(config)  # ValueError: also TLS or token files that cannot be used
     except (OSError, KubeConfigError, ValueError) as err:
         print(f"fleetprof agent: cannot start: {err}", file=sys.stderr)
         return 1
@@ -107,6 +134,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _client_tls(args: argparse.Namespace):  # noqa: ANN202 - fleetprof.tls.ClientTlsConfig, imported lazily
+    """TLS to the collector when any TLS flag is given (no --tls-ca: the system's CAs)."""
+    if not (args.tls_ca or args.tls_cert or args.tls_key or args.tls_server_name):
+        return None
+    from fleetprof.tls import ClientTlsConfig
+
+    return ClientTlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+
+
 def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
     signal.signal(signal.SIGTERM, lambda *_: on_stop())
     signal.signal(signal.SIGINT, lambda *_: on_stop())
@@ -115,30 +151,34 @@ def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
 def cmd_top(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"limit": str(args.limit)}
     if args.by:
-        print(format_groups(fetch_json(args.collector, "/api/v1/top", params | {"by": args.by})))
+        print(
+            format_groups(
+                fetch_json(args.collector, "/api/v1/top", params | {"by": args.by}, _credentials(args))
+            )
+        )
         return 0
-    data = fetch_json(args.collector, "/api/v1/top", params | {"sort": args.sort})
+    data = fetch_json(args.collector, "/api/v1/top", params | {"sort": args.sort}, _credentials(args))
     print(format_top(data))
     return 0
 
 
 def cmd_pods(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"limit": str(args.limit), "by": ",".join(POD_GROUP)}
-    print(format_pods(fetch_json(args.collector, "/api/v1/top", params)))
+    print(format_pods(fetch_json(args.collector, "/api/v1/top", params, _credentials(args))))
     return 0
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"limit": str(args.limit), "functions": str(args.functions)}
     params.pop("gpu")
-    print(format_gpus(fetch_json(args.collector, "/api/v1/gpus", params)))
+    print(format_gpus(fetch_json(args.collector, "/api/v1/gpus", params, _credentials(args))))
     return 0
 
 
 def cmd_syscalls(args: argparse.Namespace) -> int:
     base = _range_params(args) | {"by": args.by, "limit": str(args.limit)}
-    by_time = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "time"})
-    by_count = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "count"})
+    by_time = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "time"}, _credentials(args))
+    by_count = fetch_json(args.collector, "/api/v1/syscalls", base | {"sort": "count"}, _credentials(args))
     print(format_syscalls(by_time, "time"))
     print()
     print(format_syscalls(by_count, "count"))
@@ -170,7 +210,7 @@ def cmd_flame(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"format": fmt}
     if args.max_nodes:
         params["max_nodes"] = str(args.max_nodes)
-    body = fetch(args.collector, "/api/v1/profile", params)
+    body = fetch(args.collector, "/api/v1/profile", params, credentials=_credentials(args))
     if args.output:
         _write(args.output, fmt, body)
     else:
@@ -193,7 +233,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     }
     if args.max_nodes:
         params["max_nodes"] = str(args.max_nodes)
-    body = fetch(args.collector, "/api/v1/diff", params)
+    body = fetch(args.collector, "/api/v1/diff", params, credentials=_credentials(args))
     if args.output:
         _write(args.output, fmt, body)
     else:

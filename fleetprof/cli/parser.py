@@ -109,7 +109,18 @@ def _seconds_or_duration(text: str) -> float:
 
 
 def _add_query_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector HTTP URL")
+    p.add_argument(
+        "--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector URL (http:// or https://)"
+    )
+    p.add_argument(
+        "--ca", default=None, metavar="FILE", help="CA certificate(s) to verify an https:// collector with"
+    )
+    p.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="API token sent as `Authorization: Bearer` (default: $FLEETPROF_TOKEN when set)",
+    )
     p.add_argument(
         "--query", default="{}", help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\''
     )
@@ -163,12 +174,55 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse batches whose window ends more than this many seconds ahead of the collector's clock"
         " (default 300)",
     )
+    c.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="serve gRPC and HTTP over TLS: certificate"
+    )
+    c.add_argument("--tls-key", default=None, metavar="FILE", help="the private key of --tls-cert")
+    c.add_argument(
+        "--tls-client-ca",
+        default=None,
+        metavar="FILE",
+        help="mutual TLS: agents must present a client certificate signed by this CA",
+    )
+    c.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="FILE",
+        help="agents must send `authorization: Bearer TOKEN` with a token from this file (one per line;"
+        " read again when it changes)",
+    )
+    c.add_argument(
+        "--api-token-file",
+        default=None,
+        metavar="FILE",
+        help="every HTTP endpoint but /healthz needs `Authorization: Bearer TOKEN` (or Basic, the token as"
+        " password) with a token from this file (one per line; read again when it changes)",
+    )
 
     a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
     a.add_argument(
         "--collector", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="collector gRPC HOST:PORT"
     )
     a.add_argument("--http", type=_hostport, default=DEFAULT_AGENT_HTTP, help="/metrics and /healthz address")
+    a.add_argument(
+        "--tls-ca", default=None, metavar="FILE", help="connect to the collector over TLS, trusting this CA"
+    )
+    a.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="client certificate for mutual TLS (with --tls-key)"
+    )
+    a.add_argument("--tls-key", default=None, metavar="FILE", help="the private key of --tls-cert")
+    a.add_argument(
+        "--tls-server-name",
+        default=None,
+        metavar="NAME",
+        help="the name to check the collector's certificate against (default: the --collector host)",
+    )
+    a.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="FILE",
+        help="send `authorization: Bearer TOKEN`, the file's first line (read again when it changes)",
+    )
     a.add_argument(
         "--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)"
     )
