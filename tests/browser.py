@@ -162,6 +162,20 @@ class Chromium:
                     raise BrowserError(f"no {method} event within {self.timeout_s} s")
                 self._lock.wait(left)
 
+    def wait_event_any(self, session: str, methods: tuple[str, ...], start: int) -> dict:
+        """The first event at or after index `start` of the log for `session` with one of `methods`, with
+        its index as "_index"; waits without a deadline until one comes or the browser closes."""
+        with self._lock:
+            while True:
+                for i in range(start, len(self._events)):
+                    event = self._events[i]
+                    if event.get("sessionId") == session and event.get("method") in methods:
+                        return {**event, "_index": i}
+                start = len(self._events)
+                if self._closed:
+                    raise BrowserError("browser closed")
+                self._lock.wait(1.0)
+
     def event_count(self) -> int:
         with self._lock:
             return len(self._events)
@@ -290,6 +304,44 @@ class Page:
         data = self.call("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})["data"]
         path.write_bytes(base64.b64decode(data))
         return path
+
+    def answer_logins(self, username: str, password: str) -> list[str]:
+        """From now on, answer every HTTP login prompt (a 401 with `WWW-Authenticate: Basic`) as a person
+        typing `username` and `password` would. Returns the list of URLs that prompted, filled as they do.
+        Through the Fetch domain, which pauses every request: a thread lets each one go on."""
+        prompted: list[str] = []
+        self.call("Fetch.enable", {"handleAuthRequests": True, "patterns": [{"urlPattern": "*"}]})
+
+        def answer() -> None:
+            seen = self._first_event
+            while True:
+                try:
+                    event = self.browser.wait_event_any(
+                        self.session, ("Fetch.requestPaused", "Fetch.authRequired"), seen
+                    )
+                except BrowserError:
+                    return  # page or browser closed
+                seen = event["_index"] + 1
+                params = event["params"]
+                try:
+                    if event["method"] == "Fetch.authRequired":
+                        prompted.append(params["request"]["url"])
+                        response = {
+                            "response": "ProvideCredentials",
+                            "username": username,
+                            "password": password,
+                        }
+                        self.call(
+                            "Fetch.continueWithAuth",
+                            {"requestId": params["requestId"], "authChallengeResponse": response},
+                        )
+                    else:
+                        self.call("Fetch.continueRequest", {"requestId": params["requestId"]})
+                except BrowserError:
+                    continue  # the request went away (navigation, page closed)
+
+        threading.Thread(target=answer, name="browser-logins", daemon=True).start()
+        return prompted
 
     def errors(self, include_network: bool = True) -> list[str]:
         """Uncaught exceptions, console.error calls and error log entries since the page was opened."""

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from .browser import CHROMIUM, Page
-from .conftest import RunningCollector
+from .conftest import RunningCollector, start_collector
 from .profiles import PROFILE, push_profile
 
 pytestmark = pytest.mark.skipif(
@@ -36,6 +36,25 @@ def frame_names(page: Page) -> list[str]:
 def open_ui(page: Page, collector: RunningCollector) -> None:
     page.goto(collector.url + "/")
     page.wait_for("document.querySelectorAll('#flamegraph .frame').length > 0")
+
+
+def test_behind_the_api_token_the_browser_logs_in_and_the_page_works(page: Page, tmp_path: Path) -> None:
+    """With --api-token-file the page answers 401 with a Basic challenge; a person types any user name and
+    the token as password, and the page and every API call it makes go through with it."""
+    tokens = tmp_path / "api-tokens"
+    tokens.write_text("ui-token-63f1\n")
+    col = start_collector(api_token_file=str(tokens))
+    try:
+        protected = RunningCollector(col)
+        push_profile(protected.grpc_target, PROFILE, frequency_hz=FREQUENCY_HZ)
+        prompted = page.answer_logins("sre", "ui-token-63f1")
+        open_ui(page, protected)
+        assert prompted and prompted[0].startswith(protected.url + "/")
+        assert {"hot_loop", "cold_path"} <= set(frame_names(page))
+        assert page.evaluate("document.getElementById('error').hidden") is True
+        assert col.http.unauthorized >= 1  # the prompt came from a real 401
+    finally:
+        col.stop()
 
 
 def test_page_draws_flame_graph_top_table_and_total_from_ingested_profile(
