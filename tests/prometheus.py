@@ -33,6 +33,25 @@ class Target:
     # True keeps the target's own `namespace`/`pod` labels (the collector's, which name profiled pods)
     # instead of renaming them exported_*, as the collector's ServiceMonitor does with honorLabels.
     honor_labels: bool = False
+    # A protected collector: https with this CA (and server name), and the API token from this file.
+    ca_file: str | None = None
+    server_name: str | None = None
+    token_file: str | None = None
+
+
+def _job(t: Target) -> dict:
+    job: dict = {
+        "job_name": t.job,
+        "honor_labels": t.honor_labels,
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": [t.address], "labels": t.labels}],
+    }
+    if t.ca_file:
+        job["scheme"] = "https"
+        job["tls_config"] = {"ca_file": t.ca_file} | ({"server_name": t.server_name} if t.server_name else {})
+    if t.token_file:
+        job["authorization"] = {"type": "Bearer", "credentials_file": t.token_file}
+    return job
 
 
 def require_prometheus() -> str:
@@ -51,15 +70,7 @@ def scrape_config(targets: list[Target], self_address: str) -> dict:
     jobs = [*targets, Target("prometheus", self_address)]
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "scrape_timeout": SCRAPE_INTERVAL},
-        "scrape_configs": [
-            {
-                "job_name": t.job,
-                "honor_labels": t.honor_labels,
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": [t.address], "labels": t.labels}],
-            }
-            for t in jobs
-        ],
+        "scrape_configs": [_job(t) for t in jobs],
     }
 
 

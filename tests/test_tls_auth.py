@@ -436,3 +436,27 @@ def test_a_real_agent_profiles_into_a_collector_with_every_protection_on(secured
     )
     assert f"token from {token}" in lines[0]
     assert secured.rejected("unauthenticated") == 0
+
+
+def test_a_real_prometheus_scrapes_the_protected_metrics_with_the_token(secured: Secured) -> None:
+    """What the chart's ServiceMonitor asks of Prometheus: https with the CA, the API token from a file.
+    The same target with a wrong token is down with the collector's 401."""
+    from tests.prometheus import Target, start_prometheus, stop_prometheus
+
+    address = f"127.0.0.1:{secured.collector.http_port}"
+    good = _write(secured.dir / "prom-token", API_TOKEN + "\n")
+    bad = _write(secured.dir / "prom-wrong-token", "not-the-token\n")
+    ca = str(secured.ca.cert)
+    targets = [
+        Target("fleetprof-collector", address, ca_file=ca, server_name="localhost", token_file=str(good)),
+        Target("wrong-token", address, ca_file=ca, token_file=str(bad)),
+    ]
+    prom = start_prometheus(targets, secured.dir / "prometheus")
+    try:
+        wait_until(lambda: prom.value('up{job="fleetprof-collector"}') == 1, 30, "the protected scrape")
+        assert prom.value('fleetprof_ingest_batches_total{job="fleetprof-collector"}') is not None
+        wait_until(lambda: prom.value('up{job="wrong-token"}') == 0, 30, "the refused scrape")
+        down = {t["labels"]["job"]: t["lastError"] for t in prom.api("targets")["activeTargets"]}
+        assert "401" in down["wrong-token"]
+    finally:
+        stop_prometheus(prom)
