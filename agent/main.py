@@ -64,6 +64,7 @@ class AgentConfig:
     gpu_interval_s: float = 1.0
     tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
     auth_token_file: str | None = None  # send `authorization: Bearer` with its first token
+    metrics_token_file: str | None = None  # /metrics needs `Authorization: Bearer` with one of its tokens
 
     def node_name(self) -> str:
         return self.node or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -127,7 +128,10 @@ class Agent:
         )
         self.registry.register(GpuExporter(self.gpu, self.identity.node))
         host, port = split_hostport(config.http, "--http")
-        self.http = HttpServer(host, port, {"/metrics": self._metrics, "/healthz": self._healthz})
+        metrics_tokens = TokenFile(config.metrics_token_file) if config.metrics_token_file else None
+        self.http = HttpServer(
+            host, port, {"/metrics": self._metrics, "/healthz": self._healthz}, tokens=metrics_tokens
+        )
         self.sampler: CpuSampler | None = None
         self.syscalls: SyscallTracer | None = None
         self._last_drain = time.monotonic()
@@ -307,10 +311,13 @@ class Agent:
             client = f", client certificate {cfg.tls.cert}" if cfg.tls.cert else ""
             transport = f"TLS (trusting {ca}{name}{client})"
         if cfg.auth_token_file is None:
-            return f"{transport}, no token"
-        if cfg.tls is None:
-            return f"{transport}, token from {cfg.auth_token_file} (sent in the clear: add --tls-ca)"
-        return f"{transport}, token from {cfg.auth_token_file}"
+            token = "no token"
+        elif cfg.tls is None:
+            token = f"token from {cfg.auth_token_file} (sent in the clear: add --tls-ca)"
+        else:
+            token = f"token from {cfg.auth_token_file}"
+        metrics = f"token from {cfg.metrics_token_file}" if cfg.metrics_token_file else "no token"
+        return f"{transport}, {token}; /metrics: {metrics}"
 
     def _start_syscalls(self) -> SyscallTracer | None:
         cfg, overrides = self.config, {}

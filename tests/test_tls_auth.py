@@ -418,7 +418,15 @@ def test_a_real_agent_profiles_into_a_collector_with_every_protection_on(secured
         secured.target, 99, 1.0,
         "--tls-ca", str(secured.ca.cert), "--tls-cert", str(client.cert), "--tls-key", str(client.key),
         "--tls-server-name", "localhost", "--auth-token-file", str(token),
+        "--metrics-token-file", str(_write(secured.dir / "metrics-token", "agent-metrics-2b\n")),
     )  # fmt: skip
+    metrics = f"http://127.0.0.1:{agent.http_port}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(metrics, timeout=10)
+    assert refused.value.code == 401
+    request = urllib.request.Request(metrics, headers={"Authorization": "Bearer agent-metrics-2b"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert b"fleetprof_agent" in resp.read()
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         wait_until(lambda: secured.nodes().get("test-node", 0) > 20, 60, "the agent's samples to arrive")
@@ -434,7 +442,7 @@ def test_a_real_agent_profiles_into_a_collector_with_every_protection_on(secured
         f"TLS (trusting {secured.ca.cert}, server name localhost, client certificate {client.cert})"
         in lines[0]
     )
-    assert f"token from {token}" in lines[0]
+    assert f"token from {token}; /metrics: token from {secured.dir / 'metrics-token'}" in lines[0]
     assert secured.rejected("unauthenticated") == 0
 
 

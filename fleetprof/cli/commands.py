@@ -111,6 +111,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         gpu_interval_s=args.gpu_interval,
         tls=tls,
         auth_token_file=args.auth_token_file,
+        metrics_token_file=args.metrics_token_file,
     )
     from fleetprof.agent.kernel import missing_prerequisite
     from fleetprof.agent.kube.config import KubeConfigError

@@ -224,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="send `authorization: Bearer TOKEN`, the file's first line (read again when it changes)",
     )
     a.add_argument(
+        "--metrics-token-file",
+        default=None,
+        metavar="FILE",
+        help="/metrics needs `Authorization: Bearer TOKEN` with a token from this file (/healthz stays open)",
+    )
+    a.add_argument(
         "--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)"
     )
     a.add_argument(
