@@ -38,8 +38,8 @@ def fleetprof(*args: str, user: str | None = None, timeout: float = 60) -> subpr
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
-def http_get(url: str, timeout: float = 10.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
         return r.read()
 
 

@@ -12,8 +12,9 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,37 @@ def _security_flags(pod: dict, container: dict) -> list[str]:
     return flags
 
 
-def _volume_flags(pod: dict, container: dict, host_dirs: dict[str, Path]) -> list[str]:
+def _secret_dir(pod: dict, vol: dict, secrets: dict[str, dict[str, bytes]]) -> Path:
+    """What the kubelet mounts for a `secret` or `projected` (secrets only) volume: each item's key written
+    at its path, with the volume's mode, owned by root and the pod's fsGroup."""
+    if "secret" in vol:
+        sources = [{"secret": {"name": vol["secret"]["secretName"], **vol["secret"]}}]
+        mode = vol["secret"].get("defaultMode", 0o644)
+    else:
+        sources, mode = vol["projected"]["sources"], vol["projected"].get("defaultMode", 0o644)
+        assert all("secret" in src for src in sources), f"volume {vol['name']}: only secrets are projected"
+    group = pod.get("securityContext", {}).get("fsGroup", 0)
+    directory = Path(tempfile.mkdtemp(prefix=f"fleetprof-test-{vol['name']}-"))
+    directory.chmod(0o755)
+    for src in sources:
+        name = src["secret"]["name"]
+        assert name in secrets, f"volume {vol['name']} needs Secret {name}: give it in `secrets`"
+        items = src["secret"].get("items") or [{"key": k, "path": k} for k in secrets[name]]
+        for item in items:
+            path = directory / item["path"]
+            path.write_bytes(secrets[name][item["key"]])
+            os.chown(path, 0, group)
+            path.chmod(item.get("mode", mode))
+    return directory
+
+
+def _volume_flags(
+    pod: dict,
+    container: dict,
+    host_dirs: dict[str, Path],
+    secrets: dict[str, dict[str, bytes]],
+    scratch: list[Path],
+) -> list[str]:
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     flags: list[str] = []
     for mount in container.get("volumeMounts", []):
@@ -128,8 +159,14 @@ def _volume_flags(pod: dict, container: dict, host_dirs: dict[str, Path]) -> lis
             if mount.get("mountPropagation") == "HostToContainer":
                 opts.append("rslave")
             flags += ["-v", f"{source}:{target}:{','.join(opts)}"]
+        elif "secret" in vol or "projected" in vol:
+            assert mount.get("readOnly"), f"secret volume {vol['name']} must be mounted read-only"
+            assert "subPath" not in mount, f"volume {vol['name']}: a subPath mount never sees a rotation"
+            source = _secret_dir(pod, vol, secrets)
+            scratch.append(source)
+            flags += ["-v", f"{source}:{target}:ro"]
         else:
-            raise AssertionError(f"volume {vol['name']}: only hostPath and emptyDir are translated")
+            raise AssertionError(f"volume {vol['name']}: only hostPath, emptyDir and secrets are translated")
     return flags
 
 
@@ -144,6 +181,7 @@ class Container:
     flags: list[str]
     image: str
     command: list[str]
+    scratch: list[Path] = field(default_factory=list)  # the Secret volumes' files: removed with it
 
     def start(self) -> None:
         # No --rm: on failure the logs are still there to read; remove() cleans up.
@@ -191,6 +229,8 @@ class Container:
             pass
         rm = ["podman", "rm", "--force", "--volumes", "--time", "0", self.name]
         subprocess.run(rm, capture_output=True, timeout=120)
+        for path in self.scratch:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def container_from_manifest(
@@ -200,9 +240,11 @@ def container_from_manifest(
     args: dict[str, str],
     env: dict[str, str],
     host_dirs: dict[str, Path] | None = None,
+    secrets: dict[str, dict[str, bytes]] | None = None,
 ) -> Container:
     """The manifest's only container as a podman container on the host's network and pid namespace (when the
-    pod has hostPID). `args` replaces --FLAG=VALUE arguments (addresses); `env` gives fieldRef variables."""
+    pod has hostPID). `args` replaces --FLAG=VALUE arguments (addresses); `env` gives fieldRef variables;
+    `secrets` the Secrets its volumes name ({name: {key: bytes}})."""
     pod = workload_spec(kind, name)
     (container,) = pod["containers"]
     values = {**env}
@@ -215,7 +257,8 @@ def container_from_manifest(
     if pod.get("hostPID"):
         flags += ["--pid", "host"]
     flags += _security_flags(pod, container)
-    flags += _volume_flags(pod, container, host_dirs or {})
+    scratch: list[Path] = []
+    flags += _volume_flags(pod, container, host_dirs or {}, secrets or {}, scratch)
     flags += [f"--env={k}={v}" for k, v in values.items()]
     limits = container.get("resources", {}).get("limits", {})
     if "memory" in limits:
@@ -232,4 +275,4 @@ def container_from_manifest(
     missing = set(args) - {a.split("=", 1)[0] for a in container.get("args", [])}
     assert not missing, f"{kind} {name} has no {sorted(missing)} argument to replace"
     unique = f"fleetprof-test-{name}-{uuid.uuid4().hex[:8]}"
-    return Container(unique, flags, container["image"], command)
+    return Container(unique, flags, container["image"], command, scratch)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import posixpath
 import re
-from collections.abc import Callable
+import secrets
+import string
+from collections import ChainMap
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ class TemplateError(Exception):
 
 _ACTION = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.S)
 _TOKEN = re.compile(
-    r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<num>-?\d+(?:\.\d+)?)|(?P<punct>:=|[()|,])'
+    r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<num>-?\d+(?:\.\d+)?)|(?P<punct>:=|=|[()|,])'
     r"|(?P<word>\$?[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*|\$(?:\.[A-Za-z_]\w*)*|\.(?:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)?))"
 )
 
@@ -141,6 +145,41 @@ def _required(msg: str, v: Any) -> Any:
     return v
 
 
+def _and(*args: Any) -> Any:
+    """Go's `and`: the first empty argument, else the last."""
+    return next((a for a in args if not _truthy(a)), args[-1])
+
+
+def _or(*args: Any) -> Any:
+    """Go's `or`: the first non-empty argument, else the last."""
+    return next((a for a in args if _truthy(a)), args[-1])
+
+
+def _dict(*pairs: Any) -> dict:
+    if len(pairs) % 2:
+        raise TemplateError("dict takes key/value pairs")
+    return {_go_str(pairs[i]): pairs[i + 1] for i in range(0, len(pairs), 2)}
+
+
+def _get(d: Any, key: str) -> Any:
+    if not isinstance(d, dict):
+        raise TemplateError(f"get on a {type(d).__name__}, not a map")
+    return d.get(key, "")
+
+
+def _rand_alpha_num(n: int) -> str:
+    """Sprig's randAlphaNum: crypto/rand letters and digits."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def _b64dec(s: str) -> str:
+    try:
+        return base64.b64decode(s, validate=True).decode()
+    except ValueError as err:
+        raise TemplateError(f"b64dec {s!r}: {err}") from None
+
+
 FUNCS: dict[str, Callable[..., Any]] = {
     "default": lambda d, v=None: v if _truthy(v) else d,
     "quote": lambda v: json.dumps(_go_str(v)),
@@ -158,14 +197,42 @@ FUNCS: dict[str, Callable[..., Any]] = {
     "kindIs": lambda k, v: _kind(v) == k,
     "ternary": lambda a, b, cond: a if cond else b,
     "required": _required,
+    "and": _and,
+    "or": _or,
+    "dict": _dict,
+    "get": _get,
+    "randAlphaNum": _rand_alpha_num,
+    "b64enc": lambda s: base64.b64encode(_go_str(s).encode()).decode(),
+    "b64dec": _b64dec,
+    "replace": lambda old, new, s: s.replace(old, new),
 }
 
 
 class Renderer:
-    def __init__(self, defines: dict[str, list]):
-        self.defines = defines
+    """Renders parsed templates. `cluster` is what Helm's `lookup` sees: the objects already in the cluster
+    (`helm upgrade`); empty, lookup finds nothing, as under `helm template`."""
 
-    def render(self, nodes: list, dot: Any, scope: dict[str, Any]) -> str:
+    def __init__(self, defines: dict[str, list], cluster: Sequence[dict] = ()):
+        self.defines = defines
+        self.cluster = list(cluster)
+
+    def lookup(self, api_version: str, kind: str, namespace: str, name: str) -> dict:
+        """Helm's lookup: the object (a copy) or an empty map; an empty name lists the kind."""
+        found = [
+            o
+            for o in self.cluster
+            if o["apiVersion"] == api_version
+            and o["kind"] == kind
+            and (not namespace or o["metadata"].get("namespace") == namespace)
+            and (not name or o["metadata"]["name"] == name)
+        ]
+        if not name:
+            return {"apiVersion": api_version, "kind": f"{kind}List", "items": copy.deepcopy(found)}
+        return copy.deepcopy(found[0]) if found else {}
+
+    def render(self, nodes: list, dot: Any, scope: ChainMap | dict[str, Any]) -> str:
+        if not isinstance(scope, ChainMap):
+            scope = ChainMap(scope)
         out = []
         for n in nodes:
             if isinstance(n, str):
@@ -179,18 +246,18 @@ class Renderer:
             elif n[0] == "if":
                 for cond, body in n[1]:
                     if _truthy(self.pipeline(cond, dot, scope)):
-                        out.append(self.render(body, dot, dict(scope)))
+                        out.append(self.render(body, dot, scope.new_child()))
                         break
                 else:
                     if n[2] is not None:
-                        out.append(self.render(n[2], dot, dict(scope)))
+                        out.append(self.render(n[2], dot, scope.new_child()))
             elif n[0] == "with":
                 cond, body = n[1][0]
                 v = self.pipeline(cond, dot, scope)
                 if _truthy(v):
-                    out.append(self.render(body, v, dict(scope)))
+                    out.append(self.render(body, v, scope.new_child()))
                 elif n[2] is not None:
-                    out.append(self.render(n[2], dot, dict(scope)))
+                    out.append(self.render(n[2], dot, scope.new_child()))
             elif n[0] == "range":
                 toks, body = n[1][0]
                 names: list[str] = []
@@ -201,7 +268,7 @@ class Renderer:
                 seq = self.pipeline(toks, dot, scope)
                 items = sorted(seq.items()) if isinstance(seq, dict) else list(enumerate(seq or []))
                 for k, v in items:
-                    inner = dict(scope)
+                    inner = scope.new_child()
                     if len(names) == 2:
                         inner[names[0]], inner[names[1]] = k, v
                     elif names:
@@ -211,11 +278,20 @@ class Renderer:
                 raise TemplateError(f"unknown node {n[0]}")
         return "".join(out)
 
-    def pipeline(self, toks: list, dot: Any, scope: dict, declare: bool = False) -> Any:
-        if len(toks) > 2 and toks[1] == ("punct", ":="):
+    def pipeline(self, toks: list, dot: Any, scope: ChainMap, declare: bool = False) -> Any:
+        if len(toks) > 2 and toks[1] in (("punct", ":="), ("punct", "=")):
             if not declare:
                 raise TemplateError("declaration inside an expression")
-            scope[toks[0][1]] = self.pipeline(toks[2:], dot, scope)
+            name = toks[0][1]
+            value = self.pipeline(toks[2:], dot, scope)
+            if toks[1][1] == ":=":
+                scope[name] = value  # declared in the innermost block
+            else:
+                # `=` assigns the variable where it was declared, which may be an enclosing block.
+                owner = next((m for m in scope.maps if name in m), None)
+                if owner is None:
+                    raise TemplateError(f"undefined variable {name}")
+                owner[name] = value
             return _DECLARED
         commands: list[list] = [[]]
         depth = 0
@@ -231,7 +307,7 @@ class Renderer:
             value = self.command(cmd, dot, scope, value)
         return value
 
-    def command(self, toks: list, dot: Any, scope: dict, piped: Any) -> Any:
+    def command(self, toks: list, dot: Any, scope: ChainMap, piped: Any) -> Any:
         operands: list = []
         i = 0
         while i < len(toks):
@@ -254,6 +330,8 @@ class Renderer:
         if head_kind == "word" and not head.startswith((".", "$")) and head not in ("true", "false", "nil"):
             if head == "include":
                 return self.include(*args)
+            if head == "lookup":
+                return self.lookup(*args)
             if head not in FUNCS:
                 raise TemplateError(f"function {head!r} is not in the supported subset")
             return FUNCS[head](*args)
@@ -264,7 +342,7 @@ class Renderer:
             raise TemplateError(f"{head} is not a function")
         return value
 
-    def operand(self, kind: str, text: Any, dot: Any, scope: dict) -> Any:
+    def operand(self, kind: str, text: Any, dot: Any, scope: ChainMap) -> Any:
         if kind == "value":
             return text
         if kind == "str":
@@ -275,6 +353,8 @@ class Renderer:
             return text == "true"
         if text == "nil":
             return None
+        if text in FUNCS:  # a function name as an argument is called without arguments (`default dict`)
+            return FUNCS[text]()
         if text.startswith("$"):
             name, _, path = text.partition(".")
             if name not in scope:
@@ -291,7 +371,7 @@ class Renderer:
     def include(self, name: str, ctx: Any) -> str:
         if name not in self.defines:
             raise TemplateError(f"no template {name!r}")
-        return self.render(self.defines[name], ctx, {"$": ctx})
+        return self.render(self.defines[name], ctx, ChainMap({"$": ctx}))
 
 
 _NOTHING = object()
@@ -324,10 +404,10 @@ def chart_values(overrides: dict | None = None) -> dict:
     return _merge(yaml.safe_load((CHART / "values.yaml").read_text()), overrides or {})
 
 
-def render_chart(
-    overrides: dict | None = None, release: str = "fleetprof", namespace: str = "fleetprof"
-) -> dict[str, list[dict]]:
-    """{template file: [objects]}, like `helm template RELEASE helm/fleetprof -n NAMESPACE --set ...`."""
+def _render_texts(
+    overrides: dict | None, release: str, namespace: str, cluster: Sequence[dict]
+) -> dict[str, str]:
+    """{template file: rendered text} for templates/*.yaml and NOTES.txt."""
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     values = chart_values(overrides)
     jsonschema.validate(values, json.loads((CHART / "values.schema.json").read_text()))
@@ -337,19 +417,42 @@ def render_chart(
         "Chart": {"Name": chart["name"], "Version": chart["version"], "AppVersion": chart["appVersion"]},
         "Files": _Files(CHART),
     }
-    trees = {p.name: parse(p.read_text()) for p in sorted((CHART / "templates").glob("*.tpl"))}
-    trees |= {p.name: parse(p.read_text()) for p in sorted((CHART / "templates").glob("*.yaml"))}
+    templates = CHART / "templates"
+    trees = {p.name: parse(p.read_text()) for p in sorted(templates.glob("*.tpl"))}
+    trees |= {p.name: parse(p.read_text()) for p in sorted(templates.glob("*.yaml"))}
+    trees["NOTES.txt"] = parse((templates / "NOTES.txt").read_text())
     defines = {
         n[1]: n[2] for tree in trees.values() for n in tree if isinstance(n, list) and n[0] == "define"
     }
-    r = Renderer(defines)
-    out = {}
-    for name, tree in trees.items():
-        if name.endswith(".tpl"):
-            continue
-        text = r.render(tree, ctx, {"$": ctx})
-        out[name] = [d for d in yaml.safe_load_all(text) if d]
-    return out
+    r = Renderer(defines, cluster)
+    return {
+        name: r.render(tree, ctx, ChainMap({"$": ctx}))
+        for name, tree in trees.items()
+        if name.endswith((".yaml", ".txt"))
+    }
+
+
+def render_chart(
+    overrides: dict | None = None,
+    release: str = "fleetprof",
+    namespace: str = "fleetprof",
+    cluster: Sequence[dict] = (),
+) -> dict[str, list[dict]]:
+    """{template file: [objects]}, like `helm template RELEASE helm/fleetprof -n NAMESPACE --set ...`; with
+    `cluster` (the objects already there) like `helm upgrade`, whose `lookup` finds them."""
+    texts = _render_texts(overrides, release, namespace, cluster)
+    return {
+        name: [d for d in yaml.safe_load_all(text) if d]
+        for name, text in texts.items()
+        if name.endswith(".yaml")
+    }
+
+
+def render_notes(
+    overrides: dict | None = None, release: str = "fleetprof", namespace: str = "fleetprof"
+) -> str:
+    """What `helm install` prints: templates/NOTES.txt rendered."""
+    return _render_texts(overrides, release, namespace, ())["NOTES.txt"]
 
 
 def all_objects(rendered: dict[str, list[dict]]) -> list[dict]:

@@ -25,6 +25,11 @@ class HttpCollector:
     """A collector running in another process or container, read through its HTTP API only."""
 
     url: str
+    token: str | None = None  # the API token, when the collector runs with --api-token-file
+
+    def _get(self, path: str) -> bytes:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return http_get(f"{self.url}{path}", headers=headers)
 
     def healthy(self) -> bool:
         try:
@@ -34,10 +39,10 @@ class HttpCollector:
 
     def folded(self, query: str, since: str = "10m") -> dict:
         q = urllib.parse.urlencode({"query": query, "since": since, "format": "folded"})
-        return parse_folded(http_get(f"{self.url}/api/v1/profile?{q}").decode())
+        return parse_folded(self._get(f"/api/v1/profile?{q}").decode())
 
     def json(self, path: str, **params: str) -> dict:
-        return json.loads(http_get(f"{self.url}{path}?{urllib.parse.urlencode(params)}"))
+        return json.loads(self._get(f"{path}?{urllib.parse.urlencode(params)}"))
 
 
 def package_data_files() -> set[str]:

@@ -6,7 +6,9 @@ against SERVICE_MONITOR_SCHEMA in tests/manifests.py, written from the CRD's doc
 (monitoring.coreos.com/v1 ServiceMonitorSpec, Endpoint, RelabelConfig, NamespaceSelector), closed to
 unknown fields like the rest. Flags in the manifests are checked against `fleetprof agent --help` /
 `fleetprof collector --help`, and every metric name in the dashboards' PromQL against the /metrics of a
-real collector fed real batches over gRPC and of a real agent process object.
+real collector fed real batches over gRPC and of a real agent process object. The manifests hold no
+token: they reference Secrets that deploy/README.md's `kubectl create secret` commands make, which is
+checked name by name and key by key.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from tests.manifests import (
     DEPLOY,
     K8S_VERSIONS,
     MANIFESTS,
+    assert_file_flags_are_mounted,
     assert_flags_accepted,
     cli_flags,
     flags_used,
     manifest_objects,
+    readme_secrets,
+    secret_sources,
     validate_object,
 )
 from tests.wire import hist, make_batch, push, with_syscalls
@@ -67,6 +72,10 @@ def test_the_validation_catches_mistakes() -> None:
     sm = json.loads(json.dumps(_find("ServiceMonitor", "fleetprof-collector")))
     sm["spec"]["endpoints"][0]["honourLabels"] = True
     with pytest.raises(pytest.fail.Exception, match="honourLabels"):
+        validate_object(sm, K8S_VERSIONS[-1])
+    sm = json.loads(json.dumps(_find("ServiceMonitor", "fleetprof-collector")))
+    sm["spec"]["endpoints"][0]["authorization"]["credentials"]["secret"] = "fleetprof-api-token"
+    with pytest.raises(pytest.fail.Exception, match="secret"):
         validate_object(sm, K8S_VERSIONS[-1])
 
 
@@ -204,6 +213,40 @@ def test_service_monitors_scrape_each_target_once_and_keep_pod_labels() -> None:
         "targetLabel": "node",
         "action": "replace",
     } in relabel
+
+
+def test_tokens_come_from_secrets_the_readme_creates_not_from_the_manifests() -> None:
+    """No Secret in the manifests (a token there would be every cluster's); the Secrets they reference are
+    exactly those deploy/README.md's `kubectl create secret` commands make, keys included."""
+    assert not [o for o in manifest_objects() if o["kind"] == "Secret"]
+    made = readme_secrets()
+    assert made == {"fleetprof-ingest-token": {"token"}, "fleetprof-api-token": {"token"}}
+    referenced: dict[str, set[str]] = {}
+    for w in (_find("StatefulSet"), _find("DaemonSet")):
+        for src in secret_sources(w):
+            referenced.setdefault(src["name"], set()).update(i["key"] for i in src["items"])
+    creds = _find("ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]["authorization"][
+        "credentials"
+    ]
+    referenced.setdefault(creds["name"], set()).add(creds["key"])
+    assert referenced == made
+
+
+def test_collector_and_agent_read_their_tokens_from_mounted_secrets() -> None:
+    sts, ds = _find("StatefulSet", "fleetprof-collector"), _find("DaemonSet", "fleetprof-agent")
+    assert assert_file_flags_are_mounted(sts, {}) == {
+        "--auth-token-file": ("fleetprof-ingest-token", "token"),
+        "--api-token-file": ("fleetprof-api-token", "token"),
+    }
+    assert assert_file_flags_are_mounted(ds, {}) == {"--auth-token-file": ("fleetprof-ingest-token", "token")}
+    # The agent's pod references the ingest token's Secret alone: its node cannot read the API token.
+    assert {s["name"] for s in secret_sources(ds)} == {"fleetprof-ingest-token"}
+    sm = _find("ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+    assert sm["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "fleetprof-api-token", "key": "token"},
+    }
+    assert "authorization" not in _find("ServiceMonitor", "fleetprof-agent")["spec"]["endpoints"][0]
 
 
 def test_network_policies_select_real_pods_and_open_the_listening_ports() -> None:
@@ -350,6 +393,21 @@ def test_grafana_provisioning_points_at_the_dashboards() -> None:
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
     ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
     assert ds["datasources"][0]["type"] == "prometheus"
+
+
+def test_grafana_provisions_the_collector_with_the_api_token_from_its_environment() -> None:
+    prov = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "fleetprof.yaml").read_text()
+    )
+    assert prov["apiVersion"] == 1
+    (source,) = prov["datasources"]
+    assert source["type"] == "grafana-pyroscope-datasource" and source["access"] == "proxy"
+    svc = _find("Service", "fleetprof-collector")
+    http = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
+    assert source["url"] == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{http}"
+    assert source["jsonData"] == {"httpHeaderName1": "Authorization"}
+    # Grafana expands ${VAR} in provisioning files from its environment; the token is never in the file.
+    assert source["secureJsonData"] == {"httpHeaderValue1": "Bearer ${FLEETPROF_API_TOKEN}"}
 
 
 # ---- dashboard metric names against the real exporters -----------------------------------------------

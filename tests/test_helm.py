@@ -5,14 +5,26 @@ not installable on this machine kind (Debian has no package; PyPI's helm-package
 binaries only; helm-sdkpy needs Python >= 3.12 and has no client-only template action; npm has none), so
 the chart is also rendered by `render_chart` (tests/gotemplate.py): an interpreter for exactly the subset
 of Go text/template + Sprig the chart's templates use. It raises on any construct or function it does not
-know, so a template that strays outside the subset fails here instead of being rendered wrongly.
+know, so a template that strays outside the subset fails here instead of being rendered wrongly. Helm's
+`lookup` is modelled: `render_chart(cluster=[...])` is `helm upgrade` against those objects, without it
+`helm template` (lookup finds nothing).
+
+Tokens and TLS are checked as wiring (each flag's file comes from a mounted Secret the render or the
+values account for) and then run: a real collector started with the StatefulSet's args on the files the
+kubelet would write, taking an agent, Prometheus and Grafana configured as the render configures them.
 """
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
+import re
 import shutil
+import socket
+import ssl
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +32,43 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import REPO
-from tests.gotemplate import CHART, Renderer, TemplateError, all_objects, chart_values, parse, render_chart
-from tests.manifests import K8S_VERSIONS, assert_flags_accepted, manifest_objects, validate_object
+from fleetprof.agent.shipper import Shipper
+from fleetprof.auth import TokenFile
+from fleetprof.cli.parser import build_parser
+from fleetprof.tls import ClientTls, ClientTlsConfig
+from tests.certs import Ca
+from tests.conftest import REPO, free_port, stop_process, wait_until
+from tests.gotemplate import (
+    CHART,
+    Renderer,
+    TemplateError,
+    all_objects,
+    chart_values,
+    parse,
+    render_chart,
+    render_notes,
+)
+from tests.manifests import (
+    DEPLOY,
+    K8S_VERSIONS,
+    TLS_SECRET_KEYS,
+    assert_file_flags_are_mounted,
+    assert_flags_accepted,
+    manifest_objects,
+    readme_secrets,
+    secret_sources,
+    validate_object,
+)
+from tests.wire import make_batch
 
 
 def test_values_yaml_validates_against_the_schema() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     jsonschema.Draft7Validator.check_schema(schema)
     jsonschema.Draft7Validator(schema).validate(chart_values())
+
+
+_ISSUER = {"enabled": True, "issuerRef": {"name": "fleet-ca"}}
 
 
 @pytest.mark.parametrize(
@@ -39,13 +79,48 @@ def test_values_yaml_validates_against_the_schema() -> None:
         ({"agent": {"syscallLatencySample": "16"}}, "syscallLatencySample"),
         ({"collector": {"retention": "forever"}}, "retention"),
         ({"collector": {"persistence": {"accessModes": ["ReadWriteSometimes"]}}}, "accessModes"),
+        ({"auth": {"enabled": "yes"}}, "auth.enabled"),
+        ({"auth": {"apiToken": {"key": ""}}}, "auth.apiToken.key"),
+        ({"auth": {"ingestToken": {"existingSecret": "My_Secret"}}}, "auth.ingestToken.existingSecret"),
+        # TLS needs a certificate from somewhere, and cert-manager an issuer
+        ({"tls": {"enabled": True}}, "tls.existingSecret"),
+        ({"tls": {"enabled": True, "certManager": {"enabled": True}}}, "tls.certManager.issuerRef.name"),
+        (
+            {
+                "tls": {
+                    "enabled": True,
+                    "certManager": {**_ISSUER, "issuerRef": {"name": "x", "kind": "Issuers"}},
+                }
+            },
+            "tls.certManager.issuerRef.kind",
+        ),
+        (
+            {"tls": {"enabled": True, "existingSecret": "t", "certManager": _ISSUER}},
+            "tls.certManager.enabled",
+        ),
+        ({"tls": {"certManager": _ISSUER}}, "tls.certManager.enabled"),  # without tls.enabled: refused
+        ({"tls": {"mutual": {"enabled": True}}}, "tls.mutual.enabled"),
+        # mutual TLS without cert-manager: the agents' certificate must be given
+        (
+            {"tls": {"enabled": True, "existingSecret": "t", "mutual": {"enabled": True}}},
+            "tls.mutual.existingSecret",
+        ),
+        ({"tls": {"enabled": True, "existingSecret": "t", "serverName": "Not A Name"}}, "tls.serverName"),
+        (
+            {"tls": {"enabled": True, "certManager": {**_ISSUER, "duration": "90d"}}},
+            "tls.certManager.duration",
+        ),
+        ({"grafana": {"datasource": {"url": "collector:7471"}}}, "grafana.datasource.url"),
+        ({"grafana": {"datasource": {"tlsCA": "x"}}}, "tlsCA"),
     ],
 )
 def test_the_schema_refuses_bad_values(bad: dict, where: str) -> None:
+    """Each bad value is refused with an error that names it (Helm prints every error, as here)."""
     schema = json.loads((CHART / "values.schema.json").read_text())
-    with pytest.raises(jsonschema.ValidationError) as info:
-        jsonschema.validate(chart_values(bad), schema)
-    assert where in str(info.value)
+    errors = list(jsonschema.Draft7Validator(schema).iter_errors(chart_values(bad)))
+    assert errors, f"{bad} was accepted"
+    said = [".".join(map(str, e.absolute_path)) + ": " + e.message for e in errors]
+    assert any(where in line for line in said), said
 
 
 def test_every_values_key_is_documented() -> None:
@@ -70,8 +145,29 @@ def test_the_renderer_follows_go_template_semantics() -> None:
     tree = parse('{{ define "d" }}n={{ .n }}{{ end }}{{ include "d" . | nindent 2 }}')
     defines = {n[1]: n[2] for n in tree if isinstance(n, list)}
     assert Renderer(defines).render(tree, {"n": 3}, {}) == "\n  n=3"
-    with pytest.raises(TemplateError, match="lookup"):
-        Renderer({}).render(parse('{{ lookup "v1" "Pod" "" "" }}'), {}, {})
+    with pytest.raises(TemplateError, match="tpl"):
+        Renderer({}).render(parse('{{ tpl "x" . }}'), {}, {})
+    # `=` assigns the variable of the enclosing block; `:=` in a block declares a new one there.
+    tree = parse("{{ $a := 1 }}{{ $b := 1 }}{{ if true }}{{ $a = 2 }}{{ $b := 3 }}{{ end }}{{ $a }}{{ $b }}")
+    assert Renderer({}).render(tree, {}, {}) == "21"
+    # A function name as an argument is called (`default dict`); and/or return an operand, as Go's do.
+    tree = parse('{{ get (.m | default dict) "k" | default "none" }} {{ and 1 0 }} {{ or 0 "" "x" }}')
+    assert Renderer({}).render(tree, {"m": None}, {}) == "none 0 x"
+    # lookup finds what `cluster` holds, else an empty map (what `helm template` sees).
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "s", "namespace": "n"},
+        "data": {"k": "dg=="},
+    }
+    tree = parse(
+        '{{ $s := lookup "v1" "Secret" "n" "s" | default dict }}'
+        '[{{ get (get $s "data" | default dict) "k" | b64dec }}]'
+    )
+    assert Renderer({}, [secret]).render(tree, {}, {}) == "[v]"
+    assert Renderer({}).render(tree, {}, {}) == "[]"
+    tokens = {Renderer({}).render(parse("{{ randAlphaNum 48 }}"), {}, {}) for _ in range(3)}
+    assert len(tokens) == 3 and all(re.fullmatch(r"[A-Za-z0-9]{48}", t) for t in tokens)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +183,8 @@ def test_default_render_has_the_issue_objects(default_render: dict[str, list[dic
         ("DaemonSet", "fleetprof-agent"),
         ("NetworkPolicy", "fleetprof-agent"),
         ("NetworkPolicy", "fleetprof-collector"),
+        ("Secret", "fleetprof-api-token"),
+        ("Secret", "fleetprof-ingest-token"),
         ("Service", "fleetprof-agent"),
         ("Service", "fleetprof-collector"),
         ("Service", "fleetprof-collector-headless"),
@@ -116,15 +214,32 @@ def _without_helm_labels(obj: Any, key: str = "") -> Any:
     return obj
 
 
+def _generated_secrets(objects: list[dict]) -> dict[str, dict]:
+    """The token Secrets the chart generates: name -> object."""
+    return {
+        o["metadata"]["name"]: o
+        for o in objects
+        if o["kind"] == "Secret"
+        and o["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
+    }
+
+
 def test_the_chart_renders_the_same_objects_as_the_plain_manifests() -> None:
+    """Equal but for the token Secrets: the chart generates them; plain manifests cannot draw random values
+    (one token in a manifest would be everyone's), so deploy/README.md has the command that makes them —
+    the same names and keys."""
+    objects = all_objects(render_chart({"namespace": {"create": True}}))
+    generated = _generated_secrets(objects)
     chart = {
         (o["kind"], o["metadata"]["name"]): _without_helm_labels(o)
-        for o in all_objects(render_chart({"namespace": {"create": True}}))
+        for o in objects
+        if o["metadata"]["name"] not in generated or o["kind"] != "Secret"
     }
     plain = {(o["kind"], o["metadata"]["name"]): _without_helm_labels(o) for o in manifest_objects()}
     assert sorted(chart) == sorted(plain)
     for key, obj in plain.items():
         assert chart[key] == obj, f"{key} differs between helm/ and deploy/kubernetes/"
+    assert {name: set(o["data"]) for name, o in generated.items()} == readme_secrets()
 
 
 VARIANTS = {
@@ -148,6 +263,38 @@ VARIANTS = {
         "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}},
     },
     "syscalls off, another release name": {"agent": {"syscalls": False}, "fullnameOverride": "prof"},
+    "tls from an existing Secret": {
+        "tls": {"enabled": True, "existingSecret": "collector-cert"},
+        "grafana": {"datasource": {"enabled": True, "namespace": "monitoring"}},
+    },
+    "tls by cert-manager, mutual, a Grafana data source": {
+        "tls": {
+            "enabled": True,
+            "certManager": {"enabled": True, "issuerRef": {"name": "fleet-ca", "kind": "ClusterIssuer"}},
+            "mutual": {"enabled": True},
+        },
+        "grafana": {
+            "datasource": {
+                "enabled": True,
+                "namespace": "monitoring",
+                "tlsCACert": "$__file{/etc/grafana/fleetprof/ca.crt}",
+            }
+        },
+    },
+    "the user's Secrets for tokens and certificates, mutual": {
+        "auth": {
+            "ingestToken": {"existingSecret": "fleet-ingest", "key": "ingest"},
+            "apiToken": {"existingSecret": "fleet-api", "key": "api"},
+        },
+        "tls": {
+            "enabled": True,
+            "existingSecret": "collector-cert",
+            "serverName": "profiles.example.internal",
+            "mutual": {"enabled": True, "existingSecret": "agent-cert"},
+        },
+        "grafana": {"datasource": {"enabled": True}},
+    },
+    "auth off": {"auth": {"enabled": False}, "grafana": {"datasource": {"enabled": True}}},
 }
 
 
@@ -205,6 +352,416 @@ def test_values_reach_the_objects() -> None:
     )
 
 
+# ---- tokens and TLS ----------------------------------------------------------------------------------
+
+
+def _find(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    return next(o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"]))
+
+
+def _secret_keys(objects: list[dict]) -> dict[str, set[str]]:
+    """What each rendered Secret or Certificate will hold: name -> keys."""
+    keys = {
+        o["metadata"]["name"]: set(o.get("data", {})) | set(o.get("stringData", {}))
+        for o in objects
+        if o["kind"] == "Secret"
+    }
+    keys |= {o["spec"]["secretName"]: set(TLS_SECRET_KEYS) for o in objects if o["kind"] == "Certificate"}
+    return keys
+
+
+def _datasource(objects: list[dict]) -> dict:
+    (ds,) = yaml.safe_load(
+        _find(objects, "Secret", "fleetprof-grafana-datasource")["stringData"]["fleetprof-datasource.yaml"]
+    )["datasources"]
+    return ds
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_token_and_certificate_flag_names_a_file_of_a_mounted_secret(variant: str) -> None:
+    """The wiring: each --*-token-file / --tls-* path is a file of a Secret volume mounted whole and
+    read-only, and each Secret a pod mounts is one the chart renders, one cert-manager writes from a
+    rendered Certificate, or one the values name as the user's own."""
+    values = chart_values(VARIANTS[variant])
+    objects = all_objects(render_chart(VARIANTS[variant]))
+    keys = _secret_keys(objects)
+    users = {
+        values["auth"]["ingestToken"]["existingSecret"],
+        values["auth"]["apiToken"]["existingSecret"],
+        values["tls"]["existingSecret"],
+        values["tls"]["mutual"]["existingSecret"],
+    } - {""}
+    for w in (o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet")):
+        for src in secret_sources(w):
+            assert src["name"] in keys or src["name"] in users, (
+                f"{w['metadata']['name']} mounts an unknown Secret {src['name']}"
+            )
+            if src["name"] in keys and src["items"]:
+                assert {i["key"] for i in src["items"]} <= keys[src["name"]]
+        assert_file_flags_are_mounted(w, keys)
+
+
+def test_default_render_protects_ingest_and_http_with_generated_tokens(
+    default_render: dict[str, list[dict]],
+) -> None:
+    objects = all_objects(default_render)
+    sts, ds = _find(objects, "StatefulSet"), _find(objects, "DaemonSet")
+    collector = assert_file_flags_are_mounted(sts, _secret_keys(objects))
+    agent = assert_file_flags_are_mounted(ds, _secret_keys(objects))
+    assert collector == {
+        "--auth-token-file": ("fleetprof-ingest-token", "token"),
+        "--api-token-file": ("fleetprof-api-token", "token"),
+    }
+    assert agent == {"--auth-token-file": ("fleetprof-ingest-token", "token")}
+    # The agent pod references no Secret but the ingest token's: its node cannot read the API token.
+    assert [s["name"] for s in secret_sources(ds)] == ["fleetprof-ingest-token"]
+    for name in ("fleetprof-ingest-token", "fleetprof-api-token"):
+        secret = _find(objects, "Secret", name)
+        assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert re.fullmatch(r"[A-Za-z0-9]{48}", base64.b64decode(secret["data"]["token"]).decode())
+    tokens = {
+        _find(objects, "Secret", n)["data"]["token"]
+        for n in ("fleetprof-ingest-token", "fleetprof-api-token")
+    }
+    assert len(tokens) == 2, "the ingest and API tokens must differ"
+    sm = _find(objects, "ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+    assert sm["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "fleetprof-api-token", "key": "token"},
+    }
+    assert "scheme" not in sm and "tlsConfig" not in sm
+    agent_sm = _find(objects, "ServiceMonitor", "fleetprof-agent")["spec"]["endpoints"][0]
+    assert "authorization" not in agent_sm, "the agents' /metrics is not behind the token"
+
+
+def test_generated_tokens_stay_the_same_across_upgrades() -> None:
+    """`helm upgrade` looks the Secrets up and keeps their tokens; without them (`helm template`, a first
+    install) each render draws new ones. The Grafana data source carries the API token in force."""
+    overrides = {"grafana": {"datasource": {"enabled": True}}}
+    first = all_objects(render_chart(overrides))
+    secrets = [o for o in first if o["kind"] == "Secret" and o["metadata"]["name"].endswith("-token")]
+    assert len(secrets) == 2
+    upgraded = all_objects(render_chart(overrides, cluster=secrets))
+    fresh = all_objects(render_chart(overrides))
+    for s in secrets:
+        name = s["metadata"]["name"]
+        assert _find(upgraded, "Secret", name)["data"] == s["data"]
+        assert _find(fresh, "Secret", name)["data"] != s["data"]
+    for objects in (first, upgraded, fresh):
+        api = base64.b64decode(_find(objects, "Secret", "fleetprof-api-token")["data"]["token"]).decode()
+        assert _datasource(objects)["secureJsonData"]["httpHeaderValue1"] == f"Bearer {api}"
+    # A Secret of the same name in another namespace is not taken.
+    other = json.loads(json.dumps(secrets))
+    for s in other:
+        s["metadata"]["namespace"] = "elsewhere"
+    moved = all_objects(render_chart(overrides, cluster=other))
+    assert all(_find(moved, "Secret", s["metadata"]["name"])["data"] != s["data"] for s in secrets)
+
+
+def test_tls_from_an_existing_secret_reaches_agents_probes_and_prometheus() -> None:
+    objects = all_objects(render_chart(VARIANTS["tls from an existing Secret"]))
+    assert not [o for o in objects if o["kind"] == "Certificate"]
+    sts, ds = _find(objects, "StatefulSet"), _find(objects, "DaemonSet")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    assert assert_file_flags_are_mounted(sts, _secret_keys(objects)) == {
+        "--auth-token-file": ("fleetprof-ingest-token", "token"),
+        "--api-token-file": ("fleetprof-api-token", "token"),
+        "--tls-cert": ("collector-cert", "tls.crt"),
+        "--tls-key": ("collector-cert", "tls.key"),
+    }
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
+    (a,) = ds["spec"]["template"]["spec"]["containers"]
+    assert "--tls-server-name=fleetprof-collector.fleetprof.svc" in a["args"]
+    assert "--collector=fleetprof-collector.fleetprof.svc:7470" in a["args"]
+    assert assert_file_flags_are_mounted(ds, _secret_keys(objects)) == {
+        "--auth-token-file": ("fleetprof-ingest-token", "token"),
+        "--tls-ca": ("collector-cert", "ca.crt"),
+    }
+    # Without mutual TLS the agent takes ca.crt alone from the collector's Secret.
+    (tls,) = [s for s in secret_sources(ds) if s["name"] == "collector-cert"]
+    assert tls["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    sm = _find(objects, "ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+    assert sm["scheme"] == "https"
+    assert sm["tlsConfig"] == {
+        "ca": {"secret": {"name": "collector-cert", "key": "ca.crt"}},
+        "serverName": "fleetprof-collector.fleetprof.svc",
+    }
+    assert sm["authorization"]["credentials"] == {"name": "fleetprof-api-token", "key": "token"}
+    ds_source = _datasource(objects)
+    assert ds_source["url"] == "https://fleetprof-collector.fleetprof.svc:7471"
+    assert "tlsAuthWithCACert" not in ds_source["jsonData"], "no CA given: Grafana's own roots"
+
+
+def test_cert_manager_issues_the_collector_and_agent_certificates() -> None:
+    objects = all_objects(render_chart(VARIANTS["tls by cert-manager, mutual, a Grafana data source"]))
+    server = _find(objects, "Certificate", "fleetprof-collector")["spec"]
+    client = _find(objects, "Certificate", "fleetprof-agent")["spec"]
+    svc = "fleetprof-collector"
+    assert server["dnsNames"] == [
+        svc,
+        f"{svc}.fleetprof",
+        f"{svc}.fleetprof.svc",
+        f"{svc}.fleetprof.svc.cluster.local",
+        "localhost",
+    ]
+    assert "server auth" in server["usages"] and "client auth" not in server["usages"]
+    assert "client auth" in client["usages"] and "server auth" not in client["usages"]
+    for spec in (server, client):
+        assert spec["issuerRef"] == {"name": "fleet-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+        assert spec["privateKey"]["rotationPolicy"] == "Always"
+    # The Certificate schema catches mistakes (validate_object ran on these in the variant tests).
+    bad = json.loads(json.dumps(_find(objects, "Certificate", "fleetprof-collector")))
+    bad["spec"]["usages"] = ["server-auth"]
+    with pytest.raises(pytest.fail.Exception, match="server-auth"):
+        validate_object(bad, K8S_VERSIONS[-1])
+    sts, ds = _find(objects, "StatefulSet"), _find(objects, "DaemonSet")
+    keys = _secret_keys(objects)
+    collector = assert_file_flags_are_mounted(sts, keys)
+    agent = assert_file_flags_are_mounted(ds, keys)
+    assert collector["--tls-cert"] == (server["secretName"], "tls.crt")
+    assert collector["--tls-client-ca"] == (server["secretName"], "ca.crt")
+    assert agent["--tls-cert"] == (client["secretName"], "tls.crt")
+    assert agent["--tls-key"] == (client["secretName"], "tls.key")
+    assert agent["--tls-ca"] == (client["secretName"], "ca.crt")
+    # With mutual TLS the agents never reference the collector's Secret (its private key).
+    assert server["secretName"] not in {s["name"] for s in secret_sources(ds)}
+    (a,) = ds["spec"]["template"]["spec"]["containers"]
+    server_name = next(x for x in a["args"] if x.startswith("--tls-server-name=")).split("=", 1)[1]
+    assert server_name in server["dnsNames"]
+    sm = _find(objects, "ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+    assert sm["tlsConfig"]["serverName"] == server_name
+    assert sm["tlsConfig"]["ca"] == {"secret": {"name": server["secretName"], "key": "ca.crt"}}
+    source = _datasource(objects)
+    assert source["jsonData"]["tlsAuthWithCACert"] is True
+    assert source["secureJsonData"]["tlsCACert"] == "$__file{/etc/grafana/fleetprof/ca.crt}"
+
+
+def test_the_users_own_secrets_are_mounted_and_nothing_is_generated() -> None:
+    objects = all_objects(render_chart(VARIANTS["the user's Secrets for tokens and certificates, mutual"]))
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == [
+        "fleetprof-grafana-datasource"
+    ]
+    assert not [o for o in objects if o["kind"] == "Certificate"]
+    sts, ds = _find(objects, "StatefulSet"), _find(objects, "DaemonSet")
+    assert assert_file_flags_are_mounted(sts, {}) == {
+        "--auth-token-file": ("fleet-ingest", "ingest"),
+        "--api-token-file": ("fleet-api", "api"),
+        "--tls-cert": ("collector-cert", "tls.crt"),
+        "--tls-key": ("collector-cert", "tls.key"),
+        "--tls-client-ca": ("collector-cert", "ca.crt"),
+    }
+    assert assert_file_flags_are_mounted(ds, {}) == {
+        "--auth-token-file": ("fleet-ingest", "ingest"),
+        "--tls-ca": ("agent-cert", "ca.crt"),
+        "--tls-cert": ("agent-cert", "tls.crt"),
+        "--tls-key": ("agent-cert", "tls.key"),
+    }
+    assert (
+        "--tls-server-name=profiles.example.internal"
+        in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    sm = _find(objects, "ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+    assert sm["authorization"]["credentials"] == {"name": "fleet-api", "key": "api"}
+    assert sm["tlsConfig"]["serverName"] == "profiles.example.internal"
+    # The chart does not know the user's token: Grafana expands it from its environment.
+    assert _datasource(objects)["secureJsonData"]["httpHeaderValue1"] == "Bearer ${FLEETPROF_API_TOKEN}"
+
+
+def test_auth_off_renders_no_token_anywhere() -> None:
+    objects = all_objects(render_chart(VARIANTS["auth off"]))
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == [
+        "fleetprof-grafana-datasource"
+    ]
+    for w in (o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet")):
+        assert not secret_sources(w)
+        assert not [a for a in w["spec"]["template"]["spec"]["containers"][0]["args"] if "token" in a]
+    assert (
+        "authorization" not in _find(objects, "ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+    )
+    source = _datasource(objects)
+    assert "jsonData" not in source and "secureJsonData" not in source
+    assert source["url"] == "http://fleetprof-collector.fleetprof.svc:7471"
+
+
+def test_the_grafana_data_source_is_the_one_deploy_grafana_provisions() -> None:
+    """The chart's data source for the sidecar, in Grafana's namespace, is deploy/grafana's provisioning
+    file when the chart does not know the token either (the user's Secret): both have Grafana expand
+    ${FLEETPROF_API_TOKEN} from its environment."""
+    overrides = {
+        "auth": {"apiToken": {"existingSecret": "fleetprof-api-token"}},
+        "grafana": {"datasource": {"enabled": True, "namespace": "monitoring"}},
+    }
+    secret = _find(all_objects(render_chart(overrides)), "Secret", "fleetprof-grafana-datasource")
+    assert secret["metadata"]["namespace"] == "monitoring"
+    assert secret["metadata"]["labels"]["grafana_datasource"] == "1"
+    assert "annotations" not in secret["metadata"], "derived from the token Secret: not kept on uninstall"
+    chart = yaml.safe_load(secret["stringData"]["fleetprof-datasource.yaml"])
+    plain = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "fleetprof.yaml").read_text()
+    )
+    assert chart == plain
+    (source,) = plain["datasources"]
+    assert source["type"] == "grafana-pyroscope-datasource"
+    assert source["jsonData"]["httpHeaderName1"] == "Authorization"
+
+
+def test_notes_tell_how_to_get_the_token_and_the_ca() -> None:
+    notes = render_notes()
+    secret = re.search(r"kubectl -n fleetprof get secret (\S+) -o jsonpath='\{\.data\.(\S+?)\}'", notes)
+    assert secret and secret.groups() == ("fleetprof-api-token", "token")
+    assert "--token-file fleetprof-api-token" in notes and "--ca" not in notes
+    assert "kubectl -n fleetprof delete secret fleetprof-ingest-token fleetprof-api-token" in notes
+    notes = render_notes(VARIANTS["tls by cert-manager, mutual, a Grafana data source"])
+    top = "top --collector https://localhost:7471 --token-file fleetprof-api-token --ca fleetprof-ca.crt"
+    assert top in notes
+    assert "get secret fleetprof-collector-tls -o jsonpath='{.data.ca\\.crt}'" in notes
+    notes = render_notes({"auth": {"apiToken": {"existingSecret": "fleet-api", "key": "api.token"}}})
+    assert "get secret fleet-api -o jsonpath='{.data.api\\.token}'" in notes
+    assert "delete secret fleetprof-ingest-token\n" in notes
+    assert "Auth:         off" in render_notes({"auth": {"enabled": False}})
+
+
+# ---- the rendered wiring, run: a real collector as the StatefulSet starts it ---------------------------
+
+
+def _cluster_secrets(objects: list[dict], ca: Ca) -> dict[str, dict[str, bytes]]:
+    """Every Secret's content as the cluster would hold it: the rendered ones decoded, and for each
+    Certificate what cert-manager would write, issued by `ca` for the Certificate's names and usage."""
+    out = {
+        o["metadata"]["name"]: {k: base64.b64decode(v) for k, v in o.get("data", {}).items()}
+        for o in objects
+        if o["kind"] == "Secret"
+    }
+    for cert in (o for o in objects if o["kind"] == "Certificate"):
+        spec = cert["spec"]
+        stem = cert["metadata"]["name"]
+        pair = (
+            ca.server(stem, dns=tuple(spec["dnsNames"]))
+            if "server auth" in spec["usages"]
+            else ca.client(stem)
+        )
+        out[spec["secretName"]] = {
+            "tls.crt": pair.cert.read_bytes(),
+            "tls.key": pair.key.read_bytes(),
+            "ca.crt": ca.cert.read_bytes(),
+        }
+    return out
+
+
+def _kubelet(workload: dict, secrets: dict[str, dict[str, bytes]], root: Path) -> list[str]:
+    """What the kubelet does for the workload's Secret volumes, under `root`: each file where the container
+    mounts it. Returns the container's args with /etc/fleetprof paths moved under `root`."""
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    for src in secret_sources(workload):
+        data = secrets[src["name"]]
+        for item in src["items"] or [{"key": k, "path": k} for k in data]:
+            path = root / mounts[src["volume"]].lstrip("/") / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data[item["key"]])
+    return [a.replace("=/etc/fleetprof/", f"={root}/etc/fleetprof/") for a in c["args"]]
+
+
+def _https(
+    port: int, path: str, ca: bytes | None, server_name: str, token: str | None = None
+) -> tuple[int, bytes]:
+    """GET https://127.0.0.1:PORT/PATH checking the certificate against `server_name` (what Prometheus'
+    tlsConfig.serverName and the agents' --tls-server-name do); ca None: no verification (a kubelet probe)."""
+    if ca is None:
+        ctx = ssl._create_unverified_context()  # the kubelet's HTTPS probes do not verify
+    else:
+        ctx = ssl.create_default_context(cadata=ca.decode())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=server_name) as sock:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.sock = sock
+            conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+
+
+def test_a_collector_started_as_the_chart_says_takes_agents_prometheus_and_grafana(tmp_path: Path) -> None:
+    """The cert-manager + mutual TLS + tokens render, run: Secret files written where the pods mount them,
+    certificates issued for the Certificates' names, the real `fleetprof collector` started with the
+    StatefulSet's args. The probe's HTTPS /healthz answers without a token; Prometheus, as the
+    ServiceMonitor configures it, scrapes /metrics; an agent configured by the DaemonSet's args is
+    stored; Grafana's data source header reads the API."""
+    objects = all_objects(render_chart(VARIANTS["tls by cert-manager, mutual, a Grafana data source"]))
+    secrets = _cluster_secrets(objects, Ca(tmp_path, "cluster"))
+    grpc_port, http_port = free_port(), free_port()
+    args = _kubelet(_find(objects, "StatefulSet"), secrets, tmp_path / "collector")
+    args = [
+        {
+            "--grpc": f"--grpc=127.0.0.1:{grpc_port}",
+            "--http": f"--http=127.0.0.1:{http_port}",
+            "--data-dir": f"--data-dir={tmp_path / 'data'}",
+        }.get(a.split("=", 1)[0], a)
+        for a in args
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetprof.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        sts = _find(objects, "StatefulSet")
+        probe = sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        assert probe["scheme"] == "HTTPS"
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the collector exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                return _https(http_port, probe["path"], None, "ignored")[0] == 200
+            except OSError:
+                return False
+
+        wait_until(ready, 60, "the collector to answer its readiness probe")
+
+        endpoint = _find(objects, "ServiceMonitor", "fleetprof-collector")["spec"]["endpoints"][0]
+        ca_ref, creds = endpoint["tlsConfig"]["ca"]["secret"], endpoint["authorization"]["credentials"]
+        ca_pem = secrets[ca_ref["name"]][ca_ref["key"]]
+        server_name = endpoint["tlsConfig"]["serverName"]
+        api_token = secrets[creds["name"]][creds["key"]].decode()
+        status, body = _https(http_port, endpoint["path"], ca_pem, server_name, api_token)
+        assert status == 200 and b"fleetprof_" in body
+        assert _https(http_port, endpoint["path"], ca_pem, server_name)[0] == 401
+
+        agent_args = build_parser().parse_args(
+            _kubelet(_find(objects, "DaemonSet"), secrets, tmp_path / "agent")
+        )
+        assert agent_args.tls_server_name == server_name
+        shipper = Shipper(
+            f"127.0.0.1:{grpc_port}",
+            backoff_s=(0.05, 0.2),
+            tls=ClientTls(
+                ClientTlsConfig(
+                    agent_args.tls_ca, agent_args.tls_cert, agent_args.tls_key, agent_args.tls_server_name
+                )
+            ),
+            tokens=TokenFile(agent_args.auth_token_file),
+        )
+        shipper.start()
+        try:
+            shipper.submit(make_batch(node="chart-node", count=5))
+            assert shipper.flush(20), f"not acknowledged: {shipper.stats}"
+        finally:
+            shipper.stop()
+
+        source = _datasource(objects)
+        assert source["url"] == f"https://{server_name}:7471"
+        header = {source["jsonData"]["httpHeaderName1"]: source["secureJsonData"]["httpHeaderValue1"]}
+        assert header["Authorization"] == f"Bearer {api_token}"
+        status, body = _https(http_port, "/api/v1/top?by=node&since=1h", ca_pem, server_name, api_token)
+        assert status == 200
+        assert [g["labels"]["node"] for g in json.loads(body)["groups"]] == ["chart-node"]
+    finally:
+        stop_process(proc, 30)
+        proc.stderr.close()
+
+
 def test_the_chart_ships_the_same_dashboards_as_deploy_grafana() -> None:
     shipped = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
     source = sorted(p.name for p in (REPO / "deploy" / "grafana" / "dashboards").glob("*.json"))
@@ -250,4 +807,18 @@ def test_helm_template_output_is_valid_and_matches_the_interpreter(variant: str,
         for version in K8S_VERSIONS:
             validate_object(obj, version)
     key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
-    assert sorted(objects, key=key) == sorted(all_objects(render_chart(VARIANTS[variant])), key=key)
+    ours = all_objects(render_chart(VARIANTS[variant]))
+    assert sorted(map(_without_tokens, objects), key=key) == sorted(map(_without_tokens, ours), key=key)
+
+
+def _without_tokens(obj: dict) -> dict:
+    """The object with generated tokens blanked: each render draws new ones."""
+    obj = json.loads(json.dumps(obj))
+    if (
+        obj["kind"] == "Secret"
+        and obj["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep"
+    ):
+        obj["data"] = dict.fromkeys(obj["data"], "")
+    for name, text in obj.get("stringData", {}).items():
+        obj["stringData"][name] = re.sub(r"Bearer [A-Za-z0-9]{48}\b", "Bearer TOKEN", text)
+    return obj

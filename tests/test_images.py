@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,16 +63,23 @@ def test_images_are_built_from_the_deploy_dockerfiles_as_the_manifests_name_them
         assert not any(e.startswith("PIP_CERT=") for e in config.get("Env", [])), "a build argument leaked"
 
 
+# The two Secrets deploy/README.md has the user create, with tokens of this run.
+SECRETS = {
+    "fleetprof-ingest-token": {"token": secrets.token_hex(32).encode()},
+    "fleetprof-api-token": {"token": secrets.token_hex(32).encode()},
+}
+
+
 @pytest.fixture(scope="module")
 def collector(images: dict) -> Iterator[tuple[Container, HttpCollector, int]]:
     grpc, http = free_port(), free_port()
     c = container_from_manifest(
         "StatefulSet", "fleetprof-collector",
-        args={"--grpc": f"127.0.0.1:{grpc}", "--http": f"127.0.0.1:{http}"}, env={},
+        args={"--grpc": f"127.0.0.1:{grpc}", "--http": f"127.0.0.1:{http}"}, env={}, secrets=SECRETS,
     )  # fmt: skip
     try:
         c.start()
-        col = HttpCollector(f"http://127.0.0.1:{http}")
+        col = HttpCollector(f"http://127.0.0.1:{http}", SECRETS["fleetprof-api-token"]["token"].decode())
 
         def up() -> bool:
             c.alive()
@@ -95,7 +103,7 @@ def agent(collector: tuple, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "DaemonSet", "fleetprof-agent",
         args={"--collector": f"127.0.0.1:{grpc}", "--http": f"127.0.0.1:{http}"},
         env={"NODE_NAME": NODE},
-        host_dirs={"/var/lib/kubelet/pod-resources": pod_resources},
+        host_dirs={"/var/lib/kubelet/pod-resources": pod_resources}, secrets=SECRETS,
     )  # fmt: skip
     try:
         a.start()
