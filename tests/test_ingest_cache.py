@@ -12,6 +12,7 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import stack_wire_id
 from fleetprof.collector.ingest.decode import Decoder, decode_batch
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.model.ids import use_key
 from fleetprof.collector.model.profile import FrameKey
 from tests.conftest import RunningCollector, http_get
 from tests.wire import make_batch, push
@@ -191,6 +192,7 @@ def test_known_stacks_from_two_agents_land_under_their_own_nodes(collector: Runn
     metrics = http_get(f"{collector.url}/metrics").decode()
     assert 'fleetprof_ingest_stacks_total{how="known"} 1.0' in metrics
     assert 'fleetprof_ingest_stacks_total{how="decoded"} 2.0' in metrics
+    assert "fleetprof_ingest_stack_id_collisions_total 0.0" in metrics
 
 
 def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningCollector) -> None:
@@ -236,3 +238,17 @@ def test_a_full_frame_table_starts_over_without_changing_rows() -> None:
     # Content ids do not depend on which frame-table generation decoded a stack.
     plain = decode_batch(batch_of(stacks, seq=9))
     assert list(plain.stack_ids()) == list(decoder.decode(batch_of(stacks, seq=6)).stack_ids())
+
+
+def test_a_new_content_id_key_starts_the_caches_over() -> None:
+    """The caches hold ids made under the key in use: after a change of key (a data directory opened),
+    a decoder that ran before gives the ids a fresh one does, for known stacks and processes too."""
+    use_key(b"k" * 32)
+    decoder = Decoder()
+    before = decoder.decode(batch_of(STACKS))
+    use_key(b"q" * 32)
+    after = decoder.decode(batch_of(STACKS, seq=2))
+    fresh = decode_batch(batch_of(STACKS, seq=3))
+    assert list(after.stack_ids()) == list(fresh.stack_ids()) != list(before.stack_ids())
+    assert list(after.label_ids()) == list(fresh.label_ids()) != list(before.label_ids())
+    assert after.rows == before.rows

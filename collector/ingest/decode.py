@@ -15,7 +15,7 @@ from fleetprof.collector.ingest import validate
 from fleetprof.collector.ingest.frames import FrameTable
 from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
-from fleetprof.collector.model.ids import labels_id, stack_ids_of
+from fleetprof.collector.model.ids import key_generation, labels_id, other_stack_id, stack_ids_of
 from fleetprof.collector.model.profile import GPU_STATE_NAME, Labels, Stack, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows, StackTable
 
@@ -60,22 +60,35 @@ class StackCache:
     """Every distinct stack decoded, kept once in a slot (its frames and content id), and per agent its
     wire ids' slots (an IdIndex each). A batch's known stacks are found with one columnar lookup; the rest
     are checked and decoded together and find their slot by content id, so agents share one copy. Keyed by
-    agent, so a lying agent can only garble its own data. Thread-safe."""
+    agent, so a lying agent can only garble its own data. Thread-safe.
+
+    A stack new to an agent that finds its content id in a slot is compared with that slot's frames (tuples
+    of shared FrameKeys: an identity check per frame). Content ids are keyed (collector/model/ids.py), so a
+    mismatch is a 64-bit accident or a leaked key; either way the newcomer is counted ("collisions") and
+    gets a slot of its own under a stand-in id, never the other stack's frames. Not refused: a refusal
+    would let whoever holds an id get another agent's batches refused. This guards the slots this process
+    holds; the stores keep the first content under an id, which is why ids are keyed."""
 
     MAX_STACKS = 500_000  # slots; when full, only stacks some agent's table points to are kept
     MAX_WIRE_IDS = 2_000_000  # (agent, wire id) entries, all agents together
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._start_over()
+        # Stacks in batches so far: found by the agent's wire id, or checked and decoded (the share decoded
+        # is what ingest costs: README, collector scale); and of those decoded, how many found their
+        # content id held by other frames.
+        self.counts = {"known": 0, "decoded": 0, "collisions": 0}
+
+    def _start_over(self) -> None:
+        """Forget every stack (lock held): at start, and when the content-id key changes."""
+        self._key_generation = key_generation()
         self._agents = _PerAgent(IdIndex, self.MAX_WIRE_IDS)
         # `_frames` is only appended to (StackTables handed out keep reading it); _compact makes a new one.
         self._frames: list[Stack] = []
         self._slot_ids = np.zeros(1024, dtype=np.int64)
         self._slot_of: dict[int, int] = {}
         self._frame_table = FrameTable()
-        # Stacks in batches so far: found by the agent's wire id, or checked and decoded. The share decoded
-        # is what ingest costs (README, collector scale).
-        self.counts = {"known": 0, "decoded": 0}
 
     def table(self, batch: pb.Batch, strings: Sequence[str]) -> StackTable:
         """The batch's stack table (the batch's stack_ids were checked to be one per stack)."""
@@ -83,7 +96,9 @@ class StackCache:
         wire = np.array(batch.stack_ids, dtype=np.uint64).view(np.int64)
         agent_id = batch.agent.agent_id
         with self._lock:
-            if len(self._frames) >= self.MAX_STACKS:
+            if self._key_generation != key_generation():
+                self._start_over()
+            elif len(self._frames) >= self.MAX_STACKS:
                 self._compact()
             known = self._agents.table(agent_id)
             slots = known.get(wire) if n else np.zeros(0, dtype=np.int64)
@@ -100,21 +115,35 @@ class StackCache:
             return StackTable(self._slot_ids[slots], slots, self._frames)
 
     def _slots(self, ids: np.ndarray, stack: Callable[[int], Stack]) -> np.ndarray:
-        """The slot of each content id (lock held), taking new slots for new stacks (`stack(k)`: frames)."""
-        slot_of, frames = self._slot_of, self._frames
-        found = list(map(slot_of.get, ids.tolist()))
-        if None in found:
-            for k, slot in enumerate(found):
-                if slot is None:
-                    cid = int(ids[k])
-                    slot = slot_of.get(cid)  # the same new stack twice in one batch
-                    if slot is None:
-                        slot = slot_of[cid] = len(frames)
-                        frames.append(stack(k))
-                        self._slot_ids = with_room(self._slot_ids, slot + 1)
-                        self._slot_ids[slot] = cid
-                    found[k] = slot
+        """The slot of each stack (content ids `ids`, frames `stack(k)`), lock held: the slot holding its
+        content id if that slot holds its frames, else a new one."""
+        frames = self._frames
+        cids = ids.tolist()
+        found = list(map(self._slot_of.get, cids))
+        for k, slot in enumerate(found):
+            st = stack(k)
+            if slot is None or frames[slot] != st:
+                found[k] = self._slot_for(cids[k], st)
         return np.array(found, dtype=np.int64)
+
+    def _slot_for(self, cid: int, frames: Stack) -> int:
+        """The slot of `frames` under content id `cid` or, where other frames hold it, under the first of its
+        stand-in ids free or holding these frames; a new slot if none holds them (lock held)."""
+        attempt = 0
+        while True:
+            slot = self._slot_of.get(cid)
+            if slot is None:
+                slot = self._slot_of[cid] = len(self._frames)
+                self._frames.append(frames)
+                self._slot_ids = with_room(self._slot_ids, slot + 1)
+                self._slot_ids[slot] = cid
+                return slot
+            if self._frames[slot] == frames:  # the same new stack twice in one batch, or a stand-in's
+                return slot
+            if attempt == 0:
+                self.counts["collisions"] += 1
+            attempt += 1
+            cid = other_stack_id(cid, attempt)
 
     def _compact(self) -> None:
         """Keep only the slots some agent's table points to (lock held), dropping the least recently used
@@ -188,12 +217,19 @@ class ProcessCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._start_over()
+
+    def _start_over(self) -> None:
+        """Forget every label set (lock held): at start, and when the content-id key changes."""
+        self._key_generation = key_generation()
         self._agents = _PerAgent(dict, self.MAX_WIRE_IDS)
         self._by_content: dict[tuple, ProcessEntry] = {}
         self._label_ids: dict[Labels, int] = {}
 
     def label_id(self, labels: Labels) -> int:
         with self._lock:
+            if self._key_generation != key_generation():
+                self._start_over()
             return self._label_id(labels)
 
     def _label_id(self, labels: Labels) -> int:
@@ -209,6 +245,8 @@ class ProcessCache:
         wire_ids = list(batch.process_ids)  # one packed run: no Process message is touched for known ones
         agent_id = batch.agent.agent_id
         with self._lock:
+            if self._key_generation != key_generation():
+                self._start_over()
             known = self._agents.table(agent_id)
             entries = list(map(known.get, wire_ids))
             if None in entries:

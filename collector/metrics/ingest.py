@@ -38,9 +38,16 @@ class IngestMetrics:
             "(new to that agent, or sent without an id); the decoded share is what ingest CPU follows",
             labels=["how"],
         )
-        for how, n in self._ingest.stack_counts.items():
-            stacks.add_metric([how], n)
+        counts = self._ingest.stack_counts
+        for how in ("known", "decoded"):
+            stacks.add_metric([how], counts.get(how, 0))
         yield stacks
+        yield CounterMetricFamily(
+            "fleetprof_ingest_stack_id_collisions",
+            "New stacks whose content id named a different stack already held (kept apart under a stand-in"
+            " id); with keyed ids this stays 0 unless the collector's content-id key leaked",
+            value=counts.get("collisions", 0),
+        )
         rej = CounterMetricFamily(
             "fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"]
         )

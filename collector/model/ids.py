@@ -1,10 +1,27 @@
-"""Stable 64-bit content ids for frames, stacks and label sets: the same content gets the same id in every
-process and after every restart, so tiers and restarts agree without a shared id allocator."""
+"""64-bit content ids for frames, stacks and label sets, keyed: the same content gets the same id wherever
+the same key is in use (a data directory keeps its key, so restarts, write-ahead log replay and the
+database agree without a shared id allocator), and without the key nobody can compute an id.
+
+Why keyed: a stack's id sums per-(frame, position) terms, which keeps new stacks cheap (numpy passes over
+frame-id columns) but is the structure Wagner's generalised birthday attack needs. With public frame ids an
+agent could find, in well under a second, a stack of its own with the id of another agent's stack; sent
+first, it would take that id's place in every table, and the other agent's samples would read its frames.
+With frame ids a keyed hash (blake2b's MAC mode) the terms are unknown pseudorandom values: an agent can
+aim at no id, and an accidental clash stays the ~3e-8 per million stacks of any 64-bit id. Content ids
+never leave the collector (the API and renderers speak frames and labels), so the key cannot be learnt
+from them.
+
+The key is the process's, set by `use_key`: the durable store sets its data directory's key when it opens
+(collector/store/durable.py), and without one a random key per process serves the in-memory store. Ids
+made under another key stay valid where they were stored; the same content under two keys only gets two
+ids (rows that queries merge by content), never another content's id.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from collections.abc import Iterable
 from operator import itemgetter
 
@@ -12,15 +29,49 @@ import numpy as np
 
 from fleetprof.collector.model.profile import FrameKey, Labels, Stack
 
+KEY_BYTES = 32  # blake2b takes keys of 1..64 bytes; 16 is the least we accept
+
+
+class ContentKeyError(ValueError):
+    """A content-id key that cannot be used (its message names what is wrong)."""
+
+
+# The key in use (random per process until a data directory's replaces it) and the keyed hash's state
+# after the key block, copied per id: keying each call anew would cost a second compression per id.
+_key_in_use = secrets.token_bytes(KEY_BYTES)
+_keyed = hashlib.blake2b(digest_size=8, key=_key_in_use)
+_generation = 0  # how many times the key changed: caches of ids (ingest's) start over when it moves
+
+
+def use_key(key: bytes) -> None:
+    """Compute every id from now on under `key` (16 to 64 bytes). The frame ids computed under another key
+    are forgotten here, and ingest's caches start over at their next batch (`key_generation`). Meant for
+    a process's start, before ingest: a batch decoded while the key changes may hold ids of both keys
+    (which only ever duplicates content under two ids, see above)."""
+    global _keyed, _key_in_use, _generation
+    if not 16 <= len(key) <= 64:
+        raise ContentKeyError(f"a content-id key has 16 to 64 bytes, not {len(key)}")
+    if key != _key_in_use:
+        _keyed, _key_in_use = hashlib.blake2b(digest_size=8, key=key), bytes(key)
+        _generation += 1
+        _FRAMES.clear()
+
+
+def key_generation() -> int:
+    """Changes whenever the key does: a cache of ids made under the key compares it to know they hold."""
+    return _generation
+
 
 def _h64(data: bytes) -> int:
-    """A signed 64-bit id (DuckDB BIGINT). 64 bits: ~3e-8 chance of any collision among 1M stacks."""
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+    """A signed 64-bit id (DuckDB BIGINT): blake2b-64 of `data` under the process's key."""
+    h = _keyed.copy()
+    h.update(data)
+    return int.from_bytes(h.digest(), "little", signed=True)
 
 
-# Every frame once for the whole process: its shared FrameKey and its id. Ingest interns the frames of new
-# stacks here and the DuckDB flusher asks for the same frames' ids moments later. Keyed by FrameKeys, so
-# plain (function, module, kernel) tuples find them too (equal, and of equal hash).
+# Every frame once for the whole process: its shared FrameKey and its id under the key in use. Ingest
+# interns the frames of new stacks here and the DuckDB flusher asks for the same frames' ids moments later.
+# Keyed by FrameKeys, so plain (function, module, kernel) tuples find them too (equal, and of equal hash).
 _FRAMES: dict[tuple[str, str, bool], tuple[FrameKey, int]] = {}
 _FRAMES_MAX = 1_000_000
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
@@ -88,7 +139,8 @@ def stack_ids_of(frame_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The content ids (int64 column) of stacks whose frames' ids are `frame_ids`, one stack after another,
     `lengths[i]` frames for stack i. Columnar, so a batch's new stacks cost numpy passes, not a hash call
     each: frame ids mixed with their position are summed per stack, and the sum is mixed with the length.
-    Like any 64-bit id it is collision-resistant only for honest input (~3e-8 for any clash in 1M stacks)."""
+    The mixing is public and the sum gives an attacker a generalised birthday problem: it resists forgery
+    only because frame ids are keyed (see the module's docstring); ~3e-8 for any clash in 1M stacks."""
     lengths = np.asarray(lengths, dtype=np.int64)
     fids = np.asarray(frame_ids, dtype=np.int64).view(_U64)
     starts = np.zeros(len(lengths), dtype=np.int64)
@@ -108,6 +160,13 @@ def stack_id_of_frames(frame_ids: list[int]) -> int:
 
 def stack_id(stack: Stack) -> int:
     return stack_id_of_frames(frame_ids(stack))
+
+
+def other_stack_id(content_id: int, attempt: int) -> int:
+    """The `attempt`-th stand-in id for a stack whose content id some other stack already holds (ingest
+    gives it a slot of its own under this id rather than merging it, see StackCache): keyed, so
+    unpredictable too, and the same for the same (id, attempt)."""
+    return _h64(b"S" + content_id.to_bytes(8, "little", signed=True) + attempt.to_bytes(4, "little"))
 
 
 def labels_json(labels: Labels) -> str:

@@ -48,10 +48,10 @@ class ProfileRows:
     `label_sets[label_index[i]]` with the stack `stacks[stack_index[i]]`, sampled at `frequency_hz`; and
     the window's syscall rows.
 
-    `label_sets` and `stacks` are the window's definition tables, each entry (stable content id
-    (collector/model/ids.py), content); the same content may appear twice. Ingest builds the tables from
-    its caches and the index columns straight from the batch's sample columns, so no store does per-row
-    Python work. `from_rows` builds one from (labels, stack, count) rows (tests, tools).
+    `label_sets` and `stacks` are the window's definition tables, each entry (content id under the
+    process's key (collector/model/ids.py), content); the same content may appear twice. Ingest builds the
+    tables from its caches and the index columns straight from the batch's sample columns, so no store does
+    per-row Python work. `from_rows` builds one from (labels, stack, count) rows (tests, tools).
     """
 
     start: float  # unix seconds

@@ -14,12 +14,24 @@ segments at start, and the committed dedupe entries skip them: nothing counts tw
 
 Queries go to the hot tier when their range lies inside what it holds completely (since this process
 started, within its retention), else to DuckDB plus the chunks not yet committed.
+
+The data directory keeps the key of its content ids (`content-id.key`, made at the first start, mode
+0600; collector/model/ids.py says why ids are keyed). The store makes it the process's key when it opens,
+before the log is replayed, so the database's ids, the replayed batches' and the new ones agree. The key
+is the one process-wide thing a store sets: a store opened after another in the same process (tests;
+production opens one) moves both to its key, and the first one's later rows get a second id for content it
+holds under the first key, rows that queries merge by content. A directory from before keyed ids gets a
+key at its next start: its old rows keep their unkeyed ids, and the same stack or label set stored before
+and after has two ids, again merged by content (a stack's samples are summed per stack, labels per label
+value), and gone with the old rows at retention. Losing the key file (a restore without it) does the same.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +39,7 @@ from pathlib import Path
 
 import duckdb
 
+from fleetprof.collector.model.ids import KEY_BYTES, ContentKeyError, use_key
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
 from fleetprof.collector.model.selector import Selector
@@ -45,6 +58,40 @@ log = logging.getLogger(__name__)
 BUCKET_S = 10
 SEEN_WINDOW = 4096  # sequences remembered per agent (the agent's resend queue holds at most 64)
 MAINTAIN_EVERY_S = 600.0
+KEY_FILE = "content-id.key"
+
+
+def content_key(data_dir: Path) -> bytes:
+    """The data directory's content-id key, made (random, mode 0600, written whole or not at all) when the
+    directory has none. Call with the database open: its lock keeps a second collector out."""
+    path = data_dir / KEY_FILE
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        key = secrets.token_bytes(KEY_BYTES)
+        tmp = path.with_name(KEY_FILE + ".new")
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            os.fchmod(f.fileno(), 0o600)  # a leftover .new from a crash may have been made wider
+            f.write(key)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        log.info("made %s: the key of this directory's content ids", path)
+        return key
+    if not 16 <= len(key) <= 64:
+        raise ContentKeyError(
+            f"{path} holds {len(key)} bytes, not a content-id key (16 to 64 bytes): restore it from a "
+            "backup, or delete it to start a new key (stored profiles stay readable; stacks and label sets "
+            "stored before get a second id)"
+        )
+    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("%s is open to other users: with it an agent can forge stack ids; chmod 600 it", path)
+    return key
 
 
 class _Faults:
@@ -103,6 +150,11 @@ class DurableStore:
         self._faults = _Faults()
         self.counters = {"hot_queries": 0, "cold_queries": 0, "flushes": 0, "flush_errors": 0}
         self._db = Database(self.data_dir / "profiles.duckdb")
+        try:
+            use_key(content_key(self.data_dir))  # before any id is made: the replay's, the writer's
+        except BaseException:
+            self._db.close()
+            raise
         self._writer = ChunkWriter(self._db, fault=db_fault)
         self._maintenance = Maintenance(self._db)
         self._queries = Queries(self._db)

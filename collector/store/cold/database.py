@@ -2,10 +2,12 @@
 and what is known to be in it.
 
 
-Tables (ids are the stable content ids of collector/model/ids.py, so nothing needs an id allocator):
+Tables (ids are the content ids of collector/model/ids.py under the data directory's key, so nothing needs
+an id allocator; rows from before keyed ids keep unkeyed ones, see collector/store/durable.py):
 
 - `frames(id, function, module, kernel)`, `stacks(id, frames BIGINT[])`, `label_sets(id, labels JSON)`:
-  every distinct frame, stack and label set once.
+  every distinct frame, stack and label set once under each key's id (one id, but for rows from before
+  keyed ids or from a lost key file).
 - `samples(res, bucket, lid, sid, freq, count)`: samples per (label set, stack) in a bucket of `res`
   seconds starting at `bucket`. Rollup moves rows from res 10 to 60 and from 60 to 600, so the tiers never
   overlap in time and a query sums all of them.
