@@ -28,6 +28,7 @@ from fleetprof.agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_
 from fleetprof.agent.kube.watcher import PodWatcher
 from fleetprof.agent.memory import HeapTrimmer
 from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.process.table import ProcessInfo, ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import Resolver
@@ -102,9 +103,10 @@ class Agent:
         self._stop = threading.Event()
         self._wake_events, self._wake_events_w = socket.socketpair()  # stop() wakes the event thread
         self._events_thread: threading.Thread | None = None
-        self.python = PythonStacks(enabled=config.python)
+        self.file_errors = FileErrors()  # tenant files refused, by reason (agent/process/rootfs.py)
+        self.python = PythonStacks(enabled=config.python, file_errors=self.file_errors)
         self.processes = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
-        self.symbolizer = Symbolizer()
+        self.symbolizer = Symbolizer(file_errors=self.file_errors)
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
@@ -124,7 +126,7 @@ class Agent:
         self.counters = AgentCounters()
         self._trim_heap = HeapTrimmer(self._symbol_generation)
         self.registry, self._drain_hist = build_registry(
-            self.counters, lambda: self.shipper.stats, self._gauges
+            self.counters, lambda: self.shipper.stats, self._gauges, file_errors=self.file_errors.snapshot
         )
         self.registry.register(GpuExporter(self.gpu, self.identity.node))
         host, port = split_hostport(config.http, "--http")

@@ -66,11 +66,16 @@ class AgentCounters:
 
 class _AgentCollector:
     def __init__(
-        self, counters: AgentCounters, shipper: Callable[[], ShipperStats], gauges: Callable[[], dict]
+        self,
+        counters: AgentCounters,
+        shipper: Callable[[], ShipperStats],
+        gauges: Callable[[], dict],
+        file_errors: Callable[[], dict[str, int]] | None = None,
     ):
         self._counters = counters
         self._shipper = shipper
         self._gauges = gauges
+        self._file_errors = file_errors
 
     def describe(self) -> list[Metric]:
         return []  # keeps registration from running collect()
@@ -103,6 +108,17 @@ class _AgentCollector:
         for k, v in py_procs.items():
             m.add_metric([k], v)
         yield m
+        if self._file_errors is not None:
+            m = CounterMetricFamily(
+                "fleetprof_agent_symbol_file_errors",
+                "ELF files of processes (tenants' files included) refused while loading symbols or detecting"
+                " CPython, by reason (agent/process/rootfs.py): truncated, too_large, decompression_bomb,"
+                " unsupported_compression, malformed, not_regular, escapes_root",
+                labels=["reason"],
+            )
+            for k, v in self._file_errors().items():
+                m.add_metric([k], v)
+            yield m
         s = self._shipper()
         for name, value, help_ in (
             ("batches_sent", s.batches_sent, "Batches written to the collector stream (resends included)"),
@@ -121,12 +137,16 @@ class _AgentCollector:
 
 
 def build_registry(
-    counters: AgentCounters, shipper: Callable[[], ShipperStats], gauges: Callable[[], dict]
+    counters: AgentCounters,
+    shipper: Callable[[], ShipperStats],
+    gauges: Callable[[], dict],
+    file_errors: Callable[[], dict[str, int]] | None = None,
 ) -> tuple[CollectorRegistry, Histogram]:
-    """A registry of our own (no process-global state): agent metrics, own CPU and RSS, drain timing."""
+    """A registry of our own (no process-global state): agent metrics, own CPU and RSS, drain timing.
+    `file_errors` (FileErrors.snapshot) adds fleetprof_agent_symbol_file_errors_total{reason}."""
     reg = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
-    reg.register(_AgentCollector(counters, shipper, gauges))
+    reg.register(_AgentCollector(counters, shipper, gauges, file_errors))
     drain_hist = Histogram(
         "fleetprof_agent_drain_duration_seconds",
         "Time to drain, symbolize and encode one window",

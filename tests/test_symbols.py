@@ -414,6 +414,22 @@ def test_non_elf_data_raises_elf_error(tmp_path):
         ElfFile(empty)
 
 
+@needs_gcc
+def test_elf_file_over_a_descriptor_reads_sections_and_closes_it(builds):
+    fd = os.open(builds["pie"], os.O_RDONLY | os.O_CLOEXEC)
+    elf = ElfFile(fd)  # owns fd from here on
+    names = {name for _start, _size, name in SymbolTable.from_elf(elf)}
+    assert set(FUNCTIONS) <= names
+    with open("/proc/self/maps") as f:
+        assert str(builds["pie"]) not in f.read()  # read with pread, never mapped
+    elf.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    assert elf.build_id and elf.sections  # headers outlive the descriptor; section data does not
+    with pytest.raises(ValueError):
+        elf.section_data(elf.section(".symtab"))
+
+
 # -- caching --------------------------------------------------------------------------------------------
 
 

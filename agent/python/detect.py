@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetprof.agent.process.rootfs import FileErrors, open_file, open_in_root
 from fleetprof.agent.python.offsets import (
     DEBUG_OFFSETS_BYTES,
     FIRST_DEBUG_OFFSETS,
@@ -65,11 +66,15 @@ class PythonProcess:
 
 
 class Detector:
-    """Per-file analysis cache (bounded LRU by count); thread-safe."""
+    """Per-file analysis cache (bounded LRU by count); thread-safe. Interpreter files are the tenant's: they
+    are opened inside the process's root and read within caps, refusals counted in `file_errors`."""
 
-    def __init__(self, proc_root: str = "/proc", max_files: int = 64) -> None:
+    def __init__(
+        self, proc_root: str = "/proc", max_files: int = 64, file_errors: FileErrors | None = None
+    ) -> None:
         self._proc_root = proc_root
         self._max = max_files
+        self.file_errors = file_errors if file_errors is not None else FileErrors()
         self._files: OrderedDict[tuple[int, int, int], Interpreter] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -120,17 +125,22 @@ class Detector:
         name_version = INTERPRETER_NAME.match(m.display_name)
         assert name_version is not None
         version: tuple[int, int] | None = (int(name_version[1]), int(name_version[2]))
-        for path in (
-            f"{self._proc_root}/{pid}/map_files/{m.start:x}-{m.end:x}",
-            f"{self._proc_root}/{pid}/root{m.file_path}",
+        proc = f"{self._proc_root}/{pid}"
+        # The exact mapped file first; else its path inside the process's root, same inode (map_files needs
+        # CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE).
+        for open_mapped in (
+            lambda: open_file(f"{proc}/map_files/{m.start:x}-{m.end:x}"),
+            lambda: open_in_root(f"{proc}/root", m.file_path, m.inode),
         ):
             try:
-                elf = ElfFile(path)
-            except (OSError, ElfError):
+                elf = ElfFile(open_mapped())
+            except (OSError, ElfError) as e:
+                self.file_errors.count(e)
                 continue
             try:
                 return _analyse_elf(elf, version)
-            except (ElfError, ValueError, struct.error):
+            except (ElfError, OSError, ValueError, struct.error) as e:
+                self.file_errors.count(e)
                 return Interpreter(version, 0, None, (), UNREADABLE)
             finally:
                 elf.close()

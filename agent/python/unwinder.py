@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.python.codes import CodeNames
 from fleetprof.agent.python.detect import Detector, PythonProcess
 from fleetprof.agent.python.merge import merge
@@ -34,9 +35,12 @@ class WalkerMaps(Protocol):
 class PythonStacks:
     """pid -> its CPython (if any); thread-safe. Disabled, it detects nothing and merges nothing."""
 
-    def __init__(self, enabled: bool = True, proc_root: str = "/proc") -> None:
+    def __init__(
+        self, enabled: bool = True, proc_root: str = "/proc", file_errors: FileErrors | None = None
+    ) -> None:
+        """`file_errors` counts interpreter files refused (agent/process/rootfs.py): the symbolizer's."""
         self.enabled = enabled
-        self._detector = Detector(proc_root)
+        self._detector = Detector(proc_root, file_errors=file_errors)
         self.codes = CodeNames(proc_root)
         self._lock = threading.Lock()
         self._procs: dict[int, PythonProcess] = {}

@@ -1,17 +1,45 @@
-"""Minimal ELF64 little-endian reader: load segments, build id, debuglink and compact function symbols."""
+"""Minimal ELF64 little-endian reader: load segments, build id, debuglink and compact function symbols.
+
+The files it reads belong to tenants (any container's /proc/PID/root) and the agent reads them as root, so:
+  * files are read with pread, never mapped: a tenant can truncate a file while we read it, and a mapping
+    of the vanished pages raises SIGBUS, which kills the whole node's profiler; a pread comes back short,
+    which is an ElfError (reason "truncated");
+  * only the headers are read up front; sections are read when asked for, each bounded by a cap
+    (MAX_HEADER_BYTES, MAX_SECTION_BYTES), so a 200 MB libLLVM costs what its symbol sections cost;
+  * decompression never produces more than it is allowed to: SHF_COMPRESSED sections at most their
+    declared size (itself capped), .gnu_debugdata at most MAX_MINI_DEBUGINFO_BYTES;
+  * every refusal is an ElfError whose `reason` (agent/process/rootfs.py REASONS) is counted by callers.
+"""
 
 from __future__ import annotations
 
 import lzma
-import mmap
 import os
+import stat
 import struct
 import sys
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
+
+from fleetprof.agent.process.rootfs import (
+    DECOMPRESSION_BOMB,
+    MALFORMED,
+    NOT_REGULAR,
+    TOO_LARGE,
+    TRUNCATED,
+    UNSUPPORTED_COMPRESSION,
+    UnsafeFile,
+    open_file,
+    open_in_root,
+)
+
+try:  # Python 3.14+; without it zstd-compressed sections are refused (reason "unsupported_compression")
+    from compression import zstd as _zstd  # type: ignore[import-not-found]
+except ImportError:
+    _zstd = None
 
 ET_EXEC = 2
 ET_DYN = 3
@@ -33,6 +61,7 @@ STT_FUNC = 2
 STT_GNU_IFUNC = 10
 NT_GNU_BUILD_ID = 3
 ELFCOMPRESS_ZLIB = 1
+ELFCOMPRESS_ZSTD = 2
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _PHDR = struct.Struct("<IIQQQQQQ")
@@ -54,11 +83,32 @@ COMPRESS_NAMES_ABOVE = 1 << 20
 
 DEBUG_BUILD_ID_DIR = "usr/lib/debug/.build-id"
 
-Buffer = bytes | bytearray | memoryview | mmap.mmap
+# Caps on what one file can make us allocate. Header tables: real files have tens of program and section
+# headers (a few KiB); 16 MiB is ~260,000 sections. Sections: the largest real symbol tables we know are
+# a few hundred MiB at most (libLLVM's .strtab is 17 MiB); a declared uncompressed size above the cap is
+# refused before anything is inflated. MiniDebugInfo is small by design (a few MiB of .symtab).
+MAX_HEADER_BYTES = 16 << 20
+MAX_SECTION_BYTES = 256 << 20
+MAX_MINI_DEBUGINFO_BYTES = 64 << 20
+# Notes and .gnu_debuglink hold a build id or a file name: anything larger is not one.
+MAX_NOTE_BYTES = 1 << 20
+# xz's own memory (its dictionary) for .gnu_debugdata: `xz -9` streams need ~65 MiB to decode.
+_XZ_MEMLIMIT = 128 << 20
+# Decompressed output is gathered this much at a time (see _decompress_capped).
+_INFLATE_STEP = 1 << 20
+
+Buffer = bytes | bytearray | memoryview
+_ZlibDecompressor = type(zlib.decompressobj())
+Decompressor = _ZlibDecompressor | lzma.LZMADecompressor  # or compression.zstd's ZstdDecompressor
 
 
 class ElfError(Exception):
-    """The data is not a well-formed ELF64 little-endian file (or uses a feature this reader lacks)."""
+    """The data is not a well-formed ELF64 little-endian file (or uses a feature this reader lacks, or
+    would cost more than its caps allow); `reason` says which, as one of agent/process/rootfs.py REASONS."""
+
+    def __init__(self, message: str, reason: str = MALFORMED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Segment(NamedTuple):
@@ -94,23 +144,34 @@ def offset_to_vaddr(segments: Sequence[Segment], file_offset: int) -> int | None
 
 
 class ElfFile:
-    """Headers of one ELF64 LE file; data is read lazily from an mmap (path) or the given buffer."""
+    """Headers of one ELF64 LE file; section data is read on demand, with pread from a file (never an mmap:
+    see the module docstring) or from the given buffer.
 
-    def __init__(self, source: str | os.PathLike[str] | Buffer) -> None:
-        self._mmap: mmap.mmap | None = None
+    `source` is a path (of the agent's own filesystem: use agent/process/rootfs.py to open a tenant's
+    file), an open file descriptor, which the ElfFile then owns and closes, or the bytes of a whole file.
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | int | Buffer) -> None:
+        self._fd = -1
+        self._buf: Buffer | None = None
         if isinstance(source, (str, os.PathLike)):
-            with open(source, "rb") as f:
-                if os.fstat(f.fileno()).st_size == 0:
-                    raise ElfError(f"{os.fspath(source)}: empty file")
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._buf: Buffer = self._mmap
+            self._fd = open_file(os.fspath(source))
+        elif isinstance(source, int):
+            self._fd = source
         else:
             self._buf = source
         try:
+            if self._buf is not None:
+                self._size = len(self._buf)
+            else:
+                st = os.fstat(self._fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise UnsafeFile(NOT_REGULAR, f"fd {self._fd}: not a regular file")
+                self._size = st.st_size
             self._parse()
         except struct.error as e:
             self.close()
-            raise ElfError(f"truncated ELF header data: {e}") from e
+            raise ElfError(f"truncated ELF header data: {e}", TRUNCATED) from e
         except BaseException:
             self.close()
             raise
@@ -121,16 +182,42 @@ class ElfFile:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        self.close()
+
     def close(self) -> None:
-        """Unmap the file if this object opened it; headers stay usable, section data does not."""
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
+        """Close the file if this object holds one; headers stay usable, section data does not."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _read(self, offset: int, size: int, what: str) -> bytes:
+        """Exactly `size` bytes at `offset`, or ElfError: past the end of the file as it was when opened,
+        or the file shrank since (a short read)."""
+        if offset < 0 or size < 0 or offset + size > self._size:
+            raise ElfError(f"{what} extend past the end of the file", TRUNCATED)
+        if self._buf is not None:
+            return bytes(self._buf[offset : offset + size])
+        if self._fd < 0:
+            raise ValueError("read from a closed ElfFile")
+        data = os.pread(self._fd, size, offset)
+        if len(data) < size:
+            parts = [data]
+            got = len(data)
+            while got < size:
+                more = os.pread(self._fd, size - got, offset + got)
+                if not more:
+                    raise ElfError(f"{what}: the file ended {size - got} bytes early (truncated?)", TRUNCATED)
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        return data
 
     def _parse(self) -> None:
-        buf = self._buf
-        size = len(buf)
-        if size < _EHDR.size or bytes(buf[:4]) != b"\x7fELF":
+        if self._size < _EHDR.size:
+            raise ElfError("not an ELF file (shorter than an ELF header)")
+        ehdr = self._read(0, _EHDR.size, "ELF header")
+        if ehdr[:4] != b"\x7fELF":
             raise ElfError("not an ELF file")
         (
             ident,
@@ -147,17 +234,15 @@ class ElfFile:
             shentsize,
             shnum,
             shstrndx,
-        ) = _EHDR.unpack_from(buf, 0)
+        ) = _EHDR.unpack(ehdr)
         if ident[4] != 2 or ident[5] != 1:
             raise ElfError("only ELF64 little-endian files are supported")
         self.e_type: int = e_type
-        self._size = size
 
         # Extended numbering: counts that overflow 16 bits live in section header 0.
         sh0 = None
         if shoff:
-            self._check_range(shoff, _SHDR.size, "section header 0")
-            sh0 = _SHDR.unpack_from(buf, shoff)
+            sh0 = _SHDR.unpack(self._read(shoff, _SHDR.size, "section header 0"))
             if shnum == 0:
                 shnum = sh0[5]
             if shstrndx == SHN_XINDEX:
@@ -170,10 +255,12 @@ class ElfFile:
         if phoff and phnum:
             if phentsize < _PHDR.size:
                 raise ElfError(f"bad program header size {phentsize}")
-            self._check_range(phoff, phentsize * phnum, "program headers")
+            raw = self._read(
+                phoff, _capped(phentsize * phnum, MAX_HEADER_BYTES, "program headers"), "program headers"
+            )
             for i in range(phnum):
                 p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, p_memsz, _al = _PHDR.unpack_from(
-                    buf, phoff + i * phentsize
+                    raw, i * phentsize
                 )
                 if p_type == PT_LOAD:
                     segments.append(Segment(p_offset, p_vaddr, p_filesz, p_memsz, p_flags))
@@ -185,14 +272,17 @@ class ElfFile:
         if shoff and shnum:
             if shentsize < _SHDR.size:
                 raise ElfError(f"bad section header size {shentsize}")
-            self._check_range(shoff, shentsize * shnum, "section headers")
-            raw = [_SHDR.unpack_from(buf, shoff + i * shentsize) for i in range(shnum)]
+            table = self._read(
+                shoff, _capped(shentsize * shnum, MAX_HEADER_BYTES, "section headers"), "section headers"
+            )
+            raw_sections = [_SHDR.unpack_from(table, i * shentsize) for i in range(shnum)]
             names = b""
-            if 0 < shstrndx < shnum and raw[shstrndx][1] != SHT_NOBITS:
-                _n, _t, _f, _a, off, sz, *_ = raw[shstrndx]
-                self._check_range(off, sz, "section name table")
-                names = bytes(buf[off : off + sz])
-            for name_off, *rest in raw:
+            if 0 < shstrndx < shnum and raw_sections[shstrndx][1] != SHT_NOBITS:
+                _n, _t, _f, _a, off, sz, *_ = raw_sections[shstrndx]
+                names = self._read(
+                    off, _capped(sz, MAX_HEADER_BYTES, "section name table"), "section name table"
+                )
+            for name_off, *rest in raw_sections:
                 end = names.find(b"\0", name_off)
                 name = names[name_off:end].decode("ascii", "replace") if end >= 0 else ""
                 sections.append(Section(name, *rest[:7], rest[8]))
@@ -201,10 +291,6 @@ class ElfFile:
         self.build_id: str | None = self._find_build_id(note_segments)
         self.debuglink: str | None = self._find_debuglink()
 
-    def _check_range(self, offset: int, length: int, what: str) -> None:
-        if offset < 0 or length < 0 or offset + length > self._size:
-            raise ElfError(f"{what} extend past the end of the file")
-
     def section(self, name: str) -> Section | None:
         """The first section called `name`, or None."""
         for sec in self.sections:
@@ -212,30 +298,20 @@ class ElfFile:
                 return sec
         return None
 
-    def section_data(self, sec: Section) -> bytes:
-        """The section's bytes, decompressed when SHF_COMPRESSED (zlib only)."""
+    def section_data(self, sec: Section, limit: int = MAX_SECTION_BYTES) -> bytes | bytearray:
+        """The section's bytes, decompressed when SHF_COMPRESSED (zlib; zstd where Python has it). Neither
+        the bytes read nor the bytes decompressed may exceed `limit` (ElfError otherwise)."""
         if sec.type == SHT_NOBITS:
             return b""
-        self._check_range(sec.offset, sec.size, f"section {sec.name}")
-        data = bytes(self._buf[sec.offset : sec.offset + sec.size])
+        what = f"section {sec.name}"
+        data = self._read(sec.offset, _capped(sec.size, limit, what), what)
         if sec.flags & SHF_COMPRESSED:
-            if len(data) < _CHDR.size:
-                raise ElfError(f"section {sec.name}: truncated compression header")
-            ch_type, _res, ch_size, _align = _CHDR.unpack_from(data)
-            if ch_type != ELFCOMPRESS_ZLIB:
-                raise ElfError(f"section {sec.name}: unsupported compression type {ch_type}")
-            try:
-                data = zlib.decompress(data[_CHDR.size :])
-            except zlib.error as e:
-                raise ElfError(f"section {sec.name}: {e}") from e
-            if len(data) != ch_size:
-                raise ElfError(f"section {sec.name}: decompressed to {len(data)} bytes, expected {ch_size}")
+            data = _decompress_section(what, data, limit)
         return data
 
     def read(self, offset: int, size: int) -> bytes:
         """`size` raw bytes of the file at `offset` (e.g. initialised data of a PT_LOAD segment)."""
-        self._check_range(offset, size, "the bytes read")
-        return bytes(self._buf[offset : offset + size])
+        return self._read(offset, _capped(size, MAX_SECTION_BYTES, "the bytes read"), "the bytes read")
 
     def file_offset_to_vaddr(self, offset: int) -> int | None:
         """The virtual address that file offset `offset` is loaded at, or None outside every PT_LOAD."""
@@ -243,11 +319,11 @@ class ElfFile:
 
     def _find_build_id(self, note_segments: list[tuple[int, int]]) -> str | None:
         # Sections first: debug files keep .note.gnu.build-id while their PT_NOTE may point at nothing.
-        blobs = [self.section_data(s) for s in self.sections if s.type == SHT_NOTE]
+        blobs = [self.section_data(s, MAX_NOTE_BYTES) for s in self.sections if s.type == SHT_NOTE]
         if not blobs:
             for off, sz in note_segments:
-                if off + sz <= self._size:
-                    blobs.append(bytes(self._buf[off : off + sz]))
+                if off + sz <= self._size and sz <= MAX_NOTE_BYTES:
+                    blobs.append(self._read(off, sz, "note segment"))
         for blob in blobs:
             for n_type, name, desc in _iter_notes(blob):
                 if n_type == NT_GNU_BUILD_ID and name == b"GNU\0" and desc:
@@ -258,9 +334,73 @@ class ElfFile:
         sec = self.section(".gnu_debuglink")
         if sec is None:
             return None
-        data = self.section_data(sec)
+        data = self.section_data(sec, MAX_NOTE_BYTES)
         end = data.find(b"\0")
         return data[:end].decode("utf-8", "replace") if end > 0 else None
+
+
+def _capped(size: int, limit: int, what: str) -> int:
+    if size > limit:
+        raise ElfError(f"{what}: {size} bytes, over the {limit}-byte cap", TOO_LARGE)
+    return size
+
+
+def _decompress_capped(decompressor: Decompressor, data: Buffer, limit: int) -> tuple[bytearray, bool]:
+    """At most limit + 1 bytes of what `decompressor` (zlib's, lzma's or zstd's) makes of `data`, and
+    whether the stream ended. Output is asked for a step at a time and appended to one bytearray: one
+    decompress(data, limit + 1) call would hold its output pieces and their joined copy at once, twice
+    the memory (and large bytearrays grow in place, by mremap)."""
+    out = bytearray()
+    pending: Buffer = data
+    while len(out) <= limit:
+        piece = decompressor.decompress(pending, min(_INFLATE_STEP, limit + 1 - len(out)))
+        out += piece
+        if decompressor.eof:
+            return out, True
+        if isinstance(decompressor, _ZlibDecompressor):
+            pending = decompressor.unconsumed_tail  # zlib hands back the input it did not get to
+            if not pending and not piece:
+                break  # all input used, no output left: the stream is cut short
+        else:
+            pending = b""  # lzma and zstd keep unused input themselves
+            if decompressor.needs_input:
+                break
+    return out, False
+
+
+def _decompress_section(what: str, data: bytes, limit: int) -> bytearray:
+    """An SHF_COMPRESSED section's contents: exactly its declared ch_size bytes, which must be <= limit.
+    The decompressor is never allowed to produce more than ch_size + 1 bytes (the one byte tells a bomb
+    that inflates past its declared size)."""
+    if len(data) < _CHDR.size:
+        raise ElfError(f"{what}: truncated compression header", TRUNCATED)
+    ch_type, _res, ch_size, _align = _CHDR.unpack_from(data)
+    if ch_type == ELFCOMPRESS_ZLIB:
+        decompressor, errors = zlib.decompressobj(), (zlib.error,)
+    elif ch_type == ELFCOMPRESS_ZSTD:
+        if _zstd is None:
+            raise ElfError(
+                f"{what}: zstd-compressed, and this Python has no zstd module (compression.zstd, 3.14+)",
+                UNSUPPORTED_COMPRESSION,
+            )
+        decompressor, errors = _zstd.ZstdDecompressor(), (_zstd.ZstdError,)
+    else:
+        raise ElfError(f"{what}: unsupported compression type {ch_type}", UNSUPPORTED_COMPRESSION)
+    if ch_size > limit:
+        raise ElfError(
+            f"{what}: declares {ch_size} bytes uncompressed, over the {limit}-byte cap", DECOMPRESSION_BOMB
+        )
+    try:
+        out, ended = _decompress_capped(decompressor, memoryview(data)[_CHDR.size :], ch_size)
+    except errors as e:
+        raise ElfError(f"{what}: {e}") from e
+    if len(out) > ch_size:
+        raise ElfError(f"{what}: inflates past its declared {ch_size} bytes", DECOMPRESSION_BOMB)
+    if len(out) < ch_size or not ended:
+        raise ElfError(
+            f"{what}: inflated to {len(out)} bytes of {ch_size}, and the stream ended early", TRUNCATED
+        )
+    return out
 
 
 def _iter_notes(blob: bytes) -> Iterator[tuple[int, bytes, bytes]]:
@@ -467,11 +607,19 @@ def _mini_debuginfo_symtab(elf: ElfFile) -> tuple[bytes, bytes] | None:
     sec = elf.section(".gnu_debugdata")
     if sec is None:
         return None
+    what = "section .gnu_debugdata"
+    xz = lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_XZ_MEMLIMIT)
     try:
-        inner = ElfFile(lzma.decompress(elf.section_data(sec)))
+        inner, ended = _decompress_capped(xz, elf.section_data(sec), MAX_MINI_DEBUGINFO_BYTES)
     except lzma.LZMAError as e:
-        raise ElfError(f".gnu_debugdata: {e}") from e
-    return _symbol_source(inner, SHT_SYMTAB)
+        # liblzma's LZMA_MEMLIMIT_ERROR: the stream asks for a dictionary larger than any real one.
+        reason = DECOMPRESSION_BOMB if "memory" in str(e).lower() else MALFORMED
+        raise ElfError(f"{what}: {e}", reason) from e
+    if len(inner) > MAX_MINI_DEBUGINFO_BYTES:
+        raise ElfError(f"{what}: inflates past the {MAX_MINI_DEBUGINFO_BYTES}-byte cap", DECOMPRESSION_BOMB)
+    if not ended:
+        raise ElfError(f"{what}: the xz stream ends early", TRUNCATED)
+    return _symbol_source(ElfFile(inner), SHT_SYMTAB)
 
 
 def debug_file_path(build_id: str, root: str = "/") -> str:
@@ -479,17 +627,28 @@ def debug_file_path(build_id: str, root: str = "/") -> str:
     return os.path.join(root, DEBUG_BUILD_ID_DIR, build_id[:2], build_id[2:] + ".debug")
 
 
-def load_symbols(elf: ElfFile, debug_roots: Sequence[str] = ("/",)) -> SymbolTable:
-    """The best symbol table for `elf`: a matching build-id debug file's .symtab, else the file's own."""
+def load_symbols(
+    elf: ElfFile,
+    debug_roots: Sequence[str] = ("/",),
+    on_error: Callable[[Exception], object] | None = None,
+) -> SymbolTable:
+    """The best symbol table for `elf`: a matching build-id debug file's .symtab, else the file's own.
+
+    Each of `debug_roots` is a directory that stands for `/` (the host's, or a process's /proc/PID/root):
+    the debug file is looked up inside it and never outside (agent/process/rootfs.py). A debug file that
+    cannot be used is skipped; `on_error` is given the exception (a missing file's included)."""
     if elf.build_id and len(elf.build_id) > 2:
+        path = debug_file_path(elf.build_id)  # a hex build id: no "/" or ".." of its own
         for root in debug_roots:
             try:
-                with ElfFile(debug_file_path(elf.build_id, root)) as dbg:
+                with ElfFile(open_in_root(root, path)) as dbg:
                     # A stale debug file from another build would name the wrong functions.
                     if dbg.build_id == elf.build_id:
                         source = _symbol_source(dbg, SHT_SYMTAB)
                         if source is not None:
                             return SymbolTable.from_sections([source])
-            except (OSError, ElfError):
+            except (OSError, ElfError) as e:
+                if on_error is not None:
+                    on_error(e)
                 continue
     return SymbolTable.from_elf(elf)

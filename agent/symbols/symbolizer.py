@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import mmap
-import os
-import stat
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, open_file, open_in_root
 from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
 from fleetprof.agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
 from fleetprof.agent.symbols.maps import Mapping, find
@@ -72,6 +70,10 @@ class Symbolizer:
     Tables are keyed by (dev_major, dev_minor, inode) of the mapped file, so libc is parsed once for the
     whole host however many processes map it. Failures are cached for `retry_after_s` seconds.
     Thread-safe (one lock): the process-event thread preloads while the drain thread looks up.
+
+    Files under a process's root are its tenant's: they are opened inside that root (never following a
+    link out of it) and read within caps (agent/process/rootfs.py, agent/symbols/elf.py); each file
+    refused is counted in `file_errors`, which the agent may share with other readers of tenant files.
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Symbolizer:
         debug_root: str = "/",
         retry_after_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        file_errors: FileErrors | None = None,
     ) -> None:
         if max_files < 1 or max_bytes < 1:
             raise ValueError("max_files and max_bytes must be positive")
@@ -93,6 +96,7 @@ class Symbolizer:
         self._debug_root = debug_root
         self._retry_after_s = retry_after_s
         self._clock = clock
+        self.file_errors = file_errors if file_errors is not None else FileErrors()
         self._lock = threading.RLock()
         self._files: OrderedDict[FileKey, _CachedFile] = OrderedDict()
         self._bytes = 0
@@ -225,37 +229,45 @@ class Symbolizer:
 
     def _load(self, pid: int, mapping: Mapping) -> _CachedFile:
         name = mapping.display_name
-        for path, check_inode in self._candidate_paths(pid, mapping):
+        root = f"{self._proc_root}/{pid}/root"
+        for open_mapped in self._candidates(pid, mapping):
             try:
-                buf = _map_file(path, mapping.inode if check_inode else None)
+                fd = open_mapped()
+            except UnsafeFile as e:
+                self.file_errors.count(e)
+                continue
             except OSError:
                 continue
             try:
-                with ElfFile(buf) as elf:
-                    table = load_symbols(elf, (f"{self._proc_root}/{pid}/root", self._debug_root))
+                with ElfFile(fd) as elf:
+                    table = load_symbols(elf, (root, self._debug_root), on_error=self.file_errors.count)
                     segments = elf.load_segments
-            except ElfError:
+            except (ElfError, OSError) as e:
+                self.file_errors.count(e)
                 break  # the right file, but not one we can read symbols from; other paths name the same bytes
-            finally:
-                buf.close()
             self._counts["files_loaded"] += 1
             return _CachedFile(name, table, segments, 0.0)
         self._counts["load_failures"] += 1
         return _CachedFile(name, None, (), self._clock() + self._retry_after_s)
 
-    def _candidate_paths(self, pid: int, mapping: Mapping) -> list[tuple[str, bool]]:
-        # The process's own root first (containers see their own filesystem), then the exact mapped file
-        # via map_files (works for deleted files, only while the process lives), then the host path.
-        # Path-based opens may find a different file now, so they must match the inode; only the inode,
-        # because on overlayfs the device in maps names the underlying layer, not what stat() reports.
-        paths: list[tuple[str, bool]] = []
+    def _candidates(self, pid: int, mapping: Mapping) -> list[Callable[[], int]]:
+        """Ways to open the mapped file, best first; each returns a read-only fd of a regular file.
+
+        The process's own root first (containers see their own filesystem; resolved inside it), then the
+        exact mapped file via map_files (works for deleted files, only while the process lives), then the
+        host path. Path-based opens may find a different file now, so they must match the inode; only the
+        inode, because on overlayfs the device in maps names the underlying layer, not what stat() reports.
+        """
         path = mapping.file_path
-        if path.startswith("/"):
-            paths.append((f"{self._proc_root}/{pid}/root{path}", True))
-        paths.append((f"{self._proc_root}/{pid}/map_files/{mapping.start:x}-{mapping.end:x}", False))
-        if path.startswith("/"):
-            paths.append((path, True))
-        return paths
+        proc = f"{self._proc_root}/{pid}"
+        map_files = f"{proc}/map_files/{mapping.start:x}-{mapping.end:x}"
+        if not path.startswith("/"):
+            return [lambda: open_file(map_files)]
+        return [
+            lambda: open_in_root(f"{proc}/root", path, mapping.inode),
+            lambda: open_file(map_files),
+            lambda: open_file(path, mapping.inode),
+        ]
 
     def _drop(self, key: FileKey) -> None:
         cached = self._files.pop(key)
@@ -281,19 +293,3 @@ class Symbolizer:
         }
         out.update(self._counts)
         return out
-
-
-def _map_file(path: str, inode: int | None) -> mmap.mmap:
-    """mmap a regular file read-only, refusing it when `inode` is given and differs."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file")
-        if inode is not None and st.st_ino != inode:
-            raise OSError(f"{path}: inode {st.st_ino} is not the mapped inode {inode}")
-        if st.st_size == 0:
-            raise OSError(f"{path}: empty file")
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    finally:
-        os.close(fd)
