@@ -369,4 +369,7 @@ def _round(x: float | None) -> float | None:
 
 
 def _fmt_time(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):  # a time the platform's calendar cannot show
+        return f"{t:.0f} unix seconds"

@@ -9,7 +9,8 @@ import pytest
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector, samples_of
-from tests.wire import make_batch, push
+from tests.gpu_batches import gpu_batch
+from tests.wire import hist, make_batch, push, with_syscalls
 
 
 def corrupt(mutate) -> pb.Batch:  # noqa: ANN001
@@ -61,6 +62,20 @@ BAD_BATCHES = {
     "window backwards": (lambda b: setattr(b, "end_unix_ns", b.start_unix_ns - 1), "is before start_unix_ns"),
     "no frequency": (lambda b: setattr(b, "frequency_hz", 0), "frequency_hz 0"),
     "no sequence": (lambda b: setattr(b, "sequence", 0), "sequence must start at 1"),
+    # Found by tests/test_fuzz_ingest.py: each was acknowledged, and then broke something downstream.
+    "a node name longer than a label value may be": (
+        lambda b: setattr(b.agent, "node", "n" * 1025),
+        "agent.node is 1025 bytes, over the 1024",
+    ),
+    "an agent id longer than the dedupe state keeps": (
+        lambda b: setattr(b.agent, "agent_id", "a" * 257),
+        "agent.agent_id is 257 bytes",
+    ),
+    "a sequence past the database's BIGINT": (lambda b: setattr(b, "sequence", 2**63), "sequence is over"),
+    "syscall latency past the database's BIGINT": (
+        lambda b: with_syscalls(b, [("read", 1, 1, 2**63, hist(b10=1))]),
+        "timed_ns 9223372036854775808 is over the limit",
+    ),
 }
 
 
@@ -138,3 +153,26 @@ def test_labels_from_the_batch_are_selectable(collector: RunningCollector) -> No
     assert collector.json("/api/v1/labels/container_id/values")["values"] == ["abc123"]
     stacks = collector.folded('{container_id="abc123", pid="42"}')
     assert [f.function for f in next(iter(stacks))] == ["main", "work"]
+
+
+def test_a_known_gpu_process_with_labels_outside_the_string_table_is_refused(
+    collector: RunningCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process the collector knows by wire id is not decoded again, but the GPU section still reads its
+    labels (the pod it runs in): out of the string table, that was an IndexError after the batch was
+    stored (UNKNOWN, found by tests/test_fuzz_ingest.py); it is INVALID_ARGUMENT, and nothing is stored."""
+    first = gpu_batch(monkeypatch)
+    assert push(collector.grpc_target, [first]) == [1]
+    second = pb.Batch()
+    second.CopyFrom(first)
+    second.sequence = 2
+    process = second.gpu_processes[0].process
+    second.processes[process].labels[0].value = 10**6
+    with pytest.raises(grpc.RpcError) as info:
+        push(collector.grpc_target, [second])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        f"batch 2: gpu process row 0's process {process} label refers to string 1000000"
+        in info.value.details()
+    )
+    assert collector.collector.registry.get_sample_value("fleetprof_ingest_batches_total") == 1

@@ -66,6 +66,18 @@ def test_parse_duration_rejects_numbers_too_large_for_a_float(text: str) -> None
         parse_duration(text)
 
 
+# Found by tests/test_fuzz_query.py: past Python's 4300-digit limit, int() raised a bare ValueError that the
+# API answered with a 500.
+@pytest.mark.parametrize("text", ["9" * 5_000 + "s", "9" * 5_000 + "h", "1h" + "9" * 5_000 + "ms"])
+def test_parse_duration_rejects_more_digits_than_int_reads(text: str) -> None:
+    with pytest.raises(TimeRangeError, match="too large"):
+        parse_duration(text)
+    with pytest.raises(TimeRangeError, match='bad "since"'):
+        resolve_range(None, None, text, NOW)
+    with pytest.raises(TimeRangeError, match='bad "from"'):
+        resolve_range("now-" + text, None, None, NOW)
+
+
 def test_time_range_error_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         parse_duration("soon")

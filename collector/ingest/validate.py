@@ -14,10 +14,15 @@ from fleetprof.collector.model.profile import GPU_STATE_NAME, MAX_BATCH_AGE_S
 from fleetprof.collector.model.selector import LABEL_NAME
 
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
+MAX_SEQUENCE = (1 << 63) - 1  # the database keeps sequences as BIGINT: one above would fail every flush
+# ~104 days of latency in one window of one process's calls of one syscall, more than all its threads can
+# block in it; sums stay exact in float64 and far from BIGINT's limit in the database.
+MAX_TIMED_NS = 1 << 53
 MAX_FREQUENCY_HZ = 100_000
 MAX_STACK_DEPTH = 4096
 MAX_LABEL_BYTES = 1024  # a label value
 MAX_LABEL_NAME_BYTES = 128
+MAX_AGENT_ID_BYTES = 256  # kept in the dedupe state for every batch (agents send 32 hex digits)
 # Labels the collector derives itself (from the batch's identity and the process table, or ingest's GPU
 # tagging): a process label of the same name would let an agent pass its data off as another node's.
 DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME})
@@ -62,8 +67,15 @@ def check_header(batch: pb.Batch, limits: IngestLimits, size: int, now: float | 
         fail(seq, "no_node", "agent.node is empty: every batch must name its node")
     if not batch.agent.agent_id:
         fail(seq, "no_agent_id", "agent.agent_id is empty")
+    # The node is every sample's `node` label value, so it has a label value's limit.
+    if (n := len(batch.agent.node.encode())) > MAX_LABEL_BYTES:
+        fail(seq, "bad_node", f"agent.node is {n} bytes, over the {MAX_LABEL_BYTES} a label value may have")
+    if (n := len(batch.agent.agent_id.encode())) > MAX_AGENT_ID_BYTES:
+        fail(seq, "bad_agent_id", f"agent.agent_id is {n} bytes, over the limit of {MAX_AGENT_ID_BYTES}")
     if seq == 0:
         fail(seq, "no_sequence", "sequence must start at 1")
+    if seq > MAX_SEQUENCE:
+        fail(seq, "bad_sequence", f"sequence is over the limit of {MAX_SEQUENCE}")
     if batch.end_unix_ns < batch.start_unix_ns:
         fail(
             seq,
@@ -179,6 +191,12 @@ def check_syscalls(batch: pb.Batch, nproc: int, nstr: int) -> None:
             fail(seq, "bad_syscall", f"syscall row {i} has no syscall name")
         if sc.count > MAX_COUNT or sc.timed > sc.count:
             fail(seq, "bad_syscall", f"syscall row {i}: timed {sc.timed} of count {sc.count} is impossible")
+        if sc.timed_ns > MAX_TIMED_NS:
+            fail(
+                seq,
+                "bad_syscall",
+                f"syscall row {i}: timed_ns {sc.timed_ns} is over the limit of {MAX_TIMED_NS}",
+            )
         if len(sc.latency_log2_ns) > 64 or sum(sc.latency_log2_ns) != sc.timed:
             fail(
                 seq,
@@ -217,6 +235,11 @@ def check_gpu_section(batch: pb.Batch) -> None:
     for i, u in enumerate(batch.gpu_processes):
         if u.process >= nproc:
             fail(seq, "bad_gpu", f"gpu process row {i} refers to process {u.process}, but there are {nproc}")
+        # Its labels name its pod: read here even when the process is known by wire id and not decoded.
+        for lb in batch.processes[u.process].labels:
+            check_string(
+                seq, max(lb.name, lb.value), nstr, f"gpu process row {i}'s process {u.process} label"
+            )
         if u.device >= ndev:
             fail(seq, "bad_gpu", f"gpu process row {i} refers to gpu device {u.device}, but there are {ndev}")
         if not u.idle_polls <= u.state_polls <= u.polls:

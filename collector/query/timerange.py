@@ -44,13 +44,14 @@ def parse_duration(text: str) -> float:
             f'invalid duration "{text}"{hint}: give seconds or units such as "30s", "5m" or "1h30m" '
             "(y, w, d, h, m, s, ms; each once, largest first)"
         )
-    # Whole seconds are summed as integers so "1h30m" is exact; only milliseconds need a fraction.
-    seconds = sum(int(match.group(unit) or 0) * size for unit, size in _UNIT_SECONDS)
-    seconds += int(match.group("s") or 0)
     try:
-        return _finite(seconds + int(match.group("ms") or 0) / 1000, text, "duration")
-    except OverflowError:
+        # Whole seconds are summed as integers so "1h30m" is exact; only milliseconds need a fraction.
+        seconds = sum(int(match.group(unit) or 0) * size for unit, size in _UNIT_SECONDS)
+        seconds += int(match.group("s") or 0)
+        total = seconds + int(match.group("ms") or 0) / 1000
+    except (OverflowError, ValueError):  # past a float, or more digits than int() reads (4300)
         raise TimeRangeError(f'invalid duration "{text}": too large') from None
+    return _finite(total, text, "duration")
 
 
 def parse_time(text: str, now: float) -> float:

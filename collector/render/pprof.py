@@ -21,7 +21,24 @@ _TIME_NANOS, _DURATION_NANOS, _PERIOD_TYPE, _PERIOD, _COMMENT, _DEFAULT_SAMPLE_T
 # Function: id = 1, name = 2, system_name = 3, filename = 4. ValueType: type = 1, unit = 2.
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _int64(value: int) -> int:
+    """`value` clamped to profile.proto's int64 (counts × period past 2**63)."""
+    return min(max(value, _INT64_MIN), _INT64_MAX)
+
+
+def _nanos(seconds: float) -> int:
+    """Seconds as int64 nanoseconds, clamped: a time before 1678 or after 2262 (or a span longer) is past
+    them, and a far enough one is infinite as a float."""
+    ns = seconds * 1e9
+    return _INT64_MAX if ns >= _INT64_MAX else _INT64_MIN if ns <= _INT64_MIN else int(ns)
+
+
 def _varint(value: int) -> bytes:
+    if not _INT64_MIN <= value < 1 << 64:
+        raise ValueError(f"{value} does not fit a 64-bit varint")  # and would never end the loop below
     if value < 0:
         value += 1 << 64  # int64 negatives are ten-byte two's complement varints
     out = bytearray()
@@ -101,14 +118,14 @@ def to_pprof(
         if count <= 0:
             continue
         leaf_first = [location_of(f) for f in reversed(stack or unknown)]
-        values = [count] + ([count * period] if period else [])
+        values = [count] + ([_int64(count * period)] if period else [])
         out += _bytes_field(_SAMPLE, _packed(1, leaf_first) + _packed(2, values))
     out += locations
     out += functions
     if start_s is not None:
-        out += _int_field(_TIME_NANOS, int(start_s * 1e9))
+        out += _int_field(_TIME_NANOS, _nanos(start_s))
         if end_s is not None:
-            out += _int_field(_DURATION_NANOS, int((end_s - start_s) * 1e9))
+            out += _int_field(_DURATION_NANOS, _nanos(end_s - start_s))
     kind, unit = value_types[-1]
     out += _bytes_field(_PERIOD_TYPE, _int_field(1, string(kind)) + _int_field(2, string(unit)))
     out += _int_field(_PERIOD, period or 1)

@@ -81,10 +81,14 @@ def to_folded(stacks: Stacks) -> str:
 
 
 def parse_folded(text: str) -> dict[tuple[FrameKey, ...], int]:
-    """Read folded lines back into stacks; a "_[k]" suffix marks a kernel frame. Blank lines are skipped."""
+    r"""Read folded lines back into stacks; a "_[k]" suffix marks a kernel frame. Blank lines are skipped.
+
+    Lines end at "\n" (and "\r\n"), as to_folded writes them: the other breaks str.splitlines knows
+    (\x0b, \x1c, \x85, \u2028, ...) are left inside names by to_folded, so they do not end a line here.
+    """
     stacks: dict[tuple[FrameKey, ...], int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip(" \t\r")
         if not line:
             continue
         stack_text, sep, count_text = line.rpartition(" ")
