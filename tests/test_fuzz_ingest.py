@@ -359,13 +359,10 @@ def _column_length(batch: pb.Batch, s: Step) -> None:
 
 def _sample_ref(batch: pb.Batch, s: Step) -> None:
     cols = batch.sample_columns
-    i = _pick(len(cols.process), s.at)
-    if i is None:
-        return
-    if s.at % 2:
-        cols.process[i] = len(batch.processes) + s.value % 3 if s.value % 5 else s.value & U32
-    else:
-        cols.stack[i] = len(batch.stacks) + s.value % 3 if s.value % 5 else s.value & U32
+    column, n = (cols.process, len(batch.processes)) if s.at % 2 else (cols.stack, len(batch.stacks))
+    i = _pick(len(column), s.at)
+    if i is not None:
+        column[i] = n + s.value % 3 if s.value % 5 else s.value & U32
 
 
 def _gpu_state(batch: pb.Batch, s: Step) -> None:
@@ -519,9 +516,29 @@ def _empty_stack(batch: pb.Batch, s: Step) -> None:
         batch.stacks[i].kernel_start = 0
 
 
+# What folded text, SVG, HTML and JSON must each escape or carry: separators, every line break
+# str.splitlines knows, NUL, markup.
+ODD_NAME_PARTS = [
+    "\u2028",
+    "\x85",
+    "\x0b",
+    "\x1c",
+    "\r\n",
+    ";",
+    " ",
+    "\t",
+    "\x00",
+    "</script>",
+    "]]>",
+    '"',
+    "\\",
+]
+
+
 def _odd_frame_names(batch: pb.Batch, s: Step) -> None:
     """Frame names that folded text, SVG, JSON and pprof must each carry (the string table's strings)."""
-    batch.strings.append(s.text + TEXTS[s.value % len(TEXTS)])
+    parts = [ODD_NAME_PARTS[(s.value >> (4 * k)) % len(ODD_NAME_PARTS)] for k in range(3)]
+    batch.strings.append(s.text + "".join(parts))
     i = _pick(len(batch.stacks), s.at)
     if i is not None and batch.stacks[i].functions:
         fns = batch.stacks[i].functions
