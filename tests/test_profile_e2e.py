@@ -57,9 +57,9 @@ def test_cpu_split_between_two_functions_matches_the_truth(
     assert total > 1600, f"too few samples to judge shares: {total}"
     true_alpha = truth["alpha_ns"] / truth["total_ns"]
     true_beta = truth["beta_ns"] / truth["total_ns"]
-    # Sampling error of a share p over n samples: sqrt(p(1-p)/n). At the usual n = 2,000 it is 0.011 for
-    # p = 0.40/0.60 and 0.0097 for 0.75/0.25, so +-0.05 is 4.6 and 5.2 sigma (4.1 sigma at the 1,600
-    # floor; 5.6 and 6.3 sigma at the usual n = 3,000 of a 6 s run). The workload's rounds vary in size, so no sample is tied to the one before (binomial). The
+    # Sampling error of a share p over n samples: sqrt(p(1-p)/n). At the usual n = 3,000 it is 0.0089 for
+    # p = 0.40/0.60 and 0.0079 for 0.75/0.25, so +-0.05 is 5.6 and 6.3 sigma (4.1 sigma at the 1,600
+    # floor). The workload's rounds vary in size, so no sample is tied to the one before (binomial). The
     # truth is the workload's own thread CPU clock, exact to a microsecond, but it leaves out hypervisor
     # steal, which the sampling clock ticks through; steal lands on either function at random. It is
     # ~0.03% of this VM's time; were it 5%, in 10 ms bursts, it would add sqrt(0.05 x 0.01 s x 0.24 / 4 s)
