@@ -21,7 +21,7 @@ from fleetprof.collector.render.html import render_html
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.speedscope import to_speedscope
 from fleetprof.collector.render.svg import render_svg
-from fleetprof.collector.render.tree import to_folded, to_json, top_functions, truncate
+from fleetprof.collector.render.tree import to_folded, to_json, top_functions, tree_json_text, truncate
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
@@ -152,7 +152,7 @@ class QueryApi:
             return json_response(flamegraph_frame(stacks, name=str(selector)))
         body = to_json(stacks, total_samples=total, frequency_hz=freq)
         body["from"], body["until"], body["query"] = start, end, str(selector)
-        return json_response(body)
+        return Response(tree_json_text(body).encode(), "application/json")
 
     def diff(self, req: Request) -> Response:
         """Baseline (query, from/until/since) against comparison (query2, from2/until2/since2).

@@ -50,16 +50,17 @@ from fleetprof.agent.resolver import ResolvedSample, Window
 from fleetprof.agent.symbols.symbolizer import Frame
 from fleetprof.agent.syscalls import SyscallStat
 from fleetprof.collector.ingest.validate import MAX_COUNT, MAX_STACK_DEPTH
+from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.model.selector import quote
-from fleetprof.collector.render.tree import parse_folded
+from fleetprof.collector.render.tree import KERNEL_SUFFIX, UNKNOWN_FRAME, folded_frame, parse_folded
 from tests.conftest import REPO, free_port, wait_until
 from tests.gpu_batches import gpu_batch
 from tests.wire import BatchBuilder, hist, make_batch, with_syscalls
 
 BIG_RUN = int(os.environ.get("FLEETPROF_FUZZ_EXAMPLES", "0"))
 # The suite's size: ~15 s of the fuzz budget on a 2-core CI machine, deterministic (derandomize).
-SUITE_MEMORY_EXAMPLES = 400
-SUITE_DURABLE_EXAMPLES = 120
+SUITE_MEMORY_EXAMPLES = 200
+SUITE_DURABLE_EXAMPLES = 60
 # The collector's RSS, measured (VmRSS of the subprocess, sampled every 0.1 s): ~120 MiB idle, ~150 MiB at
 # the end of the suite's run and ~170 MiB peak through a 10,000-batch run. The bound leaves ~2x headroom
 # over that peak for allocator slack and a bigger machine's thread stacks; a leak of what fuzzed batches
@@ -632,8 +633,11 @@ plans = st.builds(
     Plan,
     st.sampled_from(sorted(SEEDS)),
     st.booleans(),
-    st.lists(steps, max_size=4).map(tuple),
-    st.one_of(st.just(()), st.just(()), st.lists(byte_ops, min_size=1, max_size=3).map(tuple)),
+    st.lists(steps, max_size=3).map(tuple),
+    # A quarter of the batches are also damaged byte by byte (most of those are unreadable).
+    st.integers(0, 3).flatmap(
+        lambda k: st.lists(byte_ops, min_size=1, max_size=3).map(tuple) if k == 0 else st.just(())
+    ),
 )
 
 
@@ -713,6 +717,44 @@ class Expected:
     # Not checkable: a window may have aged out of the store as it arrived, or a node is another agent's too
     # (a byte-level mutation can make two nodes equal).
     uncheckable: bool = False
+    # The stacks as (function, module, kernel) frames with their samples, where the batch's own stacks are
+    # what is stored: not for an agent whose stacks the collector knew by wire id (a warm plan).
+    stacks: Counter | None = field(default_factory=Counter)
+
+
+def batch_stacks(batch: pb.Batch) -> Counter:
+    """The samples of each stack of the batch, its frames as (function, module, kernel)."""
+    out: Counter = Counter()
+    strings, cols = batch.strings, batch.sample_columns
+    for k, count in zip(cols.stack, cols.count, strict=True):
+        st = batch.stacks[k]
+        modules = st.modules or [0] * len(st.functions)
+        frames = zip(st.functions, modules, strict=True)
+        out[tuple((strings[f], strings[m], i >= st.kernel_start) for i, (f, m) in enumerate(frames))] += count
+    return out
+
+
+def tree_stacks(root: dict) -> Counter:
+    """The stacks of /api/v1/profile's JSON tree with their samples (each node's own samples end one)."""
+    out: Counter = Counter()
+    pending = [(root, ())]
+    while pending:
+        node, path = pending.pop()
+        if node["self"]:
+            out[path] += node["self"]
+        pending.extend((c, (*path, (c["name"], c["module"], c["kernel"]))) for c in node["children"])
+    return out
+
+
+def folded_view(stacks: Counter) -> Counter:
+    """What parse_folded must read back from to_folded's text of these stacks: names escaped by the writer
+    (folded_frame), modules gone, a "_[k]" suffix read as a kernel frame."""
+    out: Counter = Counter()
+    for stack, count in stacks.items():
+        names = [folded_frame(FrameKey(*frame)) for frame in stack] or [UNKNOWN_FRAME]
+        key = tuple(FrameKey(n.removesuffix(KERNEL_SUFFIX), "", n.endswith(KERNEL_SUFFIX)) for n in names)
+        out[key] += count
+    return out
 
 
 @dataclass
@@ -828,7 +870,7 @@ class CollectorUnderTest:
         agent = base.agent.agent_id
         if plan.warm:
             assert self.push(base.SerializeToString()) is None, "an unmutated real batch was refused"
-            self.accepted(base, agent)
+            self.accepted(base, agent, content=False)
         try:
             batch: pb.Batch | None = pb.Batch.FromString(payload)
         except DecodeError:
@@ -837,7 +879,7 @@ class CollectorUnderTest:
         what = f"{plan}\nthe collector's log: {self.log_tail()}"
         if err is None:
             assert batch is not None, f"unreadable bytes were acknowledged: {what}"
-            self.accepted(batch, agent if plan.warm else batch.agent.agent_id)
+            self.accepted(batch, agent if plan.warm else batch.agent.agent_id, content=not plan.warm)
             self.read_back(agent if plan.warm else batch.agent.agent_id)
             return
         code, details = err.code(), err.details() or ""
@@ -857,14 +899,17 @@ class CollectorUnderTest:
             names = mutations[0].names
             assert any(word in details for word in names), f"{details!r} names none of {names}\n{what}"
 
-    def accepted(self, batch: pb.Batch, agent: str) -> None:
-        """Note what an acknowledged batch adds to its agent (a resend of a stored one adds nothing)."""
+    def accepted(self, batch: pb.Batch, agent: str, content: bool) -> None:
+        """Note what an acknowledged batch adds to its agent (a resend of a stored one adds nothing);
+        `content`: its stacks are stored as it sent them (none was known to the collector by wire id)."""
         self.findings.acked += 1
         key = (batch.agent.agent_id, batch.sequence)
         if key in self.stored:
             return
         self.stored.add(key)
         exp = self.expected.setdefault(agent, Expected())
+        if not content:
+            exp.stacks = None
         exp.nodes.add(batch.agent.node)
         owner = self.expected[self.node_agent.setdefault(batch.agent.node, agent)]
         if owner is not exp:
@@ -872,6 +917,8 @@ class CollectorUnderTest:
         start, end = batch.start_unix_ns / 1e9, batch.end_unix_ns / 1e9
         exp.samples += sum(batch.sample_columns.count)
         exp.syscalls += sum(sc.count for sc in batch.syscalls)
+        if exp.stacks is not None:
+            exp.stacks.update(batch_stacks(batch))
         exp.lo, exp.hi = min(exp.lo, (start + end) / 2), max(exp.hi, end)
         # The store keeps RETENTION_S by the window's midpoint; one near that edge may be dropped at once.
         exp.uncheckable |= (start + end) / 2 < time.time() - RETENTION_S + 60
@@ -883,7 +930,9 @@ class CollectorUnderTest:
         if exp.uncheckable:
             return
         self.findings.read_back += 1
-        samples = folded = syscalls = 0
+        samples = syscalls = 0
+        tree: Counter = Counter()
+        folded: Counter = Counter()
         for node in exp.nodes:
             q = {
                 "query": "{node=" + quote(node) + "}",
@@ -891,18 +940,27 @@ class CollectorUnderTest:
                 "until": f"{exp.hi + 20:.3f}",
             }
             samples += self.json_of("/api/v1/top", by="node", **q)["total"]
+            tree.update(tree_stacks(self.json_of("/api/v1/profile", max_nodes="1000000", **q)["root"]))
             status, body = self.http.get("/api/v1/profile", format="folded", **q)
             assert status == 200, f"/api/v1/profile for {node[:80]!r}: {status} {body[:500]!r}"
-            folded += sum(parse_folded(body.decode()).values())
+            folded.update(parse_folded(body.decode()))
             if exp.syscalls:
                 syscalls += self.json_of("/api/v1/syscalls", by="node", **q)["total_count"]
         what = f"of the nodes {[n[:80] for n in exp.nodes]}"
-        assert (samples, folded, syscalls) == (exp.samples, exp.samples, exp.syscalls), what
+        assert (samples, tree.total(), syscalls) == (exp.samples, exp.samples, exp.syscalls), what
+        assert folded == folded_view(tree), f"folded text {what} does not read back as written"
+        if exp.stacks is not None:
+            assert tree == exp.stacks, f"stacks {what}"
 
     def json_of(self, path: str, **params: str) -> dict:
         status, body = self.http.get(path, **params)
         assert status == 200, f"{path} {str(params)[:300]}: {status} {body[:500]!r}"
-        return json.loads(body)
+        limit = sys.getrecursionlimit()  # a call tree is as deep as the deepest stack, and json recurses
+        sys.setrecursionlimit(max(limit, 4 * MAX_STACK_DEPTH))
+        try:
+            return json.loads(body)
+        finally:
+            sys.setrecursionlimit(limit)
 
     # -- after the run -----------------------------------------------------------------------------------
     def metrics(self) -> dict[str, float]:

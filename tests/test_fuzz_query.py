@@ -14,6 +14,7 @@ import gzip
 import http.client
 import json
 import os
+import sys
 import threading
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -25,14 +26,14 @@ from hypothesis import strategies as st
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.api import DIFF_FORMATS, FORMATS
-from fleetprof.collector.ingest.validate import MAX_LABEL_BYTES
+from fleetprof.collector.ingest.validate import MAX_LABEL_BYTES, MAX_STACK_DEPTH
 from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.model.selector import Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.timerange import TimeRangeError, parse_duration, parse_time, resolve_range
 from fleetprof.collector.render.pprof import to_pprof
-from fleetprof.collector.render.tree import parse_folded, to_folded
-from tests.conftest import RunningCollector, start_collector
+from fleetprof.collector.render.tree import parse_folded, to_folded, to_json, tree_json_text
+from tests.conftest import RunningCollector, http_get, start_collector
 from tests.gpu_batches import gpu_batch
 from tests.wire import BatchBuilder, hist, push, with_syscalls
 
@@ -594,6 +595,43 @@ def test_folded_text_reads_back_names_holding_line_breaks_other_than_newline() -
     name = "a\u2028b\x85c\x0bd\x1ce\u2029f"
     stacks = {(FrameKey("main"), FrameKey(name)): 5, (FrameKey("main"),): 2}
     assert parse_folded(to_folded(stacks)) == stacks
+
+
+def test_a_profile_as_deep_as_ingest_allows_is_served_as_json(collector: RunningCollector) -> None:
+    """json.dumps recursed into the call tree: a stack over ~500 frames (ingest takes 4096) made
+    /api/v1/profile?format=json a 500 (found by tests/test_fuzz_ingest.py); it is written iteratively."""
+    b = BatchBuilder()
+    frames = [(f"recurse_{i}", "app") for i in range(MAX_STACK_DEPTH)]
+    b.sample(b.process(7, "deep"), b.stack(frames), 9)
+    assert push(collector.grpc_target, [b.build()]) == [1]
+    for max_nodes in ("2048", "1000000"):
+        query = urllib.parse.urlencode({"since": "10m", "max_nodes": max_nodes})
+        body = deep_json(http_get(f"{collector.url}/api/v1/profile?{query}"))
+        node, depth = body["root"], 0
+        while node["children"]:
+            node, depth = node["children"][0], depth + 1
+        assert (body["total"], node["self"]) == (9, 9)
+        assert depth == min(MAX_STACK_DEPTH, int(max_nodes))
+
+
+def deep_json(text: bytes) -> dict:
+    """json.loads of a call tree as deep as the deepest stack: Python's decoder recurses too."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * MAX_STACK_DEPTH))
+    try:
+        return json.loads(text)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_tree_json_text_is_json_dumps_of_the_tree() -> None:
+    stacks = {
+        (FrameKey("main"), FrameKey('a;\u2028"')): 3,
+        (FrameKey("main"), FrameKey("b", "m", True)): 1,
+        (): 2,
+    }
+    body = {**to_json(stacks, 7, 99), "from": 1.5, "until": 2.0, "query": '{a="\\"}'}
+    assert tree_json_text(body) == json.dumps(body, separators=(",", ":"))
 
 
 def test_the_collector_still_answers_after_the_fuzzing(fed_collector: RunningCollector) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import json
 from dataclasses import dataclass, field
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
@@ -83,13 +84,14 @@ def to_folded(stacks: Stacks) -> str:
 def parse_folded(text: str) -> dict[tuple[FrameKey, ...], int]:
     r"""Read folded lines back into stacks; a "_[k]" suffix marks a kernel frame. Blank lines are skipped.
 
-    Lines end at "\n" (and "\r\n"), as to_folded writes them: the other breaks str.splitlines knows
-    (\x0b, \x1c, \x85, \u2028, ...) are left inside names by to_folded, so they do not end a line here.
+    Lines end at "\n" (or "\r\n"), as to_folded writes them, and are read as written: the other breaks
+    str.splitlines knows (\x0b, \x1c, \x85, \u2028, ...) and leading blanks are part of a name (only
+    blanks after the count are dropped).
     """
     stacks: dict[tuple[FrameKey, ...], int] = {}
     for lineno, raw in enumerate(text.split("\n"), start=1):
-        line = raw.strip(" \t\r")
-        if not line:
+        line = raw.rstrip(" \t\r")
+        if not line.strip():
             continue
         stack_text, sep, count_text = line.rpartition(" ")
         if not sep or not stack_text:
@@ -145,6 +147,31 @@ def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int 
         "frequency_hz": frequency_hz,
         "root": root,
     }
+
+
+def tree_json_text(body: dict) -> str:
+    """json.dumps(body) (compact) for a body whose "root" is to_json's tree, written without recursion: the
+    tree is as deep as the deepest stack (up to ingest's 4096 frames), past what json.dumps recurses into
+    (Python's recursion limit, 1000: a stack of ~500 frames)."""
+    # Outside a string, '"root":null' is the key itself (a quote inside a string is written \").
+    text = json.dumps({**body, "root": None}, separators=(",", ":"))
+    at = text.index('"root":null') + len('"root":')
+    parts = [text[:at]]
+    work: list = [text[at + len("null") :], body["root"]]  # nodes to write, and the text after them
+    while work:
+        item = work.pop()
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        fields = json.dumps({k: v for k, v in item.items() if k != "children"}, separators=(",", ":"))
+        parts.append(fields[:-1] + ',"children":[')
+        work.append("]}")
+        children = item["children"]
+        for i in range(len(children) - 1, -1, -1):
+            work.append(children[i])
+            if i:
+                work.append(",")
+    return "".join(parts)
 
 
 def _pct(part: int, whole: int) -> float:
