@@ -3,6 +3,7 @@ rollups and retention."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -216,4 +217,72 @@ def test_a_frame_shared_by_stacks_is_stored_once_and_stacks_read_back_in_order(t
     store = open_store(tmp_path, clock)
     got = store._queries.stacks_of(store._db.con.execute("SELECT id FROM stacks").fetchnumpy()["id"].tolist())
     assert sorted(got.values(), key=len) == [(), b, a]
+    store.close()
+
+
+def test_a_cold_query_during_a_commit_counts_the_chunk_once(tmp_path: Path) -> None:
+    """A query that lands between a chunk's commit and its removal from the flush queue must not read it
+    from both (it once counted 268 samples of 134). The commit is held open here until the query ran or
+    waited a while: either way its answer counts every sample once."""
+    t0 = 1_000_000.0
+    store = open_store(tmp_path, Clock(t0 + 30))
+    fill(store, t0)
+    committed, release = threading.Event(), threading.Event()
+    insert = store._writer.insert
+
+    def slow_insert(chunk):  # noqa: ANN001, ANN202
+        insert(chunk)
+        committed.set()
+        release.wait(30)
+
+    store._writer.insert = slow_insert
+    flusher = threading.Thread(target=store.flush)
+    flusher.start()
+    assert committed.wait(30)
+    seen: list[int] = []
+    query = threading.Thread(target=lambda: seen.append(stored_samples(store)))
+    query.start()
+    query.join(0.5)  # long enough for an unsynchronised query to have read both copies
+    release.set()
+    query.join()
+    flusher.join()
+    assert seen == [17]
+    assert stored_samples(store) == 17
+    store.close()
+
+
+def test_a_slow_cold_query_never_stalls_ingest_or_deadlocks_a_flush(tmp_path: Path) -> None:
+    """A flush once took the write lock, then waited for the commit lock a cold query held, while the query
+    waited for the write lock: ingest and both stopped for good. Now a flush waits without the write lock."""
+    t0 = 1_000_000.0
+    store = open_store(tmp_path, Clock(t0 + 30))
+    fill(store, t0)
+    in_query, release = threading.Event(), threading.Event()
+    per_key = store._queries.per_key
+
+    def slow_per_key(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        in_query.set()
+        release.wait(120)  # past the writer's wait below: the query must still hold its lock then
+        return per_key(*args, **kw)
+
+    store._queries.per_key = slow_per_key
+    seen: list[int] = []
+    query = threading.Thread(target=lambda: seen.append(stored_samples(store)))
+    query.start()
+    assert in_query.wait(30)
+    flusher = threading.Thread(target=store.flush)
+    flusher.start()
+    flusher.join(0.2)  # the flush now waits for the query
+    writer = threading.Thread(target=store.write, args=(window(t0 + 20, [(labels(3), (MAIN,), 4)]),))
+    writer.start()
+    writer.join(20)
+    ingest_ran = not writer.is_alive()
+    release.set()
+    query.join(30)
+    flusher.join(30)
+    assert ingest_ran, "a write waited for a cold query"
+    assert not query.is_alive() and not flusher.is_alive(), "the query and the flush deadlocked"
+    assert seen == [17]
+    store._queries.per_key = per_key
+    assert stored_samples(store) == 21
     store.close()

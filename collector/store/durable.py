@@ -233,16 +233,19 @@ class DurableStore:
     def flush(self) -> None:
         """Commit everything written so far, oldest chunk first, deleting the WAL segments each commit
         covers. Raises on the first chunk that fails: it and those after it stay queued and queryable."""
+        # Lock order, everywhere: _flush_lock, then _commit_lock, then _lock (a cold query takes the last
+        # two in that order: taking them the other way round here deadlocked a query against a flush).
         with self._flush_lock:
-            with self._lock:
+            with self._commit_lock, self._lock:
                 chunk, self._pending = self._pending, Chunk(BUCKET_S)
                 chunk.wal_segment = self._wal.rotate()
                 if not chunk.empty:
-                    with self._commit_lock:
-                        self._flushing.append(chunk)
+                    self._flushing.append(chunk)
             for queued in list(self._flushing):
-                self._commit(queued)
+                # The commit and the chunk's removal as one step for cold queries: between the two, a query
+                # read the chunk both from the database and from the queue, and counted it twice.
                 with self._commit_lock:
+                    self._commit(queued)
                     self._flushing.remove(queued)
                 self._drop_wal(queued.wal_segment)  # each segment goes as soon as its chunks are in
             if chunk.empty:
