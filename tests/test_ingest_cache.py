@@ -4,6 +4,7 @@ checked again, yet every agent's rows are exactly what it sent and bad batches a
 from __future__ import annotations
 
 import time
+import tracemalloc
 
 import grpc
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import stack_wire_id
 from fleetprof.collector.ingest.decode import Decoder, decode_batch
+from fleetprof.collector.ingest.frames import MAX_SYMBOL_CHARS
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
 from fleetprof.collector.model.ids import use_key
 from fleetprof.collector.model.profile import FrameKey
@@ -252,3 +254,50 @@ def test_a_new_content_id_key_starts_the_caches_over() -> None:
     assert list(after.stack_ids()) == list(fresh.stack_ids()) != list(before.stack_ids())
     assert list(after.label_ids()) == list(fresh.label_ids()) != list(before.label_ids())
     assert after.rows == before.rows
+
+
+def test_an_agent_under_a_new_node_name_files_its_known_processes_under_it() -> None:
+    """A host renamed (or re-imaged keeping the agent's state) sends the same agent id and process wire
+    ids under another node: its samples carry the new node, not the one its processes were first seen on."""
+    decoder = Decoder()
+    assert {dict(lb)["node"] for lb, _, _ in decoder.decode(batch_of(STACKS)).rows} == {"node-a"}
+    renamed = decoder.decode(batch_of(STACKS, seq=2, node="node-b")).rows
+    assert {dict(lb)["node"] for lb, _, _ in renamed} == {"node-b"}
+
+
+def test_a_function_name_past_the_symbol_limit_is_cut_and_marked() -> None:
+    long_name = "ns::" + "x" * (MAX_SYMBOL_CHARS + 5_000)
+    rows = Decoder().decode(batch_of([(["main", long_name], 31)])).rows
+    ((_, (main, leaf), _),) = rows
+    assert main.function == "main"
+    assert len(leaf.function) == MAX_SYMBOL_CHARS and leaf.function.endswith("…")
+    assert leaf.function[:-1] == long_name[: MAX_SYMBOL_CHARS - 1]
+    # The same cut in a one-off decode: ids do not depend on which path decoded the stack.
+    assert list(decode_batch(batch_of([(["main", long_name], 31)])).stack_ids()) == list(
+        Decoder().decode(batch_of([(["main", long_name], 31)])).stack_ids()
+    )
+
+
+def test_strings_no_new_frame_uses_are_not_kept() -> None:
+    """A token holder once grew the collector by every string of every batch, refused batches included
+    (300 batches with a unique 1 MiB string each: 49 -> 351 MiB for good). Only the strings of frames
+    decoded are kept now: 40 batches with 1 MiB of strings no stack uses leave under 1 MiB behind."""
+    decoder = Decoder()
+    decoder.decode(batch_of(STACKS))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(2, 42):
+            batch = batch_of([*STACKS, ([f"new-{seq}"], 1000 + seq)], seq=seq)  # a new stack each time
+            batch.strings.append(f"{seq:08d}" + "u" * (1 << 20))  # in the table, in no stack
+            if seq % 2:
+                batch.sample_columns.count[0] = 0  # and half of them refused
+                with pytest.raises(BatchError):
+                    decoder.decode(batch, IngestLimits())
+            else:
+                decoder.decode(batch, IngestLimits())
+            del batch
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1 << 20, f"{kept} bytes kept"

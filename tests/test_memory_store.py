@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from fleetprof.collector.model.profile import FrameKey
+from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.model.selector import Selector
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.store.memory import MemoryStore
 from tests.stores import Clock
@@ -58,3 +61,50 @@ def test_retention_drops_old_buckets_and_compaction_forgets_their_stacks_and_lab
 def test_the_recent_window_is_at_least_15_minutes() -> None:
     with pytest.raises(ValueError, match="15 minutes"):
         MemoryStore(retention_s=60)
+
+
+class _SlowSelector(Selector):
+    """A selector whose matching waits for `release`, as a costly regex over many label sets does."""
+
+    def matches(self, labels) -> bool:  # noqa: ANN001
+        _entered.set()
+        assert _release.wait(60)
+        return super().matches(labels)
+
+
+_entered, _release = threading.Event(), threading.Event()
+
+
+@pytest.mark.parametrize("query", ["select", "group", "syscalls"])
+def test_a_slow_query_holds_up_no_write_and_answers_from_its_view(query: str) -> None:
+    """A query's matching once ran under the store's lock: one costly regex stopped ingest for as long as
+    it ran. Writes, and a compaction that renumbers every stack and label set, now go on meanwhile, and
+    the query answers for what was stored when it began."""
+    _entered.clear()
+    _release.clear()
+    clock = Clock(1_000.0)
+    st = MemoryStore(retention_s=900, clock=clock)
+    agg = SyscallAgg(4, 1, 1_000, [0, 1])
+    st.write(ProfileRows.from_rows(990, 1_000, 19, [(labels(1), (MAIN, HOT), 5)], [(labels(1), "read", agg)]))
+    slow = _SlowSelector(parse_selector('{comm=~"a.p"}').matchers)
+    answers: list = []
+    run = {
+        "select": lambda: st.select(slow, 0, 1_000).stacks,
+        "group": lambda: st.group(slow, 0, 1_000, ["pid"]).totals,
+        "syscalls": lambda: {k: v.count for k, v in st.syscalls(slow, 0, 1_000, ["syscall"]).items()},
+    }[query]
+    reader = threading.Thread(target=lambda: answers.append(run()))
+    reader.start()
+    assert _entered.wait(60)
+    try:
+        # Windows of new processes and stacks until the first one's bucket expired and compaction ran.
+        for i in range(1, 91 + MemoryStore.COMPACT_EVERY):
+            clock.t = 1_000.0 + 10 * i
+            st.write(window(clock.t, [(labels(100 + i), (MAIN, FrameKey(f"f{i}")), 1)]))
+        assert "1" not in st.label_values("pid")  # expired and compacted away while the query waited
+        assert st.stats()["stacks"] <= st.stats()["buckets"] + MemoryStore.COMPACT_EVERY
+    finally:
+        _release.set()
+    reader.join(60)
+    expected = {"select": {(MAIN, HOT): 5}, "group": {("1",): 5}, "syscalls": {("read",): 4}}[query]
+    assert answers == [expected]

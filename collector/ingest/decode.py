@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from itertools import repeat
 
 import numpy as np
@@ -35,7 +35,7 @@ class _PerAgent(OrderedDict):
         self._max = max_entries
         self._entries = 0
 
-    def table(self, agent_id: str) -> IdIndex | dict:
+    def table(self, agent_id: Hashable) -> IdIndex | dict:
         table = self.get(agent_id)
         if table is None:
             table = self[agent_id] = self._new()
@@ -43,7 +43,7 @@ class _PerAgent(OrderedDict):
             self.move_to_end(agent_id)
         return table
 
-    def learned(self, agent_id: str, added: int) -> None:
+    def learned(self, agent_id: Hashable, added: int) -> None:
         self._entries += added
         if len(self[agent_id]) > self._max // 4:
             self._entries -= len(self.pop(agent_id))
@@ -243,7 +243,9 @@ class ProcessCache:
     def entries(self, batch: pb.Batch, strings: Sequence[str]) -> list[ProcessEntry]:
         """The label set of each of the batch's processes (process_ids were checked to be one each)."""
         wire_ids = list(batch.process_ids)  # one packed run: no Process message is touched for known ones
-        agent_id = batch.agent.agent_id
+        # The node is in each entry's labels: an agent that comes back under another node name (a renamed
+        # or re-imaged host keeping its state) must not file its processes under the old one.
+        agent_id = (batch.agent.agent_id, batch.agent.node)
         with self._lock:
             if self._key_generation != key_generation():
                 self._start_over()

@@ -48,13 +48,14 @@ def use_key(key: bytes) -> None:
     are forgotten here, and ingest's caches start over at their next batch (`key_generation`). Meant for
     a process's start, before ingest: a batch decoded while the key changes may hold ids of both keys
     (which only ever duplicates content under two ids, see above)."""
-    global _keyed, _key_in_use, _generation
+    global _keyed, _key_in_use, _generation, _frames_chars
     if not 16 <= len(key) <= 64:
         raise ContentKeyError(f"a content-id key has 16 to 64 bytes, not {len(key)}")
     if key != _key_in_use:
         _keyed, _key_in_use = hashlib.blake2b(digest_size=8, key=key), bytes(key)
         _generation += 1
         _FRAMES.clear()
+        _frames_chars = 0
 
 
 def key_generation() -> int:
@@ -74,14 +75,20 @@ def _h64(data: bytes) -> int:
 # Keyed by FrameKeys, so plain (function, module, kernel) tuples find them too (equal, and of equal hash).
 _FRAMES: dict[tuple[str, str, bool], tuple[FrameKey, int]] = {}
 _FRAMES_MAX = 1_000_000
+_FRAMES_MAX_CHARS = 256 << 20  # of their names: a cache, so starting over costs only hashing again
+_frames_chars = 0
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 def _intern(function: str, module: str, kernel: bool) -> tuple[FrameKey, int]:
+    global _frames_chars
     hit = _FRAMES.get((function, module, kernel))
     if hit is None:
-        if len(_FRAMES) >= _FRAMES_MAX:
+        size = len(function) + len(module)
+        if len(_FRAMES) >= _FRAMES_MAX or _frames_chars + size > _FRAMES_MAX_CHARS:
             _FRAMES.clear()
+            _frames_chars = 0
+        _frames_chars += size
         key = FrameKey(function, module, kernel)
         hit = _FRAMES[key] = (
             key,

@@ -15,6 +15,9 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.dot_nl = True
 _RE2_OPTIONS.log_errors = False  # the error goes to the user as a SelectorError, not to stderr
+# RE2's default 8 MiB lets a long regex exhaust its DFA cache and fall back to a 16x slower NFA: (a+)+
+# repeated 2,000 times took 1.1 s on a 1 KiB value, 0.07 s with 32 MiB (allocated only as states are met).
+_RE2_OPTIONS.max_mem = 32 << 20
 
 
 class SelectorError(ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -88,6 +89,15 @@ class _Table:
         return remap
 
 
+class _View(NamedTuple):
+    lidx: np.ndarray
+    sidx: np.ndarray
+    counts: np.ndarray
+    label_dicts: list[dict[str, str]]  # dense label index -> the set as a dict
+    label_freq: list[int]  # dense label index -> frequency of its latest window
+    stacks: list[Stack]  # dense stack index -> stack
+
+
 class MemoryStore:
     """Keeps `retention_s` of data in `bucket_s` buckets. A window goes to the bucket of its midpoint.
 
@@ -95,7 +105,8 @@ class MemoryStore:
     (label index, stack index, samples), so a write appends three arrays and a query is a few numpy
     passes (mask the matching label sets, bincount by stack) whatever the number of rows. Buckets older
     than the retention are dropped on write, and the stacks and label sets they alone used are forgotten
-    every COMPACT_EVERY expired buckets. Thread-safe: one lock, held by writes and by a query's scan.
+    every COMPACT_EVERY expired buckets. Thread-safe: one lock, held by writes and while a query takes
+    its view (the matching and the sums run without it).
     """
 
     COMPACT_EVERY = 30  # expired buckets between compactions (5 minutes of 10 s buckets)
@@ -200,88 +211,93 @@ class MemoryStore:
             return cols[0]
         return tuple(np.concatenate(c) for c in zip(*cols, strict=True))  # type: ignore[return-value]
 
-    def _matching(self, selector: Selector, lidx: np.ndarray) -> np.ndarray | None:
-        """Per dense label index, whether its set matches (None: the selector matches everything)."""
+    def _view(self, start: float, end: float) -> _View:
+        """The rows in range and the tables they index, taken under the lock; read without it. Columns are
+        never changed in place and compaction makes new tables, so the view stays whole while writes go
+        on: a query's matching (a regex can take a while) and sums never hold up ingest."""
+        with self._lock:
+            lidx, sidx, counts = self._columns(start, end)
+            return _View(lidx, sidx, counts, self._label_dicts, self._label_freq, self._stacks.items)
+
+    @staticmethod
+    def _matching_rows(selector: Selector, v: _View) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(label index, stack index, count) columns of the view's rows whose label set matches."""
         if not selector.matchers:
-            return None
-        ok = np.zeros(len(self._label_dicts), dtype=bool)
-        dicts, matches = self._label_dicts, selector.matches
-        for d in np.unique(lidx).tolist():
+            return v.lidx, v.sidx, v.counts
+        ok = np.zeros(len(v.label_dicts), dtype=bool)
+        dicts, matches = v.label_dicts, selector.matches
+        for d in np.unique(v.lidx).tolist():
             ok[d] = matches(dicts[d])
-        return ok
+        keep = ok[v.lidx]
+        return v.lidx[keep], v.sidx[keep], v.counts[keep]
 
-    def _per_label(self, selector: Selector, start: float, end: float):  # noqa: ANN202
-        """(label index, stack index, count) columns of the matching rows in range. Lock held."""
-        lidx, sidx, counts = self._columns(start, end)
-        ok = self._matching(selector, lidx)
-        if ok is not None:
-            keep = ok[lidx]
-            lidx, sidx, counts = lidx[keep], sidx[keep], counts[keep]
-        return lidx, sidx, counts
-
-    def _frequency(self, lidx: np.ndarray, counts: np.ndarray) -> int | None:
+    @staticmethod
+    def _frequency(label_freq: Sequence[int], lidx: np.ndarray, counts: np.ndarray) -> int | None:
         """The sampling frequency most of these samples came at."""
         if not len(counts):
             return None
         per_label = np.bincount(lidx, weights=counts)
         freqs: dict[int, float] = {}
         for d in np.flatnonzero(per_label).tolist():
-            f = self._label_freq[d]
+            f = label_freq[d]
             freqs[f] = freqs.get(f, 0.0) + per_label[d]
         return max(freqs, key=freqs.__getitem__) or None
 
     def select(self, selector: Selector, start: float, end: float) -> Selection:
-        with self._lock:
-            lidx, sidx, counts = self._per_label(selector, start, end)
-            # float64 sums are exact below 2**53 samples per stack
-            per_stack = np.bincount(sidx, weights=counts)
-            nz = np.flatnonzero(per_stack)
-            items = self._stacks.items
-            stacks: dict[Stack, int] = {}
-            for d, n in zip(nz.tolist(), per_stack[nz].astype(np.int64).tolist(), strict=True):
-                st = items[d]
-                stacks[st] = stacks.get(st, 0) + n
-            freq = self._frequency(lidx, counts)
-        return Selection(stacks, freq)
+        v = self._view(start, end)
+        lidx, sidx, counts = self._matching_rows(selector, v)
+        # float64 sums are exact below 2**53 samples per stack
+        per_stack = np.bincount(sidx, weights=counts)
+        nz = np.flatnonzero(per_stack)
+        items = v.stacks
+        stacks: dict[Stack, int] = {}
+        for d, n in zip(nz.tolist(), per_stack[nz].astype(np.int64).tolist(), strict=True):
+            st = items[d]
+            stacks[st] = stacks.get(st, 0) + n
+        return Selection(stacks, self._frequency(v.label_freq, lidx, counts))
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         totals: dict[tuple[str, ...], int] = {}
-        with self._lock:
-            lidx, _, counts = self._per_label(selector, start, end)
-            per_label = np.bincount(lidx, weights=counts)
-            nz = np.flatnonzero(per_label)
-            dicts = self._label_dicts
-            for d, n in zip(nz.tolist(), per_label[nz].astype(np.int64).tolist(), strict=True):
-                lb = dicts[d]
-                key = tuple(lb.get(name, "") for name in by)
-                totals[key] = totals.get(key, 0) + n
-            freq = self._frequency(lidx, counts)
-        return Grouped(tuple(by), totals, freq)
+        v = self._view(start, end)
+        lidx, _, counts = self._matching_rows(selector, v)
+        per_label = np.bincount(lidx, weights=counts)
+        nz = np.flatnonzero(per_label)
+        for d, n in zip(nz.tolist(), per_label[nz].astype(np.int64).tolist(), strict=True):
+            lb = v.label_dicts[d]
+            key = tuple(lb.get(name, "") for name in by)
+            totals[key] = totals.get(key, 0) + n
+        return Grouped(tuple(by), totals, self._frequency(v.label_freq, lidx, counts))
 
     def syscalls(
         self, selector: Selector, start: float, end: float, by: Sequence[str]
     ) -> dict[tuple[str, ...], SyscallAgg]:
-        out: dict[tuple[str, ...], SyscallAgg] = {}
         lo = self._bucket_of(start)
+        # Rows are summed into copies under the lock (SyscallAgg rows grow in place); the label sets are
+        # matched without it, then the groups that matched are kept.
+        per_set: dict[tuple[int, str], SyscallAgg] = {}
         with self._lock:
             dicts = self._label_dicts
-            match_cache: dict[int, bool] = {}
             for key, sys_bucket in self._sys_buckets.items():
                 if not lo <= key <= end:
                     continue
-                for (d, name), agg in sys_bucket.items():
-                    ok = match_cache.get(d)
-                    if ok is None:
-                        ok = match_cache[d] = selector.matches(dicts[d])
-                    if not ok:
-                        continue
-                    lb = dicts[d]
-                    group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
-                    cur = out.get(group)
+                for row, agg in sys_bucket.items():
+                    cur = per_set.get(row)
                     if cur is None:
-                        out[group] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
+                        per_set[row] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))
                     else:
                         cur.add(agg)
+        matching = {d: selector.matches(dicts[d]) for d in {d for d, _ in per_set}}
+        out: dict[tuple[str, ...], SyscallAgg] = {}
+        for (d, name), agg in per_set.items():
+            if not matching[d]:
+                continue
+            lb = dicts[d]
+            group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
+            cur = out.get(group)
+            if cur is None:
+                out[group] = agg
+            else:
+                cur.add(agg)
         return out
 
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
