@@ -14,6 +14,7 @@ from fleetprof.collector.model.profile import GPU_STATE_NAME, Stacks
 from fleetprof.collector.model.rows import Selection
 from fleetprof.collector.model.selector import Matcher, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.query.series import SeriesError, auto_step, check_step, top_lines
 from fleetprof.collector.query.timerange import TimeRangeError, resolve_range
 from fleetprof.collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
@@ -59,6 +60,7 @@ class QueryApi:
             "/api/v1/labels": self.labels,
             "/api/v1/syscalls": self.syscalls,
             "/api/v1/gpus": self.gpus,
+            "/api/v1/series": self.series,
             "/metrics": self.metrics,
             "/healthz": lambda _r: json_response({"status": "ok"}),
             "/": self.static,
@@ -227,6 +229,35 @@ class QueryApi:
                 "functions": top_functions(sel.stacks, limit, sort),
             }
         )
+
+    def series(self, req: Request) -> Response:
+        """Samples over time per group (`by`, default none: one line): the chart above the flame graph.
+        `step` in seconds (default: about 240 points over the range); the `limit` largest series."""
+        selector = self._selector(req)
+        start, end = self._range(req)
+        by = self._by(req, "") if req.param("by") else []
+        limit = self._int(req, "limit", 10, 1, 1_000)
+        raw = req.param("step")
+        try:
+            step = check_step(float(raw), start, end) if raw else auto_step(start, end)
+        except ValueError as err:
+            message = str(err) if isinstance(err, SeriesError) else f'"step" must be a number, got {raw!r}'
+            raise HttpError(400, message) from None
+        ts = self._store.series(selector, start, end, step, by)
+        lines = top_lines(ts, limit)
+        body = {
+            "query": str(selector),
+            "from": start,
+            "until": end,
+            "step": step,
+            "by": by,
+            "frequency_hz": ts.frequency_hz,
+            "series": [
+                {"labels": line.labels, "total": line.total, "points": [[t, n] for t, n in line.points]}
+                for line in lines
+            ],
+        }
+        return json_response(body)
 
     def gpus(self, req: Request) -> Response:
         """Per pod on a GPU: utilization, memory, idle fraction, and the CPU's hottest functions while its

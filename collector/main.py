@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetprof.auth import TokenFile
 from fleetprof.collector.api import QueryApi
+from fleetprof.collector.connect import connect_error
 from fleetprof.collector.ingest.auth import TokenInterceptor
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
 from fleetprof.collector.ingest.validate import IngestLimits
@@ -23,6 +24,7 @@ from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
 from fleetprof.collector.model.gpu import GpuWindow
 from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.querier import Querier
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore
@@ -119,7 +121,10 @@ class Collector:
         self.registry.register(self.gpu_metrics)
         self.registry.register(self.cpu_metrics)
         self.registry.register(self.query_timer)
-        api = QueryApi(TimedStore(self.store, self.query_timer), self.registry, gpu_usage=self.gpu_usage)
+        timed = TimedStore(self.store, self.query_timer)
+        api = QueryApi(timed, self.registry, gpu_usage=self.gpu_usage)
+        # Grafana's Pyroscope datasource: Connect RPCs on the same port, behind the same TLS and token.
+        pyroscope = Querier(timed).service()
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(
             host or "127.0.0.1",
@@ -128,6 +133,7 @@ class Collector:
             api.prefixes(),
             tls=self.protections.tls,
             tokens=self.protections.api_tokens,
+            post_prefixes={pyroscope.prefix: (pyroscope.handle, connect_error), "/": (None, connect_error)},
         )
         # gRPC's own limit sits well above ours so oversized batches reach validation and get a clear
         # INVALID_ARGUMENT instead of a transport-level RESOURCE_EXHAUSTED.

@@ -42,7 +42,9 @@ class HttpError(Exception):
 class Request:
     path: str
     query: dict[str, str]
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # names in lower case
+    method: str = "GET"
+    body: bytes = b""
 
     def param(self, name: str, default: str | None = None) -> str | None:
         """A query parameter; an empty value counts as absent."""
@@ -67,6 +69,12 @@ def text_response(text: str, content_type: str = "text/plain; charset=utf-8") ->
 
 
 Handler = Callable[[Request], Response]
+# How a POST route answers an error of the server's own (401, 404, 413, 503, 500): status, message.
+ErrorShape = Callable[[int, str], Response]
+
+
+def _json_error(status: int, message: str) -> Response:
+    return json_response({"error": message}, status)
 
 
 class Tokens(Protocol):
@@ -146,8 +154,13 @@ class HttpServer:
         tls: Tls | None = None,
         tokens: Tokens | None = None,
         public: frozenset[str] = frozenset({"/healthz"}),
+        post_prefixes: dict[str, tuple[Handler | None, ErrorShape]] | None = None,
+        max_body_bytes: int = 1 << 20,
     ):
         self._routes = routes
+        # POST is served only under these prefixes (RPC endpoints), each with its own error shape.
+        self._post = sorted((post_prefixes or {}).items(), key=lambda kv: -len(kv[0]))
+        self._max_body = max_body_bytes
         self._tokens = tokens
         self._public = public
         self.unauthorized = 0  # requests refused for a missing or wrong token (self-metric)
@@ -162,6 +175,9 @@ class HttpServer:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 server._dispatch(self)
+
+            def do_POST(self) -> None:  # noqa: N802
+                server._dispatch_post(self)
 
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug("%s %s", self.address_string(), fmt % args)
@@ -200,36 +216,66 @@ class HttpServer:
         self._wake_r.close()
         self._wake_w.close()
 
-    def _dispatch(self, h: BaseHTTPRequestHandler) -> None:
+    def _request(self, h: BaseHTTPRequestHandler, method: str) -> Request:
         parts = urlsplit(h.path)
-        path = unquote(parts.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        req = Request(path, query, {k.lower(): v for k, v in h.headers.items()})
-        handler = self._routes.get(path)
+        headers = {k.lower(): v for k, v in h.headers.items()}
+        return Request(unquote(parts.path), query, headers, method)
+
+    def _dispatch(self, h: BaseHTTPRequestHandler) -> None:
+        req = self._request(h, "GET")
+        handler = self._routes.get(req.path)
         if handler is None:
-            handler = next((fn for prefix, fn in self._prefixes if path.startswith(prefix)), None)
+            handler = next((fn for prefix, fn in self._prefixes if req.path.startswith(prefix)), None)
+        self._send(h, self._answer(req, handler, _json_error))
+
+    def _dispatch_post(self, h: BaseHTTPRequestHandler) -> None:
+        req = self._request(h, "POST")
+        handler, shape = next(
+            ((fn, shape) for prefix, (fn, shape) in self._post if req.path.startswith(prefix)),
+            (None, _json_error),
+        )
+        length = h.headers.get("Content-Length")
+        problem = None
+        if length is None or not length.isdigit():
+            problem = HttpError(411, "a POST needs a Content-Length (chunked bodies are not read)")
+        elif int(length) > self._max_body:
+            problem = HttpError(413, f"a request body may have at most {self._max_body} bytes, not {length}")
+        if problem is not None:
+            h.close_connection = True  # the body is not read: the connection cannot carry another request
+            self._send(h, shape(problem.status, problem.message))
+            return
+        try:
+            req.body = h.rfile.read(int(length))  # under the connection's read timeout
+        except OSError:
+            h.close_connection = True
+            return
+        self._send(h, self._answer(req, handler, shape))
+
+    def _answer(self, req: Request, handler: Handler | None, shape: ErrorShape) -> Response:
         try:
             if not self._authorized(req):
                 self.unauthorized += 1
-                resp = json_response(
-                    {"error": "this endpoint needs the API token (Authorization: Bearer)"}, 401
-                )
+                resp = shape(401, "this endpoint needs the API token (Authorization: Bearer)")
                 resp.headers["WWW-Authenticate"] = _CHALLENGE
-            elif handler is None:
-                raise HttpError(404, f"no such endpoint: {path}")
-            else:
-                resp = self._workers.submit(handler, req).result(timeout=self._budget_s)
+                return resp
+            if handler is None:
+                raise HttpError(404, f"no such endpoint: {req.method} {req.path}")
+            return self._workers.submit(handler, req).result(timeout=self._budget_s)
         except FutureTimeout:
             budget = f"{self._budget_s:g} s"
             message = (
                 f"the query ran past its {budget} budget: ask for a shorter range or a narrower selector"
             )
-            resp = json_response({"error": message}, 503)
+            return shape(503, message)
         except HttpError as err:
-            resp = json_response({"error": err.message}, err.status)
+            return shape(err.status, err.message)
         except Exception as exc:  # a bug in a handler must not take the server down
-            log.exception("handler for %s failed", path)
-            resp = json_response({"error": f"internal error: {exc}"}, 500)
+            log.exception("handler for %s failed", req.path)
+            return shape(500, f"internal error: {exc}")
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, resp: Response) -> None:
         try:
             h.send_response(resp.status)
             h.send_header("Content-Type", resp.content_type)

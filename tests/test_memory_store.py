@@ -108,3 +108,17 @@ def test_a_slow_query_holds_up_no_write_and_answers_from_its_view(query: str) ->
     reader.join(60)
     expected = {"select": {(MAIN, HOT): 5}, "group": {("1",): 5}, "syscalls": {("read",): 4}}[query]
     assert answers == [expected]
+
+
+def test_series_puts_each_bucket_in_the_step_it_starts_in() -> None:
+    clock = Clock(10_000.0)
+    st = MemoryStore(clock=clock)
+    st.write(window(9_960, [(labels(1), (MAIN, HOT), 5), (labels(2, "db"), (MAIN, COLD), 7)]))  # bucket 9950
+    st.write(window(9_970, [(labels(1), (MAIN, HOT), 3)]))  # bucket 9960
+    st.write(window(9_990, [(labels(1), (MAIN, COLD), 2)]))  # bucket 9980
+    by_comm = st.series(parse_selector("{}"), 9_900, 10_000, 20, ["comm"])
+    assert by_comm.points == {("app",): {9_940.0: 5, 9_960.0: 3, 9_980.0: 2}, ("db",): {9_940.0: 7}}
+    assert by_comm.frequency_hz == 19
+    only_app = st.series(parse_selector('{comm="app"}'), 9_955, 10_000, 10, [])
+    assert only_app.points == {(): {9_950.0: 5, 9_960.0: 3, 9_980.0: 2}}
+    assert st.series(parse_selector('{comm="x"}'), 9_900, 10_000, 10, []).points == {}

@@ -46,24 +46,42 @@ def test_sections_keep_their_field_ranges() -> None:
 # Grafana's datasource and Profiles Drilldown speak Pyroscope's numbers: ours must be the same.
 PYROSCOPE_FIELDS = {
     "querier.v1.SelectMergeStacktracesRequest": {
-        "profile_typeID": 1, "label_selector": 2, "start": 3, "end": 4, "max_nodes": 5, "format": 6
+        "profile_typeID": 1,
+        "label_selector": 2,
+        "start": 3,
+        "end": 4,
+        "max_nodes": 5,
+        "format": 6,
     },
     "querier.v1.SelectMergeStacktracesResponse": {"flamegraph": 1, "tree": 2},
     "querier.v1.FlameGraph": {"names": 1, "levels": 2, "total": 3, "max_self": 4},
     "querier.v1.SelectSeriesRequest": {
-        "profile_typeID": 1, "label_selector": 2, "start": 3, "end": 4, "group_by": 5, "step": 6,
-        "aggregation": 7, "limit": 9,
+        "profile_typeID": 1,
+        "label_selector": 2,
+        "start": 3,
+        "end": 4,
+        "group_by": 5,
+        "step": 6,
+        "aggregation": 7,
+        "limit": 9,
     },
     "querier.v1.SeriesRequest": {"matchers": 1, "label_names": 2, "start": 3, "end": 4},
     "querier.v1.SeriesResponse": {"labels_set": 2},
     "types.v1.ProfileType": {
-        "ID": 1, "name": 2, "sample_type": 4, "sample_unit": 5, "period_type": 6, "period_unit": 7
+        "ID": 1,
+        "name": 2,
+        "sample_type": 4,
+        "sample_unit": 5,
+        "period_type": 6,
+        "period_unit": 7,
     },
     "types.v1.Point": {"value": 1, "timestamp": 2},
     "types.v1.LabelValuesRequest": {"name": 1, "matchers": 2, "start": 3, "end": 4},
     "types.v1.LabelNamesRequest": {"matchers": 1, "start": 2, "end": 3},
     "types.v1.GetProfileStatsResponse": {
-        "data_ingested": 1, "oldest_profile_time": 2, "newest_profile_time": 3
+        "data_ingested": 1,
+        "oldest_profile_time": 2,
+        "newest_profile_time": 3,
     },
 }
 

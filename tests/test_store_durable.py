@@ -66,7 +66,12 @@ def answers(store, t0: float) -> list:  # noqa: ANN001
             s = store.select(sel, lo, hi)
             g = store.group(sel, lo, hi, ["comm", "pod"])
             sc = store.syscalls(sel, lo, hi, ["pod", "syscall"])
+            ts = [store.series(sel, lo, hi, step, ["comm"]) for step in (10, 20, 3600)]
             out.append((s.stacks, s.frequency_hz, g.totals, {k: vars(v) for k, v in sc.items()}))
+            out.append([(t.points, t.frequency_hz) for t in ts])
+            # Every step's points add up to the group's totals.
+            by_comm = {k: sum(v.values()) for k, v in ts[0].points.items()}
+            assert by_comm == store.group(sel, lo, hi, ["comm"]).totals
     out.append((store.label_names(t0 - 100, t0 + 20), store.label_values("comm", t0 - 100, t0 + 20)))
     return out
 

@@ -11,7 +11,6 @@ from fleetprof.collector.model.id_index import IdIndex, with_room
 from fleetprof.collector.model.ids import interned_frame_columns
 from fleetprof.collector.model.profile import FrameKey
 
-
 # As Pyroscope's max_profile_symbol_value_length: a longer function or module name is cut (ending in "…")
 # before it is kept, so what one frame can pin in memory is bounded whatever an agent sends. The longest
 # demangled C++ names met in practice are a few KB.

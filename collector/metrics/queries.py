@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from fleetprof.collector.model.profile import SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector
 from fleetprof.collector.store.base import ProfileStore
 
@@ -75,6 +75,11 @@ class TimedStore:
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         return self._timed("group", self.inner.group, selector, start, end, by)
+
+    def series(
+        self, selector: Selector, start: float, end: float, step_s: float, by: Sequence[str]
+    ) -> TimeSeries:
+        return self._timed("series", self.inner.series, selector, start, end, step_s, by)
 
     def syscalls(
         self, selector: Selector, start: float, end: float, by: Sequence[str]

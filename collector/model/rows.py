@@ -143,6 +143,17 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class TimeSeries:
+    """Samples per distinct value tuple of the group-by labels, per step: `points[key][t]` is the samples
+    of the step starting at `t` (seconds, a multiple of `step_s`). Steps without samples are left out."""
+
+    by: tuple[str, ...]
+    step_s: float
+    points: dict[tuple[str, ...], dict[float, int]]
+    frequency_hz: int | None
+
+
+@dataclass(frozen=True)
 class Grouped:
     """Samples per distinct value tuple of the group-by labels ("" where a series lacks a label)."""
 

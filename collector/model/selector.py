@@ -79,6 +79,20 @@ class Matcher:
         return f"{self.name}{self.op}{quote(self.value)}"
 
 
+# Labels no series stores but every stage reads the same way. `service_name` is what Grafana's Profiles
+# Drilldown groups by: the pod's workload, else the process name.
+DERIVED_LABELS = {"service_name": lambda labels: labels.get("workload") or labels.get("comm", "")}
+
+
+def label_value(labels: Mapping[str, str], name: str) -> str:
+    """A label's value in a set: stored, derived, or "" where the set has none."""
+    value = labels.get(name)
+    if value is None:
+        derive = DERIVED_LABELS.get(name)
+        return derive(labels) if derive is not None else ""
+    return value
+
+
 @dataclass(frozen=True)
 class Selector:
     """All of its matchers must hold; no matchers selects everything."""
@@ -87,7 +101,7 @@ class Selector:
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a label set is selected; a missing label reads as "", so {pod=""} finds pod-less series."""
-        return all(matcher.matches(labels.get(matcher.name, "")) for matcher in self.matchers)
+        return all(matcher.matches(label_value(labels, matcher.name)) for matcher in self.matchers)
 
     def __str__(self) -> str:
         return "{" + ", ".join(str(matcher) for matcher in self.matchers) + "}"

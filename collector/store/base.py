@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from fleetprof.collector.model.profile import SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector
 
 
@@ -18,6 +18,12 @@ class ProfileStore(Protocol):
     def select(self, selector: Selector, start: float, end: float) -> Selection: ...
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped: ...
+    def series(
+        self, selector: Selector, start: float, end: float, step_s: float, by: Sequence[str]
+    ) -> TimeSeries:
+        """Samples per group per step. A step holds the storage buckets (10 s, or a rollup's width) that
+        start in it, so a step shorter than a bucket gives one point per bucket."""
+        ...
 
     def syscalls(
         self, selector: Selector, start: float, end: float, by: Sequence[str]

@@ -41,8 +41,8 @@ import duckdb
 
 from fleetprof.collector.model.ids import KEY_BYTES, ContentKeyError, use_key
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
-from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.selector import Selector, label_value
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database
@@ -347,9 +347,28 @@ class DurableStore:
             totals: dict[tuple[str, ...], int] = {}
             for lid, n in per_lid.items():
                 lb = dict(labels.get(lid, ()))
-                key = tuple(lb.get(name, "") for name in by)
+                key = tuple(label_value(lb, name) for name in by)
                 totals[key] = totals.get(key, 0) + n
             return Grouped(tuple(by), totals, freq)
+
+        return self._cold(run)  # type: ignore[return-value]
+
+    def series(
+        self, selector: Selector, start: float, end: float, step_s: float, by: Sequence[str]
+    ) -> TimeSeries:
+        if self._hot_covers(start, end):
+            self.counters["hot_queries"] += 1
+            return self.hot.series(selector, start, end, step_s, by)
+
+        def run(pending: Sequence[Chunk]) -> TimeSeries:
+            per, freq = self._queries.per_label_step(selector, start, end, step_s, pending)
+            labels = self._queries.labels_of({lid for lid, _ in per}, pending)
+            points: dict[tuple[str, ...], dict[float, int]] = {}
+            for (lid, t), n in per.items():
+                lb = dict(labels.get(lid, ()))
+                series = points.setdefault(tuple(label_value(lb, name) for name in by), {})
+                series[t] = series.get(t, 0) + n
+            return TimeSeries(tuple(by), step_s, points, freq)
 
         return self._cold(run)  # type: ignore[return-value]
 

@@ -12,8 +12,8 @@ import numpy as np
 from fleetprof.collector.model.id_index import IdIndex
 from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection
-from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.selector import Selector, label_value
 
 
 class _Bucket:
@@ -220,15 +220,22 @@ class MemoryStore:
             return _View(lidx, sidx, counts, self._label_dicts, self._label_freq, self._stacks.items)
 
     @staticmethod
-    def _matching_rows(selector: Selector, v: _View) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(label index, stack index, count) columns of the view's rows whose label set matches."""
+    def _keep(selector: Selector, v: _View) -> np.ndarray | None:
+        """Per row of the view, whether its label set matches (None: the selector matches everything)."""
         if not selector.matchers:
-            return v.lidx, v.sidx, v.counts
+            return None
         ok = np.zeros(len(v.label_dicts), dtype=bool)
         dicts, matches = v.label_dicts, selector.matches
         for d in np.unique(v.lidx).tolist():
             ok[d] = matches(dicts[d])
-        keep = ok[v.lidx]
+        return ok[v.lidx]
+
+    @classmethod
+    def _matching_rows(cls, selector: Selector, v: _View) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(label index, stack index, count) columns of the view's rows whose label set matches."""
+        keep = cls._keep(selector, v)
+        if keep is None:
+            return v.lidx, v.sidx, v.counts
         return v.lidx[keep], v.sidx[keep], v.counts[keep]
 
     @staticmethod
@@ -264,9 +271,43 @@ class MemoryStore:
         nz = np.flatnonzero(per_label)
         for d, n in zip(nz.tolist(), per_label[nz].astype(np.int64).tolist(), strict=True):
             lb = v.label_dicts[d]
-            key = tuple(lb.get(name, "") for name in by)
+            key = tuple(label_value(lb, name) for name in by)
             totals[key] = totals.get(key, 0) + n
         return Grouped(tuple(by), totals, self._frequency(v.label_freq, lidx, counts))
+
+    def series(
+        self, selector: Selector, start: float, end: float, step_s: float, by: Sequence[str]
+    ) -> TimeSeries:
+        lo = self._bucket_of(start)
+        with self._lock:
+            parts = [(k, b.columns()) for k, b in self._buckets.items() if lo <= k <= end]
+            tables = (self._label_dicts, self._label_freq, self._stacks.items)
+        if not parts:
+            return TimeSeries(tuple(by), step_s, {}, None)
+        lidx, sidx, counts = (np.concatenate(c) for c in zip(*(c for _, c in parts), strict=True))
+        bucket = np.concatenate([np.full(len(c[2]), k, dtype=np.int64) for k, c in parts])
+        v = _View(lidx, sidx, counts, *tables)
+        keep = self._keep(selector, v)
+        if keep is not None:
+            lidx, counts, bucket = lidx[keep], counts[keep], bucket[keep]
+        points: dict[tuple[str, ...], dict[float, int]] = {}
+        steps = bucket // step_s * step_s
+        at, step_of = np.unique(steps, return_inverse=True)
+        ls, label_of = np.unique(lidx, return_inverse=True)
+        sums = np.bincount(label_of * len(at) + step_of, weights=counts, minlength=len(ls) * len(at))
+        dicts = v.label_dicts
+        times = at.tolist()
+        for i, d in enumerate(ls.tolist()):
+            row = sums[i * len(at) : (i + 1) * len(at)]
+            nz = np.flatnonzero(row)
+            if not len(nz):
+                continue
+            lb = dicts[d]
+            series = points.setdefault(tuple(label_value(lb, name) for name in by), {})
+            for j, n in zip(nz.tolist(), row[nz].astype(np.int64).tolist(), strict=True):
+                t = float(times[j])
+                series[t] = series.get(t, 0) + n
+        return TimeSeries(tuple(by), step_s, points, self._frequency(v.label_freq, lidx, counts))
 
     def syscalls(
         self, selector: Selector, start: float, end: float, by: Sequence[str]
@@ -292,7 +333,7 @@ class MemoryStore:
             if not matching[d]:
                 continue
             lb = dicts[d]
-            group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
+            group = tuple(name if b == "syscall" else label_value(lb, b) for b in by)
             cur = out.get(group)
             if cur is None:
                 out[group] = agg

@@ -10,7 +10,7 @@ import duckdb
 import numpy as np
 
 from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
-from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.model.selector import Selector, label_value
 from fleetprof.collector.store.cold.chunk import Chunk, merged_columns
 from fleetprof.collector.store.cold.database import Database
 
@@ -138,6 +138,34 @@ class Queries:
         freq = max(freqs, key=freqs.get) if freqs else None
         return dict(merged), freq or None
 
+    def per_label_step(
+        self, selector: Selector, start: float, end: float, step_s: float, pending: Sequence[Chunk] = ()
+    ) -> tuple[dict[tuple[int, float], int], int | None]:
+        """Samples per (label id, step start) of matching series, and the sampling frequency that most of
+        them came at. A bucket falls in the step its start is in."""
+        cur = self._db.cursor()
+        self._with_pending(cur, pending)
+        params = {"start": start, "end": end}
+        lids, everything = self._matching_lids(cur, selector, params, pending)
+        if not lids:
+            return {}, None
+        where = self._RANGE
+        if not everything:
+            cur.register("wanted", {"lid": np.array(lids, dtype=np.int64)})
+            where += " AND lid IN (SELECT lid FROM wanted)"
+        rows = cur.execute(
+            f"SELECT lid, floor(bucket / $step) * $step AS t, freq, sum(count)::BIGINT "
+            f"FROM {self._ALL_SAMPLES} WHERE {where} GROUP BY lid, t, freq",
+            {**params, "step": float(step_s)},
+        ).fetchall()
+        merged: dict[tuple[int, float], int] = defaultdict(int)
+        freqs: dict[int, int] = defaultdict(int)
+        for lid, t, freq, n in rows:
+            merged[(lid, float(t))] += n
+            freqs[freq] += n
+        freq = max(freqs, key=freqs.get) if freqs else None
+        return dict(merged), freq or None
+
     def syscalls(
         self, selector: Selector, start: float, end: float, by: Sequence[str], pending: Sequence[Chunk] = ()
     ) -> dict[tuple[str, ...], SyscallAgg]:
@@ -173,7 +201,7 @@ class Queries:
             lb = dict(labels.get(lid, ()))
             if not selector.matches(lb):
                 continue
-            group = tuple(name if b == "syscall" else lb.get(b, "") for b in by)
+            group = tuple(name if b == "syscall" else label_value(lb, b) for b in by)
             out.setdefault(group, SyscallAgg()).add(agg)
         return out
 
