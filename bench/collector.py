@@ -36,19 +36,25 @@ from common import free_port, proc_cpu_s, proc_status, scrape, wait_for_health
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from fleetprof._proto.pyroscope import querier_pb2  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
 from fleetprof.agent.batch import process_wire_id, stack_wire_id  # noqa: E402
+from fleetprof.collector.api import QueryApi  # noqa: E402
 from fleetprof.collector.ingest.decode import decode_payload  # noqa: E402
 from fleetprof.collector.model.ids import labels_id, labels_json, stack_id  # noqa: E402
 from fleetprof.collector.model.profile import FrameKey  # noqa: E402
 from fleetprof.collector.model.rows import ProfileRows, Selection  # noqa: E402
 from fleetprof.collector.model.selector import Selector  # noqa: E402
+from fleetprof.collector.querier import Querier  # noqa: E402
 from fleetprof.collector.query.selector import parse_selector  # noqa: E402
 from fleetprof.collector.render.tree import top_functions  # noqa: E402
 from fleetprof.collector.store.base import ProfileStore  # noqa: E402
 from fleetprof.collector.store.durable import DurableStore  # noqa: E402
 from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
+from fleetprof.httpserve import Request  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CPUS, HZ, WINDOW = 64, 19, 10
@@ -406,12 +412,53 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
                 "samples": res.total,
             }
         )
+    out += grafana_cases(store, clock, now, repeats)
     print(
         f"(pre-loaded {loaded / 1e6:.1f} M rolled-up rows for 24 h × {nodes} nodes in {load_s:.1f} s; "
         f"DuckDB file {store._db.size_bytes() / 1e6:.0f} MB)"
     )
     store.close()
     shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -> list[dict]:
+    """Grafana's flame graph call (SelectMergeStacktraces through the Connect handler: decode, select,
+    flamebearer at Pyroscope's 8,192 nodes, encode) against the UI's /api/v1/profile JSON (2,048 nodes),
+    in process, on the same store: the HTTP transport is the same for both."""
+    api = QueryApi(store, CollectorRegistry(auto_describe=False), clock=clock)
+    connect = Querier(store, clock=clock).service()
+    out = []
+    for span, label in ((60, "now (60 s)"), (86400, "24 h")):
+        body = querier_pb2.SelectMergeStacktracesRequest(
+            profile_typeID="process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            label_selector="{}",
+            start=int((now - span) * 1000),
+            end=int(now * 1000),
+        ).SerializeToString()
+        rpc = Request(
+            connect.prefix + "SelectMergeStacktraces",
+            {},
+            {"content-type": "application/proto"},
+            "POST",
+            body,
+        )
+        rest = Request("/api/v1/profile", {"from": str(now - span), "until": str(now)})
+        for name, call in (
+            ("Grafana: SelectMergeStacktraces (proto)", partial(connect.handle, rpc)),
+            ("UI: /api/v1/profile (json)", partial(api.profile, rest)),
+        ):
+            times, res = timings(call, repeats)
+            assert res.status == 200, res.body[:200]
+            out.append(
+                {
+                    "store": name,
+                    "query": f"flame graph, {label}, {{}}",
+                    "p50 ms": 1000 * statistics.median(times),
+                    "p95 ms": 1000 * float(np.percentile(times, 95)),
+                    "samples": f"{len(res.body):,} bytes",
+                }
+            )
     return out
 
 

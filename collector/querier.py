@@ -30,6 +30,7 @@ MAX_NODES = 1_000_000
 PROFILE_TYPE_LABEL = "__profile_type__"
 NAME_LABEL = "__name__"
 MAX_SERIES_LABEL_SETS = 10_000
+RECENT_S = 3600.0  # the range of a label or series listing that names none
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class Querier:
     def label_values(self, req: types_pb2.LabelValuesRequest) -> types_pb2.LabelValuesResponse:
         if not req.name:
             raise _bad("name is empty: say which label's values to list")
-        start, end = self._optional_range(req.start, req.end)
+        start, end = self._range_or_recent(req.start, req.end)
         if req.name == PROFILE_TYPE_LABEL:
             return types_pb2.LabelValuesResponse(names=sorted(PROFILE_TYPES))
         if req.name == NAME_LABEL:
@@ -163,7 +164,7 @@ class Querier:
         return types_pb2.LabelValuesResponse(names=sorted(values))
 
     def series(self, req: querier_pb2.SeriesRequest) -> querier_pb2.SeriesResponse:
-        start, end = self._optional_range(req.start, req.end)
+        start, end = self._range_or_recent(req.start, req.end)
         wanted = list(req.label_names) or [*self._store.label_names(start, end), *DERIVED_LABELS]
         by = [n for n in wanted if n not in (PROFILE_TYPE_LABEL, NAME_LABEL)]
         keys: set[tuple[str, ...]] = set()
@@ -206,6 +207,13 @@ class Querier:
     def _optional_range(self, start_ms: int, end_ms: int) -> tuple[float | None, float | None]:
         if not start_ms and not end_ms:
             return None, None
+        return _range_ms(start_ms, end_ms or int(self._clock() * 1000))
+
+    def _range_or_recent(self, start_ms: int, end_ms: int) -> tuple[float, float]:
+        """The range asked for, or the last hour where the request names none (as Pyroscope does)."""
+        if not start_ms and not end_ms:
+            now = self._clock()
+            return now - RECENT_S, now
         return _range_ms(start_ms, end_ms or int(self._clock() * 1000))
 
     # -- profiles ----------------------------------------------------------------------------------

@@ -24,11 +24,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 
 import pytest
+from google.protobuf import json_format
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.api import DIFF_FORMATS, FORMATS
+from fleetprof.collector.connect import CODE_STATUS
 from fleetprof.collector.ingest.validate import MAX_LABEL_BYTES, MAX_STACK_DEPTH
 from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.model.selector import Selector, SelectorError
@@ -367,6 +370,7 @@ ROUTES = [
     "/api/v1/labels",
     "/api/v1/syscalls",
     "/api/v1/gpus",
+    "/api/v1/series",
     "/metrics",
     "/healthz",
     "/",
@@ -502,6 +506,9 @@ params = st.fixed_dictionaries(
         "limit": ints,
         "max_nodes": ints,
         "functions": ints,
+        "step": _mostly(
+            ["10", "15", "60.5"], ["0", "-1", "nan", "inf", "1e-300", "1e300", "0.001"], st.text(max_size=6)
+        ),
         "by": label_lists,
         "sort": _mostly(["self", "total", "time", "count"], ["SELF", ""], st.text(max_size=6)),
         "format": _mostly(list(FORMATS), ["JSON", "svg "], st.text(max_size=6)),
@@ -511,7 +518,7 @@ params = st.fixed_dictionaries(
 )
 # Mostly the query routes; a tenth each the label-values prefix route and paths no route serves.
 paths = st.integers(0, 9).flatmap(
-    lambda k: label_paths if k == 0 else odd_paths if k == 1 else st.sampled_from(ROUTES[:6] * 3 + ROUTES)
+    lambda k: label_paths if k == 0 else odd_paths if k == 1 else st.sampled_from(ROUTES[:7] * 3 + ROUTES)
 )
 
 
@@ -578,6 +585,107 @@ def test_every_format_answers_extreme_time_ranges(
         query = {"format": fmt, "from": bounds[0], "until": bounds[1], "query2": '{namespace="prod"}'}
         url = f"{path}?{urllib.parse.urlencode(query)}"
         check_answer(*_get(fed_collector.collector.http_port, url), f"GET {url}")
+
+
+# -- Grafana's Pyroscope API (Connect RPCs) -----------------------------------------------------------
+CONNECT_METHODS = {
+    "ProfileTypes": querier_pb2.ProfileTypesRequest,
+    "LabelNames": types_pb2.LabelNamesRequest,
+    "LabelValues": types_pb2.LabelValuesRequest,
+    "Series": querier_pb2.SeriesRequest,
+    "SelectMergeStacktraces": querier_pb2.SelectMergeStacktracesRequest,
+    "SelectMergeProfile": querier_pb2.SelectMergeProfileRequest,
+    "SelectSeries": querier_pb2.SelectSeriesRequest,
+    "GetProfileStats": types_pb2.GetProfileStatsRequest,
+}
+_MS = st.one_of(
+    st.sampled_from([0, 1, 1000, 4000, int(NOW * 1000), int(NOW * 1000) - 600_000, 2**63 - 1, -(2**63)]),
+    st.integers(-(2**63), 2**63 - 1),
+)
+_TYPE_IDS = _mostly(
+    ["process_cpu:cpu:nanoseconds:cpu:nanoseconds", "process_cpu:samples:count:cpu:nanoseconds"],
+    ["", "memory:alloc_space:bytes:space:bytes", "::::"],
+    st.text(max_size=20),
+)
+_NAMES = _mostly(
+    ["pod", "service_name", "__profile_type__"], ["", "__name__", "x" * 300], st.text(max_size=8)
+)
+# Field values by name, for whichever request message has the field.
+CONNECT_FIELDS = {
+    "start": _MS,
+    "end": _MS,
+    "label_selector": selectors,
+    "profile_typeID": _TYPE_IDS,
+    "max_nodes": st.one_of(
+        st.sampled_from([0, 1, 8192, 1_000_000, 1_000_001, -1]), st.integers(-(2**63), 2**63 - 1)
+    ),
+    "step": st.one_of(st.sampled_from([0.0, 15.0, -1.0, 1e-300, 1e300]), st.floats()),
+    "limit": st.one_of(st.sampled_from([0, 1, -1]), st.integers(-(2**63), 2**63 - 1)),
+    "aggregation": st.sampled_from([0, 1, 7]),
+    "format": st.sampled_from([0, 1, 2, 99]),
+    "name": _NAMES,
+    "matchers": st.lists(selectors, max_size=3),
+    "label_names": st.lists(_NAMES, max_size=3),
+    "group_by": st.lists(_NAMES, max_size=3),
+}
+
+
+@st.composite
+def connect_calls(draw: st.DrawFn) -> tuple[str, bytes, str, str]:
+    """(method, body, content type, description): a request message with fuzzed fields, as proto or JSON,
+    sometimes cut or replaced by random bytes."""
+    method = draw(st.sampled_from([*CONNECT_METHODS, "Diff", "Nope"]))
+    cls = CONNECT_METHODS.get(method, querier_pb2.ProfileTypesRequest)
+    msg = cls()
+    for field in cls.DESCRIPTOR.fields:
+        if field.name in CONNECT_FIELDS and draw(st.booleans()):
+            value = draw(CONNECT_FIELDS[field.name])
+            if isinstance(value, list):
+                getattr(msg, field.name).extend(value)
+            else:
+                setattr(msg, field.name, value)
+    use_json = draw(st.booleans())
+    body = json_format.MessageToJson(msg).encode() if use_json else msg.SerializeToString()
+    damage = draw(st.integers(0, 9))
+    if damage == 0:
+        body = draw(st.binary(max_size=64))
+    elif damage == 1 and body:
+        body = body[: draw(st.integers(0, len(body) - 1))]
+    ctype = "application/json" if use_json else "application/proto"
+    return method, body, ctype, f"{method} {ctype} {msg!r:.500} damage={damage}"
+
+
+@fuzz_settings(600)
+@given(connect_calls())
+def test_connect_methods_answer_fuzzed_requests_with_200_or_a_connect_error(
+    fed_collector: RunningCollector, call: tuple[str, bytes, str, str]
+) -> None:
+    method, body, ctype, what = call
+    conn = http.client.HTTPConnection("127.0.0.1", fed_collector.collector.http_port, timeout=HTTP_TIMEOUT_S)
+    try:
+        conn.request(
+            "POST", f"/querier.v1.QuerierService/{method}", body=body, headers={"Content-Type": ctype}
+        )
+        resp = conn.getresponse()
+        status, content_type, answer = resp.status, resp.getheader("Content-Type", ""), resp.read()
+    finally:
+        conn.close()
+    event(f"{status} {method}")
+    assert status < 500 or (method == "Diff" and status == 501), f"{status} for {what}: {answer[:1000]!r}"
+    if status != 200:
+        assert content_type == "application/json", what
+        err = _strict_json(answer)
+        assert err["code"] in CODE_STATUS and err["message"], what
+        assert CODE_STATUS[err["code"]] == status or status == 404, what
+        return
+    assert content_type == ctype, what
+    if method in CONNECT_METHODS:
+        out = {
+            "SelectMergeProfile": profile_pb2.Profile,
+            "ProfileTypes": querier_pb2.ProfileTypesResponse,
+        }.get(method)
+        if out is not None and ctype == "application/proto":
+            out.FromString(answer)
 
 
 # Found by the tests above; focused here, next to what found them.
