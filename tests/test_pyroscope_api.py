@@ -14,7 +14,7 @@ import pytest
 from google.protobuf import json_format
 
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
-from tests.conftest import RunningCollector
+from tests.conftest import RunningCollector, start_collector
 from tests.wire import BatchBuilder, push
 
 CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
@@ -279,3 +279,25 @@ def test_unreadable_bodies_and_wrong_content_types(fleet: RunningCollector) -> N
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(http, timeout=30)
     assert (info.value.code, json.loads(info.value.read())["code"]) == (429, "resource_exhausted")
+
+
+def test_the_api_token_guards_the_connect_methods(tmp_path) -> None:  # noqa: ANN001
+    """Grafana's datasource sends the API token as a header; without it a call is unauthenticated."""
+    (tmp_path / "tokens").write_text("s3cret-token\n")
+    col = RunningCollector(start_collector(api_token_file=str(tmp_path / "tokens")))
+    try:
+        req = querier_pb2.ProfileTypesRequest(start=1000, end=4000)
+        status, err = call(col, "ProfileTypes", req, querier_pb2.ProfileTypesResponse)
+        assert (status, err["code"]) == (401, "unauthenticated")
+        wrong = call(col, "ProfileTypes", req, None, headers={"Authorization": "Bearer nope"})
+        assert wrong[0] == 401 and wrong[1]["code"] == "unauthenticated"
+        ok = call(
+            col,
+            "ProfileTypes",
+            req,
+            querier_pb2.ProfileTypesResponse,
+            headers={"Authorization": "Bearer s3cret-token"},
+        )
+        assert len(ok.profile_types) == 2
+    finally:
+        col.collector.stop()
