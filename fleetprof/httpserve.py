@@ -94,6 +94,19 @@ _BUSY = (
 )
 
 
+# A body over the limit is still read, and dropped, up to this many times the limit, so the error reaches
+# the client: closing on unread bytes resets the connection, and the client may lose the answer with it.
+_DRAIN = 16
+
+
+def _discard(stream: object, n: int) -> None:
+    while n > 0:
+        got = stream.read(min(n, 1 << 16))  # type: ignore[attr-defined]
+        if not got:
+            return
+        n -= len(got)
+
+
 class _BoundedServer(ThreadingHTTPServer):
     """A thread per connection, at most `limit` of them: the one over gets a 503 and is closed."""
 
@@ -235,22 +248,55 @@ class HttpServer:
             ((fn, shape) for prefix, (fn, shape) in self._post if req.path.startswith(prefix)),
             (None, _json_error),
         )
-        length = h.headers.get("Content-Length")
-        problem = None
-        if length is None or not length.isdigit():
-            problem = HttpError(411, "a POST needs a Content-Length (chunked bodies are not read)")
-        elif int(length) > self._max_body:
-            problem = HttpError(413, f"a request body may have at most {self._max_body} bytes, not {length}")
-        if problem is not None:
-            h.close_connection = True  # the body is not read: the connection cannot carry another request
-            self._send(h, shape(problem.status, problem.message))
-            return
         try:
-            req.body = h.rfile.read(int(length))  # under the connection's read timeout
-        except OSError:
+            req.body = self._read_body(h)  # under the connection's read timeout
+        except HttpError as err:
+            h.close_connection = True  # the rest of the body is unread: the connection cannot go on
+            self._send(h, shape(err.status, err.message))
+            return
+        except (OSError, ValueError):
             h.close_connection = True
             return
         self._send(h, self._answer(req, handler, shape))
+
+    def _read_body(self, h: BaseHTTPRequestHandler) -> bytes:
+        """The request body, by Content-Length or chunked (what streaming clients such as Node's send
+        over HTTP/1.1), at most max_body_bytes."""
+        if "chunked" in h.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(h)
+        length = h.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise HttpError(411, "a POST needs a Content-Length or a chunked body")
+        if int(length) > self._max_body:
+            if int(length) <= _DRAIN * self._max_body:
+                _discard(h.rfile, int(length))
+            raise HttpError(413, f"a request body may have at most {self._max_body} bytes, not {length}")
+        return h.rfile.read(int(length))
+
+    def _read_chunked(self, h: BaseHTTPRequestHandler) -> bytes:
+        body = bytearray()
+        over = 0  # bytes past the limit, read and dropped
+        while True:
+            line = h.rfile.readline(1024)
+            digits = line.split(b";")[0].strip()
+            if not digits or digits.strip(b"0123456789abcdefABCDEF"):
+                raise HttpError(400, f"bad chunk size line {line[:40]!r}")
+            size = int(digits, 16)
+            too_big = HttpError(413, f"a request body may have at most {self._max_body} bytes")
+            if size == 0:
+                while h.rfile.readline(1024).strip():  # trailers, up to the blank line
+                    pass
+                if over:
+                    raise too_big
+                return bytes(body)
+            if over or len(body) + size > self._max_body:
+                over += size
+                if over > _DRAIN * self._max_body:
+                    raise too_big
+                _discard(h.rfile, size)
+            else:
+                body += h.rfile.read(size)
+            h.rfile.readline(3)  # the chunk's CRLF
 
     def _answer(self, req: Request, handler: Handler | None, shape: ErrorShape) -> Response:
         try:

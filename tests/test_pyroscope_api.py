@@ -301,3 +301,33 @@ def test_the_api_token_guards_the_connect_methods(tmp_path) -> None:  # noqa: AN
         assert len(ok.profile_types) == 2
     finally:
         col.collector.stop()
+
+
+def test_chunked_request_bodies_are_read_and_bounded(fleet: RunningCollector) -> None:
+    """Node's HTTP/1.1 client (Connect for Node) streams a request body in chunks, with no Content-Length."""
+    import http.client
+
+    body = querier_pb2.SelectMergeStacktracesRequest(
+        profile_typeID=SAMPLES, start=now_ms() - 600_000, end=now_ms() + 60_000
+    ).SerializeToString()
+
+    def post(chunks: list[bytes]) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", fleet.collector.http_port, timeout=30)
+        try:
+            conn.request(
+                "POST",
+                SERVICE + "SelectMergeStacktraces",
+                body=iter(chunks),
+                encode_chunked=True,
+                headers={"Content-Type": "application/proto"},
+            )
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    status, answer = post([body[:3], body[3:]])
+    assert status == 200
+    assert querier_pb2.SelectMergeStacktracesResponse.FromString(answer).flamegraph.total == 100
+    status, answer = post([b"\0" * (1 << 19)] * 3)  # 1.5 MiB: over the 1 MiB a request may have
+    assert (status, json.loads(answer)["code"]) == (413, "resource_exhausted")
