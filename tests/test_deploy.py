@@ -6,24 +6,36 @@ against SERVICE_MONITOR_SCHEMA in tests/manifests.py, written from the CRD's doc
 (monitoring.coreos.com/v1 ServiceMonitorSpec, Endpoint, RelabelConfig, NamespaceSelector), closed to
 unknown fields like the rest. Flags in the manifests are checked against `fleetprof agent --help` /
 `fleetprof collector --help`, and every metric name in the dashboards' PromQL against the /metrics of a
-real collector fed real batches over gRPC and of a real agent process object. The manifests hold no
-token: they reference Secrets that deploy/README.md's `kubectl create secret` commands make, which is
-checked name by name and key by key.
+real collector fed real batches over gRPC and of a real agent process object. The dashboards' flame graph
+panels query the collector as Grafana's Pyroscope data source: their label selectors, variables replaced
+as Grafana replaces them, are parsed by the collector's parser and sent to a real collector as that data
+source sends them. The manifests hold no token: they reference Secrets that deploy/README.md's
+`kubectl create secret` commands make, which is checked name by name and key by key.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 import yaml
+from google.protobuf.message import Message
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetprof._proto.pyroscope import querier_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from tests.conftest import free_port, http_get
+from fleetprof.collector.model.selector import Selector
+from fleetprof.collector.querier import PROFILE_TYPES
+from fleetprof.collector.query.selector import parse_selector
+from tests.conftest import RunningCollector, free_port, http_get
 from tests.manifests import (
     DEPLOY,
     K8S_VERSIONS,
@@ -37,7 +49,7 @@ from tests.manifests import (
     secret_sources,
     validate_object,
 )
-from tests.wire import hist, make_batch, push, with_syscalls
+from tests.wire import BatchBuilder, hist, make_batch, push, with_syscalls
 
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 
@@ -308,6 +320,13 @@ def test_dockerfiles_build_the_documented_images(name: str) -> None:
 # ---- Grafana -----------------------------------------------------------------------------------------
 
 
+PROMETHEUS_DS = {"type": "prometheus", "uid": "${datasource}"}
+PYROSCOPE = "grafana-pyroscope-datasource"
+# The collector as Grafana's Pyroscope data source, picked by the dashboard's `profiles` variable.
+PROFILES_DS = {"type": PYROSCOPE, "uid": "${profiles}"}
+OVERVIEW = DEPLOY / "grafana" / "dashboards" / "fleetprof-overview.json"
+
+
 def dashboard_exprs(dashboard: dict) -> list[str]:
     exprs = []
     panels = list(dashboard["panels"])
@@ -371,7 +390,7 @@ def test_dashboards_are_valid_grafana_json(path: Path) -> None:
         assert {"x", "y", "w", "h"} <= p["gridPos"].keys() and p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
         if p["type"] == "row":
             continue
-        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert p["datasource"] in (PROMETHEUS_DS, PROFILES_DS), p["title"]
         assert p["targets"], f"panel {p['title']!r} has no query"
         ref_ids = [t["refId"] for t in p["targets"]]
         assert len(set(ref_ids)) == len(ref_ids)
@@ -381,8 +400,9 @@ def test_dashboards_are_valid_grafana_json(path: Path) -> None:
         for used in re.findall(r"\$(\w+)", expr):
             assert used.startswith("__") or used in variables, f"${used} is not a dashboard variable"
     titles = " ".join(p.get("title", "") for p in d["panels"]).lower()
-    for topic in ("cpu by namespace", "cpu by pod", "syscall", "latency", "gpu utilization", "gpu memory",
-                  "gpu power", "gpu-idle pods", "agent cpu", "agent memory", "agents up"):  # fmt: skip
+    for topic in ("cpu by namespace", "cpu by pod", "cpu flame graph", "cpu while the gpus idle", "syscall",
+                  "latency", "gpu utilization", "gpu memory", "gpu power", "gpu-idle pods", "agent cpu",
+                  "agent memory", "agents up"):  # fmt: skip
         assert topic in titles, f"no panel about {topic!r}"
 
 
@@ -395,12 +415,17 @@ def test_grafana_provisioning_points_at_the_dashboards() -> None:
     assert ds["datasources"][0]["type"] == "prometheus"
 
 
-def test_grafana_provisions_the_collector_with_the_api_token_from_its_environment() -> None:
+def _provisioned_collector_source() -> dict:
     prov = yaml.safe_load(
         (DEPLOY / "grafana" / "provisioning" / "datasources" / "fleetprof.yaml").read_text()
     )
     assert prov["apiVersion"] == 1
     (source,) = prov["datasources"]
+    return source
+
+
+def test_grafana_provisions_the_collector_with_the_api_token_from_its_environment() -> None:
+    source = _provisioned_collector_source()
     assert source["type"] == "grafana-pyroscope-datasource" and source["access"] == "proxy"
     svc = _find("Service", "fleetprof-collector")
     http = next(p["port"] for p in svc["spec"]["ports"] if p["name"] == "http")
@@ -408,6 +433,261 @@ def test_grafana_provisions_the_collector_with_the_api_token_from_its_environmen
     assert source["jsonData"] == {"httpHeaderName1": "Authorization"}
     # Grafana expands ${VAR} in provisioning files from its environment; the token is never in the file.
     assert source["secureJsonData"] == {"httpHeaderValue1": "Bearer ${FLEETPROF_API_TOKEN}"}
+
+
+# ---- flame graph panels: the collector as Grafana's Pyroscope data source ------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileQuery:
+    where: str  # panel title and refId
+    panel: dict
+    target: dict  # the query model Grafana's Pyroscope data source reads (GrafanaPyroscopeDataQuery)
+
+    @property
+    def panel_type(self) -> str:
+        return self.panel["type"]
+
+
+def profile_queries(dashboard: dict) -> list[ProfileQuery]:
+    """Every query of the dashboard that goes to a Pyroscope-type data source."""
+    out = []
+    panels = list(dashboard["panels"])
+    while panels:
+        p = panels.pop(0)
+        panels.extend(p.get("panels", []))
+        for t in p.get("targets", []):
+            if (t.get("datasource") or p.get("datasource") or {}).get("type") == PYROSCOPE:
+                out.append(ProfileQuery(f"panel {p['title']!r} {t['refId']}", p, t))
+    return out
+
+
+_GRAFANA_VARIABLE = re.compile(r"\$\{(\w+)(?::(\w+))?\}|\$(\w+)|\[\[(\w+)\]\]")
+
+
+def _regex_escape(value: str) -> str:
+    return re.sub(r"[\\^$*+?.()|\[\]{}/]", lambda m: "\\" + m.group(), value)
+
+
+# Grafana's formats (${var:format}) for a list of selected values; no format is glob.
+_FORMATS = {
+    "glob": lambda vs: vs[0] if len(vs) == 1 else "{" + ",".join(vs) + "}",
+    "pipe": "|".join,
+    "regex": lambda vs: (
+        _regex_escape(vs[0]) if len(vs) == 1 else "(" + "|".join(map(_regex_escape, vs)) + ")"
+    ),
+}
+
+
+def grafana_interpolate(text: str, dashboard: dict, selected: Mapping[str, Sequence[str]] = {}) -> str:
+    """`text` with the dashboard's variables replaced as Grafana's template service replaces them in a
+    Pyroscope query (its datasource calls templateSrv.replace with no format of its own): a variable not in
+    `selected` is "All", which with a custom allValue is that value, unformatted; a selection is formatted
+    by the reference's format, glob where it names none (a single value as it is, several as {a,b})."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+
+    def value(m: re.Match) -> str:
+        name, fmt = m.group(1) or m.group(3) or m.group(4), m.group(2) or "glob"
+        if name not in variables:
+            raise AssertionError(f"${name} in {text!r} is not a dashboard variable")
+        if name not in selected:
+            assert variables[name].get("allValue"), f"${name} has no allValue: All would list every value"
+            return variables[name]["allValue"]
+        if fmt not in _FORMATS:
+            raise AssertionError(f"${{{name}:{fmt}}} in {text!r}: format {fmt!r} is not modelled here")
+        return _FORMATS[fmt](list(selected[name]))
+
+    return _GRAFANA_VARIABLE.sub(value, text)
+
+
+def _profile_selector(
+    q: ProfileQuery, dashboard: dict, selected: Mapping[str, Sequence[str]] = {}
+) -> Selector:
+    text = grafana_interpolate(q.target["labelSelector"], dashboard, selected)
+    try:
+        return parse_selector(text)
+    except ValueError as err:
+        raise AssertionError(f"{q.where}: the collector refuses {text!r}: {err}") from None
+
+
+def test_flame_graph_panels_take_the_provisioned_collector_as_their_data_source() -> None:
+    d = json.loads(OVERVIEW.read_text())
+    (var,) = [v for v in d["templating"]["list"] if v["name"] == PROFILES_DS["uid"][2:-1]]
+    # A data source variable over Pyroscope-type sources whose default is the one deploy/grafana provisions.
+    assert var["type"] == "datasource" and var["query"] == PYROSCOPE
+    assert var["current"]["value"] == _provisioned_collector_source()["uid"] == "fleetprof"
+    queries = profile_queries(d)
+    assert {q.panel_type for q in queries} == {"flamegraph", "timeseries"}
+    for q in queries:
+        assert q.panel["datasource"] == q.target["datasource"] == PROFILES_DS, q.where
+        assert q.target["profileTypeId"] in PROFILE_TYPES, q.where
+        # Grafana's query model (GrafanaPyroscopeDataQuery): profile = SelectMergeStacktraces, a flame
+        # graph; metrics = SelectSeries, a time series.
+        assert q.target["queryType"] == {"flamegraph": "profile", "timeseries": "metrics"}[q.panel_type]
+        assert isinstance(q.target["groupBy"], list) and all(
+            re.fullmatch(r"\w+", n) for n in q.target["groupBy"]
+        )
+        if q.panel_type == "flamegraph":
+            assert q.target["groupBy"] == [] and "limit" not in q.target
+    flames = [q for q in queries if q.panel_type == "flamegraph"]
+    gpu_states = sorted(
+        next((m.value for m in _profile_selector(q, d).matchers if m.name == "gpu_state"), "any")
+        for q in flames
+    )
+    assert gpu_states == ["any", "idle"], "one flame graph of all CPU, one of CPU while the GPUs idle"
+    series = [q for q in queries if q.panel_type == "timeseries"]
+    assert [q.target["groupBy"] for q in series] == [["namespace", "pod"]]
+
+
+SELECTIONS = {
+    "all": {},
+    "one namespace, two pods": {"namespace": ["ml"], "pod": ["trainer-0", "trainer-1"]},
+    "a node, two namespaces": {"node": ["gpu-node-1"], "namespace": ["ml", "web"]},
+}
+
+
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+def test_profile_selectors_parse_and_follow_the_dashboard_variables(selection: str) -> None:
+    """Each labelSelector, its variables replaced as Grafana replaces them, is one the collector parses, and
+    the node, namespace and pod variables each narrow the label of their name."""
+    d = json.loads(OVERVIEW.read_text())
+    chosen = SELECTIONS[selection]
+    for q in profile_queries(d):
+        sel = _profile_selector(q, d, chosen)
+        idle = any(m.name == "gpu_state" for m in sel.matchers)
+        labels = {"node": "gpu-node-1", "namespace": "ml", "pod": "trainer-1", "comm": "python3"}
+        labels |= {"gpu_state": "idle"} if idle else {}
+        assert sel.matches(labels), f"{q.where}: {sel} misses {labels}"
+        for name, other in (("node", "cpu-node-9"), ("namespace", "kube-system"), ("pod", "trainer-10")):
+            assert sel.matches(labels | {name: other}) == (name not in chosen), f"{q.where}: {sel}, {name}"
+        if idle:
+            busy, none = labels | {"gpu_state": "busy"}, {k: v for k, v in labels.items() if k != "gpu_state"}
+            assert not sel.matches(busy) and not sel.matches(none), f"{q.where}: {sel}"
+        # A process outside any pod counts in the flame graphs when no namespace or pod is chosen, and is
+        # never a line of a by-pod series.
+        host = {"node": "gpu-node-1", "comm": "systemd"} | ({"gpu_state": "idle"} if idle else {})
+        in_flames = q.panel_type == "flamegraph" and not {"namespace", "pod"} & chosen.keys()
+        assert sel.matches(host) == in_flames, f"{q.where}: {sel}"
+
+
+FREQUENCY_HZ = 19
+PERIOD_NS = round(1e9 / FREQUENCY_HZ)
+# (namespace, pod, comm): (busy, idle, no-GPU) samples, pushed by one agent on gpu-node-1.
+PUSHED = {
+    ("ml", "trainer-0", "python3"): (30, 10, 0),
+    ("ml", "trainer-1", "python3"): (20, 5, 0),
+    ("web", "web-0", "nginx"): (0, 0, 15),
+    ("", "", "systemd"): (0, 0, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def profiled_collector() -> Iterator[RunningCollector]:
+    from tests.conftest import start_collector
+
+    col = start_collector()
+    b = BatchBuilder(node="gpu-node-1", frequency_hz=FREQUENCY_HZ)
+    stack = {
+        state: b.stack([("main", "app"), (f"{state}_work", "app")]) for state in ("busy", "idle", "plain")
+    }
+    for pid, ((ns, pod, comm), counts) in enumerate(PUSHED.items(), start=100):
+        labels = {"namespace": ns, "pod": pod, "container": "main"} if pod else {}
+        proc = b.process(pid, comm, labels)
+        for (state, gpu), n in zip(
+            (("busy", pb.GPU_STATE_BUSY), ("idle", pb.GPU_STATE_IDLE), ("plain", pb.GPU_STATE_NONE)),
+            counts,
+            strict=True,
+        ):
+            if n:
+                b.sample(proc, stack[state], n, gpu)
+    running = RunningCollector(col)
+    try:
+        assert push(running.grpc_target, [b.build()]) == [1]
+        yield running
+    finally:
+        col.stop()
+
+
+def connect_call(
+    base_url: str, method: str, request: Message, response_cls: type[Message], headers: Mapping[str, str] = {}
+) -> Message | tuple[int, dict]:
+    """One unary call as Grafana's Connect client sends it: POST, an unframed protobuf body. The answer
+    decoded, or (status, error JSON)."""
+    req = urllib.request.Request(
+        f"{base_url}/querier.v1.QuerierService/{method}",
+        data=request.SerializeToString(),
+        headers={"Content-Type": "application/proto", "Connect-Protocol-Version": "1", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"] == "application/proto"
+            return response_cls.FromString(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def grafana_request(
+    q: ProfileQuery, label_selector: str, start_ms: int, end_ms: int
+) -> tuple[str, Message, type[Message]]:
+    """The request Grafana's Pyroscope backend makes for a query (pkg/tsdb/grafana-pyroscope-datasource
+    query.go): profile -> SelectMergeStacktraces, metrics -> SelectSeries with step max(interval, minStep
+    15 s) in seconds."""
+    t = q.target
+    if t["queryType"] == "profile":
+        req = querier_pb2.SelectMergeStacktracesRequest(
+            profile_typeID=t["profileTypeId"], label_selector=label_selector, start=start_ms, end=end_ms
+        )
+        if "maxNodes" in t:
+            req.max_nodes = t["maxNodes"]
+        return "SelectMergeStacktraces", req, querier_pb2.SelectMergeStacktracesResponse
+    req = querier_pb2.SelectSeriesRequest(
+        profile_typeID=t["profileTypeId"],
+        label_selector=label_selector,
+        start=start_ms,
+        end=end_ms,
+        group_by=t["groupBy"],
+        step=15.0,
+    )
+    if "limit" in t:
+        req.limit = t["limit"]
+    return "SelectSeries", req, querier_pb2.SelectSeriesResponse
+
+
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+def test_profile_panels_draw_from_a_real_collector(
+    profiled_collector: RunningCollector, selection: str
+) -> None:
+    """Each Pyroscope query of the dashboard, sent to a real collector as Grafana's data source sends it
+    (the last hour, the variables replaced), is answered 200 with exactly the pushed samples it selects."""
+    d = json.loads(OVERVIEW.read_text())
+    chosen = SELECTIONS[selection]
+
+    def wanted(ns: str, pod: str, node: str = "gpu-node-1") -> bool:
+        return all(v in chosen.get(k, [v]) for k, v in (("node", node), ("namespace", ns), ("pod", pod)))
+
+    end_ms = int(time.time() * 1000) + 60_000
+    for q in profile_queries(d):
+        text = grafana_interpolate(q.target["labelSelector"], d, chosen)
+        method, req, cls = grafana_request(q, text, end_ms - 3_600_000 - 60_000, end_ms)
+        got = connect_call(profiled_collector.url, method, req, cls)
+        assert isinstance(got, cls), f"{q.where}: {method} {text!r} answered {got}"
+        idle = 'gpu_state="idle"' in text
+        picked = {k: c for k, c in PUSHED.items() if wanted(*k[:2])}
+        if method == "SelectMergeStacktraces":
+            samples = sum(c[1] if idle else sum(c) for c in picked.values())
+            assert got.flamegraph.total == samples * PERIOD_NS, f"{q.where}: {text}"
+            assert got.flamegraph.names[0] == "total"
+        else:
+            lines = {
+                tuple(sorted((pair.name, pair.value) for pair in s.labels)): sum(p.value for p in s.points)
+                for s in got.series
+            }
+            assert lines == {
+                (("namespace", ns), ("pod", pod)): sum(c) * PERIOD_NS
+                for (ns, pod, _), c in picked.items()
+                if pod
+            }, f"{q.where}: {text}"
 
 
 # ---- dashboard metric names against the real exporters -----------------------------------------------

@@ -25,13 +25,18 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
+from google.protobuf.message import Message
 
+from fleetprof._proto.pyroscope import querier_pb2
+from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.shipper import Shipper
 from fleetprof.auth import TokenFile
 from fleetprof.cli.parser import build_parser
@@ -59,7 +64,8 @@ from tests.manifests import (
     secret_sources,
     validate_object,
 )
-from tests.wire import make_batch
+from tests.test_deploy import PROFILES_DS, grafana_interpolate, grafana_request, profile_queries
+from tests.wire import BatchBuilder, make_batch
 
 
 def test_values_yaml_validates_against_the_schema() -> None:
@@ -491,6 +497,7 @@ def test_tls_from_an_existing_secret_reaches_agents_probes_and_prometheus() -> N
     ds_source = _datasource(objects)
     assert ds_source["url"] == "https://fleetprof-collector.fleetprof.svc:7471"
     assert "tlsAuthWithCACert" not in ds_source["jsonData"], "no CA given: Grafana's own roots"
+    assert "serverName" not in ds_source["jsonData"], "the URL's host is the name agents check"
 
 
 def test_cert_manager_issues_the_collector_and_agent_certificates() -> None:
@@ -565,7 +572,11 @@ def test_the_users_own_secrets_are_mounted_and_nothing_is_generated() -> None:
     assert sm["authorization"]["credentials"] == {"name": "fleet-api", "key": "api"}
     assert sm["tlsConfig"]["serverName"] == "profiles.example.internal"
     # The chart does not know the user's token: Grafana expands it from its environment.
-    assert _datasource(objects)["secureJsonData"]["httpHeaderValue1"] == "Bearer ${FLEETPROF_API_TOKEN}"
+    source = _datasource(objects)
+    assert source["secureJsonData"]["httpHeaderValue1"] == "Bearer ${FLEETPROF_API_TOKEN}"
+    # Grafana checks the certificate against the name agents and Prometheus check, not the URL's host.
+    assert source["url"] == "https://fleetprof-collector.fleetprof.svc:7471"
+    assert source["jsonData"]["serverName"] == "profiles.example.internal"
 
 
 def test_auth_off_renders_no_token_anywhere() -> None:
@@ -604,6 +615,11 @@ def test_the_grafana_data_source_is_the_one_deploy_grafana_provisions() -> None:
     (source,) = plain["datasources"]
     assert source["type"] == "grafana-pyroscope-datasource"
     assert source["jsonData"]["httpHeaderName1"] == "Authorization"
+    # The dashboard the chart ships takes its flame graphs from this uid (its `profiles` variable's default).
+    dashboard = json.loads((CHART / "dashboards" / "fleetprof-overview.json").read_text())
+    (profiles,) = [v for v in dashboard["templating"]["list"] if f"${{{v['name']}}}" == PROFILES_DS["uid"]]
+    assert profiles["current"]["value"] == source["uid"] == chart_values()["grafana"]["datasource"]["uid"]
+    assert profile_queries(dashboard)
 
 
 def test_notes_tell_how_to_get_the_token_and_the_ca() -> None:
@@ -681,12 +697,36 @@ def _https(
             return resp.status, resp.read()
 
 
+def _grafana_call(
+    port: int, source: dict, ca: bytes, method: str, request: Message, response_cls: type[Message]
+) -> Message | int:
+    """A Connect call to 127.0.0.1:PORT as Grafana makes it with the provisioned data source `source`: its
+    header, its CA, checking the certificate against jsonData.serverName or else the URL's host. The
+    answer decoded, or the HTTP status."""
+    json_data, secure = source.get("jsonData", {}), source.get("secureJsonData", {})
+    server_name = json_data.get("serverName") or urllib.parse.urlsplit(source["url"]).hostname
+    headers = {"Content-Type": "application/proto", "Connect-Protocol-Version": "1"}
+    if "httpHeaderName1" in json_data and "httpHeaderValue1" in secure:
+        headers[json_data["httpHeaderName1"]] = secure["httpHeaderValue1"]
+    ctx = ssl.create_default_context(cadata=ca.decode())
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=server_name) as sock:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.sock = sock
+            path = urllib.parse.urlsplit(source["url"]).path + f"/querier.v1.QuerierService/{method}"
+            conn.request("POST", path, body=request.SerializeToString(), headers=headers)
+            resp = conn.getresponse()
+            body = resp.read()
+            return response_cls.FromString(body) if resp.status == 200 else resp.status
+
+
 def test_a_collector_started_as_the_chart_says_takes_agents_prometheus_and_grafana(tmp_path: Path) -> None:
     """The cert-manager + mutual TLS + tokens render, run: Secret files written where the pods mount them,
     certificates issued for the Certificates' names, the real `fleetprof collector` started with the
     StatefulSet's args. The probe's HTTPS /healthz answers without a token; Prometheus, as the
     ServiceMonitor configures it, scrapes /metrics; an agent configured by the DaemonSet's args is
-    stored; Grafana's data source header reads the API."""
+    stored; Grafana's data source, as rendered (URL, CA, header), reads the API and answers the dashboard's
+    flame graph and series queries."""
     objects = all_objects(render_chart(VARIANTS["tls by cert-manager, mutual, a Grafana data source"]))
     secrets = _cluster_secrets(objects, Ca(tmp_path, "cluster"))
     grpc_port, http_port = free_port(), free_port()
@@ -743,9 +783,15 @@ def test_a_collector_started_as_the_chart_says_takes_agents_prometheus_and_grafa
             ),
             tokens=TokenFile(agent_args.auth_token_file),
         )
+        # Besides, samples of a pod whose GPU idled for some of them, for the dashboard's profile panels.
+        pod_batch = BatchBuilder(node="chart-node")
+        trainer = pod_batch.process(7, "python3", {"namespace": "ml", "pod": "trainer-0"})
+        pod_batch.sample(trainer, pod_batch.stack([("main", "app"), ("train", "app")]), 12, pb.GPU_STATE_BUSY)
+        pod_batch.sample(trainer, pod_batch.stack([("main", "app"), ("load", "app")]), 3, pb.GPU_STATE_IDLE)
         shipper.start()
         try:
             shipper.submit(make_batch(node="chart-node", count=5))
+            shipper.submit(pod_batch.build())
             assert shipper.flush(20), f"not acknowledged: {shipper.stats}"
         finally:
             shipper.stop()
@@ -757,6 +803,27 @@ def test_a_collector_started_as_the_chart_says_takes_agents_prometheus_and_grafa
         status, body = _https(http_port, "/api/v1/top?by=node&since=1h", ca_pem, server_name, api_token)
         assert status == 200
         assert [g["labels"]["node"] for g in json.loads(body)["groups"]] == ["chart-node"]
+
+        # The dashboard's flame graphs and series ("All" selected), through the data source as provisioned:
+        # the render's CA and token; without the token, refused.
+        dashboard = json.loads((CHART / "dashboards" / "fleetprof-overview.json").read_text())
+        end_ms = int(time.time() * 1000) + 60_000
+        period_ns = round(1e9 / 19)
+        for q in profile_queries(dashboard):
+            text = grafana_interpolate(q.target["labelSelector"], dashboard)
+            method, req, cls = grafana_request(q, text, end_ms - 3_660_000, end_ms)
+            got = _grafana_call(http_port, source, ca_pem, method, req, cls)
+            assert isinstance(got, cls), f"{q.where}: {method} answered {got}"
+            if isinstance(got, querier_pb2.SelectMergeStacktracesResponse):
+                samples = 3 if 'gpu_state="idle"' in text else 5 + 12 + 3
+                assert got.flamegraph.total == samples * period_ns, q.where
+            else:
+                assert [{p.name: p.value for p in s.labels} for s in got.series] == [
+                    {"namespace": "ml", "pod": "trainer-0"}
+                ]
+        anonymous = {k: v for k, v in source.items() if k != "secureJsonData"}
+        method, req, cls = grafana_request(q, text, end_ms - 3_660_000, end_ms)
+        assert _grafana_call(http_port, anonymous, ca_pem, method, req, cls) == 401
     finally:
         stop_process(proc, 30)
         proc.stderr.close()
