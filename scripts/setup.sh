@@ -103,4 +103,36 @@ if [ $WANT_TEST = 1 ] && [ ! -s "$SPEEDSCOPE_SCHEMA" ]; then
   cp "$tmp/package/dist/release/file-format-schema.json" "$SPEEDSCOPE_SCHEMA"
   rm -rf "$tmp"
 fi
+
+# --- a published Connect client (tests/test_grafana_connect.py drives the Pyroscope query API with it) ---
+# tests/connect_client pins @connectrpc/connect(-node) and @bufbuild/protobuf; installed again only when
+# its lock file changes.
+CONNECT_CLIENT="$VENV/share/connect-client"
+if [ $WANT_TEST = 1 ] && ! cmp -s tests/connect_client/package-lock.json "$CONNECT_CLIENT/.installed-lock"; then
+  say "installing the Connect client's npm packages (npm ci) into $CONNECT_CLIENT"
+  rm -rf "$CONNECT_CLIENT"
+  mkdir -p "$CONNECT_CLIENT"
+  cp tests/connect_client/package.json tests/connect_client/package-lock.json "$CONNECT_CLIENT/"
+  (cd "$CONNECT_CLIENT" && npm ci --silent --ignore-scripts --no-audit --no-fund)
+  cp tests/connect_client/package-lock.json "$CONNECT_CLIENT/.installed-lock"
+fi
+
+# --- Grafana's flame graph component bundled for the browser (tests/test_grafana_flamegraph.py) ----
+# tests/grafana_flamegraph pins @grafana/flamegraph and its peers; esbuild bundles its entry into one
+# script. Built again only when the lock file, the entry or the build script changes; the ~650 MB of
+# node_modules are removed once the bundle exists.
+GRAFANA_FLAMEGRAPH="$VENV/share/grafana-flamegraph"
+gfg_files=(tests/grafana_flamegraph/package.json tests/grafana_flamegraph/package-lock.json
+  tests/grafana_flamegraph/entry.jsx tests/grafana_flamegraph/build.mjs)
+gfg_stamp=$(cat "${gfg_files[@]}" | sha256sum | cut -d' ' -f1)
+if [ $WANT_TEST = 1 ] && [ "$(cat "$GRAFANA_FLAMEGRAPH/.built-from" 2>/dev/null)" != "$gfg_stamp" ]; then
+  say "bundling @grafana/flamegraph for the browser (npm ci, esbuild) into $GRAFANA_FLAMEGRAPH"
+  rm -rf "$GRAFANA_FLAMEGRAPH"
+  mkdir -p "$GRAFANA_FLAMEGRAPH/build"
+  cp "${gfg_files[@]}" "$GRAFANA_FLAMEGRAPH/build/"
+  (cd "$GRAFANA_FLAMEGRAPH/build" && npm ci --silent --ignore-scripts --no-audit --no-fund \
+    && node build.mjs ../flamegraph.js)
+  rm -rf "$GRAFANA_FLAMEGRAPH/build"
+  echo "$gfg_stamp" > "$GRAFANA_FLAMEGRAPH/.built-from"
+fi
 say "ready: $VENV/bin/fleetprof"
