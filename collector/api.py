@@ -87,11 +87,12 @@ class QueryApi:
             selector = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=", gpu)))
         return selector
 
-    def _range(self, req: Request, suffix: str = "") -> tuple[float, float]:
-        """from/until/since, or from2/until2/since2 with suffix "2" (the diff's comparison)."""
+    def _range(self, req: Request, suffix: str = "", now: float | None = None) -> tuple[float, float]:
+        """from/until/since, or from2/until2/since2 with suffix "2" (the diff's comparison); `now`: the
+        clock reading both of a diff's ranges are resolved against, so "now-15m" means one time."""
         names = [f"{p}{suffix}" for p in ("from", "until", "since")]
         try:
-            start, end = resolve_range(*(req.param(n) for n in names), self._clock())
+            start, end = resolve_range(*(req.param(n) for n in names), self._clock() if now is None else now)
         except TimeRangeError as err:
             message = str(err)
             if suffix:  # name the parameters as the user spelled them
@@ -167,10 +168,11 @@ class QueryApi:
         limit = self._int(req, "limit", 50, 1, 10_000)
         max_nodes = self._int(req, "max_nodes", DEFAULT_MAX_NODES, 1, 1_000_000)
         selector = self._selector(req)
-        start, end = self._range(req)
+        now = self._clock()
+        start, end = self._range(req, now=now)
         selector2 = self._selector(req, "query2") if req.param("query2") is not None else selector
         if any(req.param(p) is not None for p in ("from2", "until2", "since2")):
-            start2, end2 = self._range(req, "2")
+            start2, end2 = self._range(req, "2", now=now)
         else:
             start2, end2 = start, end
         if str(selector2) == str(selector) and (start2, end2) == (start, end):

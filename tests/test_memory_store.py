@@ -122,3 +122,15 @@ def test_series_puts_each_bucket_in_the_step_it_starts_in() -> None:
     only_app = st.series(parse_selector('{comm="app"}'), 9_955, 10_000, 10, [])
     assert only_app.points == {(): {9_950.0: 5, 9_960.0: 3, 9_980.0: 2}}
     assert st.series(parse_selector('{comm="x"}'), 9_900, 10_000, 10, []).points == {}
+
+
+def test_until_is_exclusive_the_bucket_starting_at_it_is_out() -> None:
+    """A range [from, until) takes the buckets that overlap it: from=t, until=t+10 is one 10 s bucket,
+    not the one starting at t+10 as well (the UI's chart picks whole steps that way)."""
+    clock = Clock(10_000.0)
+    st = MemoryStore(clock=clock)
+    st.write(window(9_960, [(labels(1), (MAIN, HOT), 5)]))  # bucket 9950
+    st.write(window(9_970, [(labels(1), (MAIN, COLD), 3)]))  # bucket 9960
+    assert st.select(parse_selector("{}"), 9_950, 9_960).stacks == {(MAIN, HOT): 5}
+    assert st.select(parse_selector("{}"), 9_955, 9_970).stacks == {(MAIN, HOT): 5, (MAIN, COLD): 3}
+    assert st.select(parse_selector("{}"), 9_960, 9_960).stacks == {}

@@ -136,7 +136,8 @@ def test_select_series_adds_up_to_the_flame_graph(fleet: RunningCollector, codec
     assert totals == {"web": 80 * PERIOD_NS, "cron": 20 * PERIOD_NS}
     assert [s.labels[0].value for s in res.series] == ["web", "cron"]  # largest first
     for s in res.series:
-        assert all(p.timestamp % 15_000 == 0 for p in s.points)  # ms, on the step
+        # 15 s is served as 20 s, whole 10 s buckets per point; timestamps in ms on that step
+        assert all(p.timestamp % 20_000 == 0 for p in s.points)
     req.limit = 1
     assert len(call(fleet, "SelectSeries", req, querier_pb2.SelectSeriesResponse, codec).series) == 1
 
@@ -331,3 +332,11 @@ def test_chunked_request_bodies_are_read_and_bounded(fleet: RunningCollector) ->
     assert querier_pb2.SelectMergeStacktracesResponse.FromString(answer).flamegraph.total == 100
     status, answer = post([b"\0" * (1 << 19)] * 3)  # 1.5 MiB: over the 1 MiB a request may have
     assert (status, json.loads(answer)["code"]) == (413, "resource_exhausted")
+
+
+def test_series_steps_are_whole_buckets_and_diff_ranges_share_one_now(fleet: RunningCollector) -> None:
+    body = fleet.json("/api/v1/series", since="10m", step="15")
+    assert body["step"] == 20
+    with pytest.raises(urllib.error.HTTPError) as info:  # both sides resolve "now" once: the same range
+        fleet.json("/api/v1/diff", since="15m", since2="15m")
+    assert info.value.code == 400 and "same selection" in json.loads(info.value.read())["error"]

@@ -23,8 +23,11 @@ def auto_step(start: float, end: float) -> float:
 
 
 def check_step(step_s: float, start: float, end: float) -> float:
+    """The step to serve: `step_s` rounded up to whole buckets, so every point sums as many buckets (a
+    15 s step over 10 s buckets alternated one and two)."""
     if not math.isfinite(step_s) or step_s <= 0:
         raise SeriesError(f"step must be a positive number of seconds, got {step_s:g}")
+    step_s = math.ceil(step_s / BUCKET_S) * BUCKET_S
     if (end - start) / step_s > MAX_POINTS:
         raise SeriesError(
             f"step {step_s:g} s makes more than {MAX_POINTS:,} points over {end - start:g} s: "

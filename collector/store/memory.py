@@ -203,7 +203,7 @@ class MemoryStore:
 
     def _columns(self, start: float, end: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         lo = self._bucket_of(start)
-        cols = [b.columns() for k, b in self._buckets.items() if lo <= k <= end]
+        cols = [b.columns() for k, b in self._buckets.items() if lo <= k < end]
         if not cols:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, empty
@@ -280,7 +280,7 @@ class MemoryStore:
     ) -> TimeSeries:
         lo = self._bucket_of(start)
         with self._lock:
-            parts = [(k, b.columns()) for k, b in self._buckets.items() if lo <= k <= end]
+            parts = [(k, b.columns()) for k, b in self._buckets.items() if lo <= k < end]
             tables = (self._label_dicts, self._label_freq, self._stacks.items)
         if not parts:
             return TimeSeries(tuple(by), step_s, {}, None)
@@ -319,7 +319,7 @@ class MemoryStore:
         with self._lock:
             dicts = self._label_dicts
             for key, sys_bucket in self._sys_buckets.items():
-                if not lo <= key <= end:
+                if not lo <= key < end:
                     continue
                 for row, agg in sys_bucket.items():
                     cur = per_set.get(row)
@@ -350,7 +350,7 @@ class MemoryStore:
             used = set(np.unique(self._columns(lo, hi)[0]).tolist())
             lo_key = self._bucket_of(lo)
             for key, sb in self._sys_buckets.items():
-                if lo_key <= key <= hi:
+                if lo_key <= key < hi:
                     used.update(d for d, _ in sb)
             return [items[d] for d in used]
 

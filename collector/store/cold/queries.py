@@ -42,7 +42,7 @@ class Queries:
     def _with_pending(self, cur: duckdb.DuckDBPyConnection, pending: Sequence[Chunk]) -> None:
         cur.register("pending_samples", merged_columns(pending))
 
-    _RANGE = "bucket + res > $start AND bucket <= $end"
+    _RANGE = "bucket + res > $start AND bucket < $end"
     _ALL_SAMPLES = (
         "(SELECT res, bucket, lid, sid, freq, count FROM samples UNION ALL "
         "SELECT 10 AS res, bucket, lid, sid, freq, count FROM pending_samples)"
@@ -185,8 +185,8 @@ class Queries:
             params,
         ).fetchall()
         lo = start - 10
-        sums += [(lid, name, c, t, ns) for b, lid, name, c, t, ns in pend_sys if lo < b <= end]
-        hist += [(lid, name, i, n) for b, lid, name, i, n in pend_hist if lo < b <= end]
+        sums += [(lid, name, c, t, ns) for b, lid, name, c, t, ns in pend_sys if lo < b < end]
+        hist += [(lid, name, i, n) for b, lid, name, i, n in pend_hist if lo < b < end]
         per: dict[tuple[int, str], SyscallAgg] = {}
         for lid, name, c, t, ns in sums:
             per.setdefault((lid, name), SyscallAgg()).add(SyscallAgg(c, t, ns))
