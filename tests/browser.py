@@ -294,6 +294,26 @@ class Page:
                 "Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1}
             )
 
+    def drag(self, start: tuple[float, float], end: tuple[float, float], moves: int = 8) -> None:
+        """A left-button drag from `start` to `end` (viewport pixels) through `moves` pointer moves, as a
+        user's mouse delivers it: press, moves with the button held, release."""
+        (x0, y0), (x1, y1) = start, end
+        self.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x0, "y": y0})
+        self.call(
+            "Input.dispatchMouseEvent",
+            {"type": "mousePressed", "x": x0, "y": y0, "button": "left", "buttons": 1, "clickCount": 1},
+        )
+        for i in range(1, moves + 1):
+            x, y = x0 + (x1 - x0) * i / moves, y0 + (y1 - y0) * i / moves
+            self.call(
+                "Input.dispatchMouseEvent",
+                {"type": "mouseMoved", "x": x, "y": y, "button": "left", "buttons": 1},
+            )
+        self.call(
+            "Input.dispatchMouseEvent",
+            {"type": "mouseReleased", "x": x1, "y": y1, "button": "left", "buttons": 0, "clickCount": 1},
+        )
+
     def type_into(self, css: str, text: str) -> None:
         """Replace an input's text as if typed: focus it, select all, insert (fires input events)."""
         self.click(css)

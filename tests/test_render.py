@@ -311,7 +311,7 @@ def test_index_html_uses_only_local_assets_and_has_test_ids():
 
 
 def test_web_assets_fetch_nothing_external():
-    for name in ("app.js", "app.css"):
+    for name in ("app.js", "app.chart.js", "app.css"):
         text = (WEB / name).read_text()
         assert not re.search(r"https?://", text), name
         assert "@import" not in text and "url(" not in text, name

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
 
-from .browser import CHROMIUM, Page
+from .browser import CHROMIUM, Chromium, Page
 from .conftest import RunningCollector, start_collector
-from .profiles import PROFILE, push_profile
+from .profiles import PROFILE, profile_batch, push_profile
+from .wire import push
 
 pytestmark = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK), reason=f"needs Chromium at {CHROMIUM} (Debian package chromium)"
@@ -146,3 +151,263 @@ def test_svg_endpoint_renders_in_the_browser_and_its_script_runs(
     )
     assert "accept_loop" in hidden
     assert page.errors() == []
+
+
+# ---- CPU over time: the chart, a drag to zoom into a time range, and the A/B comparison --------------
+
+CHART_HZ = 100  # 10 ms per sample: 60 samples are 0.60 CPU s
+# Samples per 10 s store bucket, keyed by how many buckets before the current one: "early_work" ran about
+# five minutes ago in pod trainer-0, "late_work" about two minutes ago in trainer-1; both lie inside the
+# page's default range (last 15m), with empty steps between them.
+EARLY = {30: 10, 29: 20, 28: 30}
+LATE = {12: 40, 11: 50, 10: 60}
+
+
+@dataclass
+class TimeSplit:
+    collector: RunningCollector
+    samples: dict[float, int]  # step start (unix seconds) -> samples pushed into that 10 s step
+    early: list[float]  # step starts of early_work, oldest first
+    late: list[float]  # step starts of late_work
+
+
+@pytest.fixture
+def time_split(collector: RunningCollector) -> TimeSplit:
+    """A fresh collector holding early_work in three early 10 s steps and late_work in three late ones."""
+    now = time.time()
+    current = math.floor(now / 10) * 10
+    batches, samples, starts = [], {}, {}
+    for function, pod, counts in (("early_work", "trainer-0", EARLY), ("late_work", "trainer-1", LATE)):
+        starts[function] = []
+        for ago, n in sorted(counts.items(), reverse=True):
+            start = current - 10 * ago
+            frames = [("main", "/app/worker"), ("step", "/app/worker"), (function, "/app/worker")]
+            rows = [(101, "worker", {"namespace": "ml", "pod": pod}, frames, 3, n)]
+            # A 1 s batch in the middle of its step: the store files a batch under its midpoint's bucket.
+            batches.append(
+                profile_batch(rows, ago_s=now - (start + 5.5), window_s=1.0, frequency_hz=CHART_HZ)
+            )
+            samples[float(start)] = n
+            starts[function].append(float(start))
+    assert push(collector.grpc_target, batches) == [1] * len(batches)
+    return TimeSplit(collector, samples, starts["early_work"], starts["late_work"])
+
+
+def chart_bars(page: Page) -> dict[float, dict]:
+    """Each bar of the chart by its step start: samples, and its box in viewport pixels."""
+    bars = page.evaluate(
+        "[...document.querySelectorAll('#chart .bar')].map(b => { const r = b.getBoundingClientRect();"
+        " return [Number(b.dataset.t), Number(b.dataset.samples), r.left, r.right, r.height]; })"
+    )
+    return {t: {"samples": n, "left": left, "right": right, "height": h} for t, n, left, right, h in bars}
+
+
+def drag_across(page: Page, first: float, last: float) -> None:
+    """Drag on the chart from inside the bar of step `first` to inside the bar of step `last`."""
+    bars = chart_bars(page)
+    y = page.evaluate(
+        "(() => { const r = document.querySelector('#chart .chart-plot').getBoundingClientRect();"
+        " return r.top + r.height / 2; })()"
+    )
+    page.drag((bars[first]["left"] + 2, y), (bars[last]["right"] - 2, y))
+
+
+def hash_params(page: Page) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(page.evaluate("location.hash").lstrip("#")).items()}
+
+
+def unix(text: str) -> float:
+    """The unix seconds of an RFC 3339 time as the page writes them into its fields and URL."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+def diff_rows(page: Page) -> dict[str, dict]:
+    """The comparison table as a person reads it, by function."""
+    rows = page.evaluate(
+        "[...document.querySelectorAll('#compare-table tr.diff-row')].map(r => [r.dataset.name,"
+        " r.dataset.direction, Number(r.dataset.delta), [...r.cells].map(c => c.textContent)])"
+    )
+    return {name: {"direction": d, "delta": delta, "cells": cells} for name, d, delta, cells in rows}
+
+
+def open_chart(page: Page, split: TimeSplit) -> None:
+    """The page with its chart drawn and its label chips in: they load last and push the page down, so
+    coordinates taken before them would miss."""
+    open_ui(page, split.collector)
+    page.wait_for(
+        f"document.querySelectorAll('#chart .bar').length === {len(split.samples)}"
+        " && document.querySelectorAll('#labels .chip').length > 0"
+    )
+
+
+def open_compare(page: Page) -> None:
+    page.click("#compare-toggle")
+    page.wait_for("!document.getElementById('compare-section').hidden")
+
+
+def test_cpu_chart_draws_one_bar_per_step_as_tall_as_its_cpu_time(page: Page, time_split: TimeSplit) -> None:
+    open_chart(page, time_split)
+    bars = chart_bars(page)
+    assert {t: b["samples"] for t, b in bars.items()} == time_split.samples
+    # Heights follow the samples pushed into each step (60 samples, the most, nearly fill the plot) ...
+    px_per_sample = bars[time_split.late[-1]]["height"] / 60
+    assert px_per_sample * 60 > 100
+    for b in bars.values():
+        assert abs(b["height"] - b["samples"] * px_per_sample) <= 1, b
+    # ... and x positions follow time, early steps left of late ones with the empty minutes between.
+    first = min(bars)
+    px_per_s = (bars[max(bars)]["left"] - bars[first]["left"]) / (max(bars) - first)
+    for t, b in bars.items():
+        assert abs(b["left"] - (bars[first]["left"] + (t - first) * px_per_s)) <= 1, (t, b)
+    assert page.evaluate("document.getElementById('chart-unit').textContent") == "CPU seconds per 10 s step"
+    top_label = page.evaluate("document.querySelector('#chart .chart-ylabel').textContent")
+    assert top_label == "0.6 s"  # 60 samples at 100 Hz
+
+    # Hovering a step tells its CPU time.
+    bar = bars[time_split.late[-1]]
+    y = page.evaluate("document.querySelector('#chart .chart-plot').getBoundingClientRect().bottom - 5")
+    page.call(
+        "Input.dispatchMouseEvent", {"type": "mouseMoved", "x": (bar["left"] + bar["right"]) / 2, "y": y}
+    )
+    tip = page.wait_for(
+        "!document.getElementById('tooltip').hidden && document.getElementById('tooltip').textContent"
+    )
+    assert "60 samples" in tip and "0.60 CPU s" in tip
+    assert page.errors() == []
+    page.screenshot(Path("/tmp/fleetprof-web-ui-chart.png"))  # for a person to look at
+
+
+def test_dragging_across_the_late_steps_zooms_flame_graph_and_top_table_into_them(
+    page: Page, time_split: TimeSplit
+) -> None:
+    open_chart(page, time_split)
+    assert {"early_work", "late_work"} <= set(frame_names(page))
+
+    drag_across(page, time_split.late[0], time_split.late[-1])
+    page.wait_for("document.getElementById('total').textContent.startsWith('150 samples')")
+    names = set(frame_names(page))
+    assert "late_work" in names and "early_work" not in names
+    top = page.evaluate("[...document.querySelectorAll('#top-table tbody tr')].map(r => r.dataset.name)")
+    assert "late_work" in top and "early_work" not in top
+    # The picked range is whole steps, in the range fields and the URL: from the first late step's start
+    # to the last second of the last late step.
+    params = hash_params(page)
+    assert unix(params["from"]) == time_split.late[0]
+    assert unix(params["until"]) == time_split.late[-1] + 9
+    assert page.evaluate("document.getElementById('range').value") == "custom"
+    assert page.evaluate("document.getElementById('from').value") == params["from"]
+    # The chart zooms with it.
+    page.wait_for(f"document.querySelectorAll('#chart .bar').length === {len(time_split.late)}")
+    assert set(chart_bars(page)) == set(time_split.late)
+
+    # Zoom out goes back to the range before the drag.
+    page.click("#zoom-out")
+    page.wait_for(
+        "document.getElementById('total').textContent.startsWith('210 samples')"
+        f" && document.querySelectorAll('#chart .bar').length === {len(time_split.samples)}"
+    )
+    assert {"early_work", "late_work"} <= set(frame_names(page))
+    assert page.evaluate("document.getElementById('range').value") == "15m"
+    assert page.evaluate("document.getElementById('zoom-out').disabled") is True
+    assert page.errors() == []
+
+
+def test_comparing_the_early_and_late_steps_shows_early_work_shrank_and_late_work_grew(
+    page: Page, browser: Chromium, time_split: TimeSplit
+) -> None:
+    open_chart(page, time_split)
+    open_compare(page)
+    # The first drag sets A, the next B, and then both are compared; the flame graph stays as it was.
+    drag_across(page, time_split.early[0], time_split.early[-1])
+    page.wait_for('document.querySelector(\'input[name="drag-sets"][value="b"]\').checked')
+    drag_across(page, time_split.late[0], time_split.late[-1])
+    page.wait_for("document.querySelectorAll('#compare-table tr.diff-row').length > 0")
+
+    rows = diff_rows(page)
+    early, late = rows["early_work"], rows["late_work"]
+    assert early["direction"] == "decreased" and early["delta"] == -100.0
+    assert early["cells"][4] == "▼ −100.00 pp (gone)"
+    assert early["cells"][2] == "0.60 CPU s · 100.00%" and early["cells"][3] == "0.00 CPU s · 0.00%"
+    assert late["direction"] == "increased" and late["delta"] == 100.0
+    assert late["cells"][4] == "▲ +100.00 pp (new)"
+    assert late["cells"][3] == "1.50 CPU s · 100.00%"
+    assert list(rows)[:2] == ["early_work", "late_work"]  # the biggest changes first
+    totals = page.evaluate(
+        "['a-total', 'b-total'].map(id => [document.getElementById(id).dataset.samples,"
+        " document.querySelector('#' + id + ' .side-cpu').textContent])"
+    )
+    assert totals == [["60", "0.60 CPU s"], ["150", "1.50 CPU s"]]
+    assert page.evaluate("document.getElementById('range').value") == "15m"
+    assert page.evaluate("document.getElementById('total').textContent").startswith("210 samples")
+    # A and B stay marked on the chart, A over the early steps and B over the late ones.
+    bands = page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#chart .chart-band')].map(b =>"
+        " [b.classList.contains('a') ? 'a' : 'b', [Number(b.dataset.from), Number(b.dataset.until)]]))"
+    )
+    assert bands == {
+        "a": [time_split.early[0], time_split.early[-1] + 9],
+        "b": [time_split.late[0], time_split.late[-1] + 9],
+    }
+    # The diff flame graph below it says the same.
+    page.wait_for(
+        "(() => { const d = document.getElementById('compare-svg').contentDocument;"
+        " return d && d.querySelectorAll('#frames title').length > 0; })()"
+    )
+    titles = page.evaluate(
+        "[...document.getElementById('compare-svg').contentDocument.querySelectorAll('#frames title')]"
+        ".map(t => t.textContent)"
+    )
+    assert any(t.startswith("late_work") and "Δ +100.00 pp" in t for t in titles)
+    assert any(t.startswith("early_work") and "Δ -100.00 pp" in t for t in titles)
+    assert page.errors() == []
+    page.screenshot(Path("/tmp/fleetprof-web-ui-compare.png"))  # for a person to look at
+
+    # The URL holds both sides: opened elsewhere, it shows the same comparison.
+    params = hash_params(page)
+    assert [unix(params[k]) for k in ("a_from", "a_until", "b_from", "b_until")] == [
+        time_split.early[0], time_split.early[-1] + 9, time_split.late[0], time_split.late[-1] + 9,
+    ]  # fmt: skip
+    shared = browser.new_page()
+    try:
+        shared.goto(page.evaluate("location.href"))
+        shared.wait_for("document.querySelectorAll('#compare-table tr.diff-row').length > 0")
+        again = diff_rows(shared)
+        assert again["early_work"]["delta"] == -100.0 and again["late_work"]["delta"] == 100.0
+        assert shared.errors() == []
+    finally:
+        shared.close()
+
+
+def test_comparing_two_selectors_over_one_range_and_a_bad_side_named_by_the_collector(
+    page: Page, time_split: TimeSplit
+) -> None:
+    open_chart(page, time_split)
+    open_compare(page)
+    # Both sides start as the page's selector and range.
+    fields = "['a-query', 'a-from', 'a-until', 'b-query', 'b-from', 'b-until']"
+    assert (
+        page.evaluate(f"{fields}.map(id => document.getElementById(id).value)")
+        == ["{}", "now-15m", "now"] * 2
+    )
+    # A side the collector refuses gets its reason beside the button; the flame graph above is still right,
+    # so the page's error box stays closed.
+    page.type_into("#b-query", '{pod=~"("}')
+    page.click("#compare-run")
+    page.wait_for("document.getElementById('compare-status').classList.contains('failed')")
+    status = page.evaluate("document.getElementById('compare-status').textContent")
+    assert 'bad "query2"' in status and "HTTP 400" in status
+    assert page.evaluate("document.getElementById('error').hidden") is True
+
+    page.type_into("#a-query", '{pod="trainer-0"}')
+    page.type_into("#b-query", '{pod="trainer-1"}')
+    page.click("#compare-run")
+    page.wait_for("document.querySelectorAll('#compare-table tr.diff-row').length > 0")
+    rows = diff_rows(page)
+    assert rows["early_work"]["direction"] == "decreased" and rows["early_work"]["delta"] == -100.0
+    assert rows["late_work"]["direction"] == "increased" and rows["late_work"]["delta"] == 100.0
+    queries = page.evaluate(
+        "['a-total', 'b-total'].map(id => document.querySelector('#' + id + ' .side-query').textContent)"
+    )
+    assert queries == ['{pod="trainer-0"}', '{pod="trainer-1"}']
+    assert page.evaluate("document.querySelector('#b-total .side-cpu').textContent") == "1.50 CPU s"
+    assert page.errors(include_network=False) == []

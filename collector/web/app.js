@@ -1,4 +1,5 @@
-// fleetprof collector UI: fetches /api/v1 profile, top and labels, draws the flame graph as positioned divs.
+// fleetprof collector UI: fetches /api/v1 profile, top, labels, series and diff; draws the flame graph as
+// positioned divs, the CPU chart through app.chart.js, and the A/B comparison.
 'use strict';
 
 (function () {
@@ -20,8 +21,17 @@
     labels: $('labels'), labelValues: $('label-values'), error: $('error'), total: $('total'),
     status: $('status'), search: $('search'), searchStatus: $('search-status'), invert: $('invert'),
     resetZoom: $('reset-zoom'), graph: $('flamegraph'), topBody: document.querySelector('#top-table tbody'),
-    tooltip: $('tooltip'),
+    tooltip: $('tooltip'), chartUnit: $('chart-unit'), chartHint: $('chart-hint'), zoomOut: $('zoom-out'),
+    compareToggle: $('compare-toggle'), compareSection: $('compare-section'), compareForm: $('compare-form'),
+    compareSort: $('compare-sort'), compareRun: $('compare-run'), compareStatus: $('compare-status'),
+    compareResult: $('compare-result'), compareBody: document.querySelector('#compare-table tbody'),
+    compareSvg: $('compare-svg'),
+    side: {
+      a: { query: $('a-query'), from: $('a-from'), until: $('a-until'), total: $('a-total') },
+      b: { query: $('b-query'), from: $('b-from'), until: $('b-until'), total: $('b-total') },
+    },
   };
+  const SIDES = { a: 'A · baseline', b: 'B · comparison' };
 
   // Everything the page shows lives here; there is one page, so one state object.
   const state = {
@@ -33,6 +43,10 @@
     controller: null,    // AbortController of the request in flight
     timer: null,
     activeLabel: null,
+    seriesHz: null,      // the chart's sampling frequency, for CPU seconds in its tooltip
+    timeStack: [],       // the ranges before each drag on the chart, for "Zoom out"
+    compared: { a: null, b: null },  // each side's resolved {from, until}, for the chart's bands
+    compareController: null,
   };
 
   // ---- helpers -------------------------------------------------------------------------------------
@@ -53,6 +67,32 @@
 
   function fmtSeconds(samples) {
     return state.hz > 0 ? (samples / state.hz).toFixed(2) + ' s' : '';
+  }
+
+  function fmtCpu(samples, hz) {
+    return hz > 0 ? (samples / hz).toFixed(2) + ' CPU s' : samples + ' samples';
+  }
+
+  function fmtDuration(seconds) {
+    if (seconds < 60) return seconds + ' s';
+    if (seconds < 3600) return (seconds / 60).toFixed(seconds % 60 ? 1 : 0) + ' min';
+    return (seconds / 3600).toFixed(seconds % 3600 ? 1 : 0) + ' h';
+  }
+
+  // A time the collector parses (RFC 3339 with the local offset) and a person can read: the ranges the
+  // chart picks go into the From/Until fields and the URL in this form.
+  function isoLocal(t) {
+    const d = new Date(t * 1000);
+    const off = -d.getTimezoneOffset();
+    const p = (n) => String(Math.floor(Math.abs(n))).padStart(2, '0');
+    return d.getFullYear() + '-' + p(d.getMonth() + 1) + '-' + p(d.getDate()) + 'T' + p(d.getHours()) + ':' +
+      p(d.getMinutes()) + ':' + p(d.getSeconds()) + (off < 0 ? '-' : '+') + p(off / 60) + ':' + p(off % 60);
+  }
+
+  function fmtSpan(from, until) {
+    const sameDay = new Date(from * 1000).toDateString() === new Date(until * 1000).toDateString();
+    const far = Math.abs(Date.now() / 1000 - from) > 86400;
+    return FleetprofChart.clock(from, true, far) + ' → ' + FleetprofChart.clock(until, true, far || !sameDay);
   }
 
   // FNV-1a over code points: the same hash collector/render/svg.py uses, so both views colour alike.
@@ -110,6 +150,17 @@
     return { query: el.selector.value.trim() || '{}', from: range.from, until: range.until };
   }
 
+  // The page's state in the URL hash: the query and range, and the comparison's sides while it is open.
+  function hashParams() {
+    const params = queryParams();
+    if (!el.compareSection.hidden) {
+      for (const [key, side] of Object.entries(el.side)) {
+        for (const field of ['query', 'from', 'until']) params[key + '_' + field] = side[field].value.trim();
+      }
+    }
+    return params;
+  }
+
   function saveHash(params) {
     try {
       history.replaceState(null, '', '#' + new URLSearchParams(params).toString());
@@ -119,6 +170,12 @@
   function loadHash() {
     const params = new URLSearchParams(location.hash.replace(/^#/, ''));
     if (params.has('query')) el.selector.value = params.get('query');
+    if (['a', 'b'].some((key) => params.has(key + '_from') || params.has(key + '_query'))) {
+      for (const [key, side] of Object.entries(el.side)) {
+        for (const field of ['query', 'from', 'until']) side[field].value = params.get(key + '_' + field) || '';
+      }
+      el.compareSection.hidden = false;
+    }
     const from = params.get('from'), until = params.get('until');
     if (!from) return;
     const preset = /^now-(\d+[mh])$/.exec(from);
@@ -292,6 +349,10 @@
     lines.push('self: ' + node.self + ' (' + fmtPct(node.self, total) + ')');
     const secs = fmtSeconds(node.value);
     if (secs) lines.push('time: ' + secs + ' at ' + state.hz + ' Hz');
+    placeTooltip(lines, event);
+  }
+
+  function placeTooltip(lines, event) {
     el.tooltip.textContent = lines.join('\n');
     el.tooltip.hidden = false;
     const pad = 14;
@@ -415,6 +476,250 @@
     }
   }
 
+  // ---- CPU over time -------------------------------------------------------------------------------
+
+  const chart = FleetprofChart.create($('chart'), { onSelect: onChartSelect, onHover: onChartHover });
+
+  function onChartHover(point, event) {
+    if (!point) { hideTooltip(); return; }
+    const lines = [fmtSpan(point.t, point.t + point.step - 1), point.samples + ' samples'];
+    if (state.seriesHz > 0) {
+      const cpu = point.samples / state.seriesHz;
+      lines.push(cpu.toFixed(2) + ' CPU s, ' + (cpu / point.step).toFixed(3) + ' cores on average');
+    }
+    placeTooltip(lines, event);
+  }
+
+  // A drag zooms the page into the range it covers, or, with the comparison open, sets one of its sides.
+  function onChartSelect(from, until) {
+    if (!el.compareSection.hidden) { setSide(dragTarget(), from, until); return; }
+    state.timeStack.push({ range: el.range.value, from: el.from.value, until: el.until.value });
+    setRange('custom', isoLocal(from), isoLocal(until));
+    refresh();
+  }
+
+  function setRange(range, from, until) {
+    el.range.value = range;
+    el.from.value = from;
+    el.until.value = until;
+    syncCustomRange();
+  }
+
+  function zoomOutTime() {
+    const previous = state.timeStack.pop();
+    if (!previous) return;
+    setRange(previous.range, previous.from, previous.until);
+    refresh();
+  }
+
+  function drawChart(body) {
+    state.seriesHz = body && Number(body.frequency_hz) > 0 ? Number(body.frequency_hz) : null;
+    chart.draw(body);
+    el.chartUnit.textContent = body
+      ? (state.seriesHz ? 'CPU seconds' : 'samples') + ' per ' + fmtDuration(Number(body.step) || 10) + ' step'
+      : '';
+    el.zoomOut.disabled = !state.timeStack.length;
+    drawBands();
+  }
+
+  function updateChartHint() {
+    el.chartHint.textContent = el.compareSection.hidden
+      ? '· drag across it to zoom into a time range'
+      : '· drag across it to set ' + SIDES[dragTarget()];
+  }
+
+  // ---- comparison ----------------------------------------------------------------------------------
+
+  function dragTarget() {
+    const checked = el.compareForm.querySelector('input[name="drag-sets"]:checked');
+    return checked ? checked.value : 'a';
+  }
+
+  function setDragTarget(key) {
+    el.compareForm.querySelector('input[name="drag-sets"][value="' + key + '"]').checked = true;
+    updateChartHint();
+  }
+
+  // A drag picked this side's range: the next drag sets the other side, and once B is set both are compared.
+  function setSide(key, from, until) {
+    el.side[key].from.value = isoLocal(from);
+    el.side[key].until.value = isoLocal(until);
+    state.compared[key] = { from, until };
+    drawBands();
+    setDragTarget(key === 'a' ? 'b' : 'a');
+    if (key === 'b') runCompare();
+    else saveHash(hashParams());
+  }
+
+  function drawBands() {
+    const bands = [];
+    if (!el.compareSection.hidden) {
+      for (const key of ['a', 'b']) {
+        const r = state.compared[key];
+        if (r) bands.push({ from: r.from, until: r.until, name: key.toUpperCase(), cls: key });
+      }
+    }
+    chart.setBands(bands);
+  }
+
+  function openCompare(open) {
+    el.compareSection.hidden = !open;
+    el.compareToggle.setAttribute('aria-pressed', String(open));
+    if (open) {
+      const range = timeRange();
+      for (const side of Object.values(el.side)) {
+        if (!side.query.value.trim()) side.query.value = el.selector.value.trim() || '{}';
+        if (!side.from.value.trim()) side.from.value = range.from;
+        if (!side.until.value.trim()) side.until.value = range.until;
+      }
+    } else if (state.compareController) {
+      state.compareController.abort();
+      state.compareController = null;
+      el.compareRun.disabled = false;
+      el.compareStatus.textContent = '';
+    }
+    updateChartHint();
+    drawBands();
+    saveHash(hashParams());
+  }
+
+  function diffParams() {
+    const a = el.side.a, b = el.side.b;
+    return {
+      query: a.query.value.trim() || '{}', from: a.from.value.trim() || 'now-1h', until: a.until.value.trim() || 'now',
+      query2: b.query.value.trim() || '{}', from2: b.from.value.trim() || 'now-1h', until2: b.until.value.trim() || 'now',
+    };
+  }
+
+  async function runCompare() {
+    if (state.compareController) state.compareController.abort();
+    const controller = new AbortController();
+    state.compareController = controller;
+    const params = diffParams();
+    saveHash(hashParams());
+    el.compareStatus.textContent = 'comparing…';
+    el.compareStatus.classList.remove('failed');
+    el.compareRun.disabled = true;
+    let body = null, failure = null;
+    try {
+      const query = Object.assign({ format: 'json', sort: el.compareSort.value, limit: '50' }, params);
+      body = await getJSON(API + 'diff', query, controller.signal);
+    } catch (err) {
+      failure = err;
+    }
+    if (state.compareController !== controller) return;  // a newer comparison, or the view was closed
+    state.compareController = null;
+    el.compareRun.disabled = false;
+    if (failure) {
+      // Shown beside the Compare button, not in the page's error box: the flame graph above is still right.
+      el.compareStatus.textContent = 'cannot compare: ' + failure.message;
+      el.compareStatus.classList.add('failed');
+      el.compareResult.hidden = true;
+      return;
+    }
+    el.compareStatus.textContent = 'compared at ' + new Date().toLocaleTimeString();
+    renderCompare(body, params);
+  }
+
+  function renderSideTotal(box, key, side) {
+    const total = Number(side.total) || 0, hz = Number(side.frequency_hz) || 0;
+    const from = Number(side.from), until = Number(side.until);
+    box.textContent = '';
+    box.dataset.samples = String(total);
+    const lines = [
+      ['side-title', SIDES[key]],
+      ['side-cpu', hz > 0 ? (total / hz).toFixed(2) + ' CPU s' : total + ' samples'],
+      ['side-detail', total + ' samples' + (hz > 0 ? ' at ' + hz + ' Hz' : '')],
+      ['side-query', String(side.query == null ? '' : side.query)],
+      ['side-range', Number.isFinite(from) && Number.isFinite(until) ? fmtSpan(from, until) : ''],
+    ];
+    for (const [cls, text] of lines) {
+      const div = document.createElement('div');
+      div.className = cls;
+      div.textContent = text;
+      box.appendChild(div);
+    }
+  }
+
+  function renderCompare(body, params) {
+    const sides = { a: body.baseline || {}, b: body.comparison || {} };
+    for (const key of ['a', 'b']) {
+      const from = Number(sides[key].from), until = Number(sides[key].until);
+      state.compared[key] = Number.isFinite(from) && Number.isFinite(until) ? { from, until } : null;
+      renderSideTotal(el.side[key].total, key, sides[key]);
+    }
+    drawBands();
+
+    const kind = body.sort === 'total' ? 'total' : 'self';
+    const heads = document.querySelectorAll('#compare-table thead th');
+    heads[2].textContent = 'A ' + kind;
+    heads[3].textContent = 'B ' + kind;
+    // A function with no time of this kind on either side (a caller, ranked by self time) says nothing here.
+    const rows = (Array.isArray(body.functions) ? body.functions : [])
+      .filter((fn) => Number(fn['baseline_' + kind]) > 0 || Number(fn['comparison_' + kind]) > 0);
+    const tbody = el.compareBody;
+    tbody.textContent = '';
+    if (!rows.length) {
+      const tr = document.createElement('tr');
+      const td = document.createElement('td');
+      td.colSpan = 6;
+      td.className = 'empty';
+      td.textContent = 'no samples on either side';
+      tr.appendChild(td);
+      tbody.appendChild(tr);
+    }
+    const hzA = Number(sides.a.frequency_hz) || 0, hzB = Number(sides.b.frequency_hz) || 0;
+    const maxDelta = Math.max(1e-9, ...rows.map((fn) => Math.abs(Number(fn[kind + '_delta_pct']) || 0)));
+    for (const fn of rows) {
+      const a = Number(fn['baseline_' + kind]) || 0, b = Number(fn['comparison_' + kind]) || 0;
+      const aPct = Number(fn['baseline_' + kind + '_pct']) || 0, bPct = Number(fn['comparison_' + kind + '_pct']) || 0;
+      const delta = Number(fn[kind + '_delta_pct']) || 0;
+      const direction = delta > 0 ? 'increased' : delta < 0 ? 'decreased' : 'unchanged';
+      const name = String(fn.function == null ? '' : fn.function);
+      let change = (delta > 0 ? '▲ +' : delta < 0 ? '▼ −' : '= ') + Math.abs(delta).toFixed(2) + ' pp';
+      if (a === 0 && b > 0) change += ' (new)';
+      if (b === 0 && a > 0) change += ' (gone)';
+      const tr = document.createElement('tr');
+      tr.className = 'diff-row ' + direction;
+      tr.dataset.name = name;
+      tr.dataset.delta = String(delta);
+      tr.dataset.direction = direction;
+      const cells = [
+        [name, ''],
+        [fn.module ? String(fn.module) : (fn.kernel ? '[kernel]' : ''), 'module'],
+        [fmtCpu(a, hzA) + ' · ' + aPct.toFixed(2) + '%', 'num side-a'],
+        [fmtCpu(b, hzB) + ' · ' + bPct.toFixed(2) + '%', 'num side-b'],
+        [change, 'num change'],
+      ];
+      for (const [text, cls] of cells) {
+        const td = document.createElement('td');
+        if (cls) td.className = cls;
+        td.textContent = text;
+        tr.appendChild(td);
+      }
+      const barCell = document.createElement('td');
+      barCell.className = 'delta-bar-col';
+      const bar = document.createElement('div');
+      bar.className = 'delta-bar';
+      bar.style.width = (Math.abs(delta) / maxDelta * 100) + '%';
+      barCell.appendChild(bar);
+      tr.appendChild(barCell);
+      tr.title = name + ': ' + aPct.toFixed(2) + '% of A, ' + bPct.toFixed(2) + '% of B';
+      tbody.appendChild(tr);
+    }
+    el.compareSvg.src = API + 'diff?' + new URLSearchParams(Object.assign({ format: 'svg' }, params)).toString();
+    el.compareResult.hidden = false;
+  }
+
+  // The diff SVG sets its own height; the frame takes it so the graph needs no scrolling of its own.
+  function fitDiffFrame() {
+    try {
+      const svg = el.compareSvg.contentDocument && el.compareSvg.contentDocument.documentElement;
+      const height = svg ? Number(svg.getAttribute('height')) : 0;
+      if (height > 0) el.compareSvg.style.height = (height + 4) + 'px';
+    } catch (_) { /* a frame from elsewhere (a proxy's login page) keeps the default height */ }
+  }
+
   // ---- refresh -------------------------------------------------------------------------------------
 
   function setTotal(total, hz) {
@@ -428,19 +733,20 @@
     const controller = new AbortController();
     state.controller = controller;
     const params = queryParams();
-    saveHash(params);
+    saveHash(hashParams());
     el.status.textContent = 'loading…';
     el.refresh.disabled = true;
-    const [profile, top] = await Promise.allSettled([
+    const [profile, top, series] = await Promise.allSettled([
       getJSON(API + 'profile', Object.assign({ format: 'json' }, params), controller.signal),
       getJSON(API + 'top', Object.assign({ limit: '50' }, params), controller.signal),
+      getJSON(API + 'series', params, controller.signal),
     ]);
     if (state.controller !== controller) return;  // a newer refresh owns the page now
     state.controller = null;
     el.refresh.disabled = false;
     el.status.textContent = 'updated ' + new Date().toLocaleTimeString();
 
-    const failure = [profile, top].find((r) => r.status === 'rejected');
+    const failure = [profile, top, series].find((r) => r.status === 'rejected');
     if (failure) showError(failure.reason && failure.reason.message ? failure.reason.message : String(failure.reason));
     else clearError();
 
@@ -462,6 +768,7 @@
     }
     renderGraph();
     renderTop(top.status === 'fulfilled' ? top.value : null);
+    drawChart(series.status === 'fulfilled' ? series.value : null);
   }
 
   function setAutoRefresh(on) {
@@ -482,7 +789,17 @@
   }
 
   el.form.addEventListener('submit', (e) => { e.preventDefault(); refresh(); });
-  el.range.addEventListener('change', () => { syncCustomRange(); if (el.range.value !== 'custom') refresh(); });
+  el.range.addEventListener('change', () => {
+    syncCustomRange();
+    state.timeStack = [];  // a range picked by hand starts a new zoom history
+    if (el.range.value !== 'custom') refresh();
+  });
+  el.zoomOut.addEventListener('click', zoomOutTime);
+  el.compareToggle.addEventListener('click', () => openCompare(el.compareSection.hidden));
+  el.compareForm.addEventListener('submit', (e) => { e.preventDefault(); runCompare(); });
+  el.compareForm.addEventListener('change', (e) => { if (e.target.name === 'drag-sets') updateChartHint(); });
+  el.compareSort.addEventListener('change', () => { if (!el.compareResult.hidden) runCompare(); });
+  el.compareSvg.addEventListener('load', fitDiffFrame);
   el.auto.addEventListener('change', () => setAutoRefresh(el.auto.checked));
   el.search.addEventListener('input', onSearchInput);
   el.invert.addEventListener('change', renderGraph);
@@ -521,6 +838,8 @@
 
   loadHash();
   syncCustomRange();
+  openCompare(!el.compareSection.hidden);
   loadLabels();
   refresh();
+  if (!el.compareSection.hidden) runCompare();
 })();
