@@ -10,12 +10,13 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from fleetprof.collector.model.profile import GPU_STATE_NAME, Stacks
+from fleetprof.collector.model.profile import GPU_STATE_NAME, PROFILE_TYPE_NAME, Stacks
 from fleetprof.collector.model.rows import Selection
 from fleetprof.collector.model.selector import Matcher, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import SeriesError, auto_step, check_step, top_lines
 from fleetprof.collector.query.timerange import TimeRangeError, resolve_range
+from fleetprof.collector.query.types import TYPES, UNITS, TypedStore
 from fleetprof.collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
 from fleetprof.collector.render.html import render_html
@@ -121,22 +122,29 @@ class QueryApi:
             raise HttpError(400, f'"{name}" must be between {lo} and {hi}, got {value}')
         return value
 
+    def _typed(self, req: Request) -> TypedStore:
+        """The store as the request's `type` (cpu, offcpu, wall) counts."""
+        return TypedStore(self._store, self._choice(req, "type", TYPES, "cpu"))
+
     def _select(self, req: Request) -> tuple[Selection, Selector, float, float]:
+        typed = self._typed(req)
         selector = self._selector(req)
         start, end = self._range(req)
-        return self._store.select(selector, start, end), selector, start, end
+        return typed.select(selector, start, end), selector, start, end
 
     # -- endpoints -------------------------------------------------------------------------------
     def profile(self, req: Request) -> Response:
         fmt = self._choice(req, "format", FORMATS, "json")
         max_nodes = self._int(req, "max_nodes", DEFAULT_MAX_NODES, 1, 1_000_000)
+        kind = self._choice(req, "type", TYPES, "cpu")
         sel, selector, start, end = self._select(req)
         stacks: Stacks = sel.stacks
-        if fmt == "folded":  # the raw interface: never truncated
+        if fmt == "folded":  # the raw interface: never truncated (offcpu and wall count nanoseconds)
             return text_response(to_folded(stacks))
         total, freq = sel.total, sel.frequency_hz
         stacks = truncate(stacks, max_nodes)
-        description = f"{selector} · {_fmt_time(start)} – {_fmt_time(end)} · {total} samples"
+        amount = f"{total} samples" if kind == "cpu" else f"{total / 1e9:.3f} s {kind}"
+        description = f"{selector} · {_fmt_time(start)} – {_fmt_time(end)} · {amount}"
         if fmt == "svg":
             return Response(
                 render_svg(stacks, subtitle=description, frequency_hz=freq).encode(), "image/svg+xml"
@@ -146,7 +154,8 @@ class QueryApi:
                 render_html(stacks, subtitle=description, frequency_hz=freq), "text/html; charset=utf-8"
             )
         if fmt == "pprof":
-            body = to_pprof(stacks, freq, start, end, comments=(f"fleetprof {description}",))
+            ns = None if kind == "cpu" else kind
+            body = to_pprof(stacks, freq, start, end, comments=(f"fleetprof {description}",), nanoseconds=ns)
             headers = {"Content-Disposition": 'attachment; filename="profile.pb.gz"'}
             return Response(body, "application/octet-stream", headers=headers)
         if fmt == "speedscope":
@@ -155,6 +164,7 @@ class QueryApi:
             return json_response(flamegraph_frame(stacks, name=str(selector)))
         body = to_json(stacks, total_samples=total, frequency_hz=freq)
         body["from"], body["until"], body["query"] = start, end, str(selector)
+        body["type"], body["unit"] = kind, UNITS[kind]
         return Response(tree_json_text(body).encode(), "application/json")
 
     def diff(self, req: Request) -> Response:
@@ -181,8 +191,9 @@ class QueryApi:
                 "the comparison is the same selection as the baseline: give a different "
                 '"query2", or a second time range with "from2"/"until2"/"since2"',
             )
-        base = self._store.select(selector, start, end)
-        comp = self._store.select(selector2, start2, end2)
+        typed = self._typed(req)
+        base = typed.select(selector, start, end)
+        comp = typed.select(selector2, start2, end2)
         sides = {
             "baseline": (selector, start, end, base),
             "comparison": (selector2, start2, end2, comp),
@@ -199,6 +210,7 @@ class QueryApi:
                 for name, (sel_, s_, e_, picked) in sides.items()
             }
             body["sort"] = sort
+            body["type"], body["unit"] = typed.kind, typed.unit
             body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort)
             return json_response(body)
         base_stacks, comp_stacks = limit_pair(base.stacks, comp.stacks, max_nodes)
@@ -219,10 +231,13 @@ class QueryApi:
         if req.param("by") is not None:
             return self._top_groups(req, limit)
         sort = self._choice(req, "sort", SORTS, "self")
+        kind = self._choice(req, "type", TYPES, "cpu")
         sel, selector, start, end = self._select(req)
         return json_response(
             {
                 "sort": sort,
+                "type": kind,
+                "unit": UNITS[kind],
                 "total": sel.total,
                 "frequency_hz": sel.frequency_hz,
                 "from": start,
@@ -245,9 +260,12 @@ class QueryApi:
         except ValueError as err:
             message = str(err) if isinstance(err, SeriesError) else f'"step" must be a number, got {raw!r}'
             raise HttpError(400, message) from None
-        ts = self._store.series(selector, start, end, step, by)
+        typed = self._typed(req)
+        ts = typed.series(selector, start, end, step, by)
         lines = top_lines(ts, limit)
         body = {
+            "type": typed.kind,
+            "unit": typed.unit,
             "query": str(selector),
             "from": start,
             "until": end,
@@ -268,15 +286,16 @@ class QueryApi:
         functions = self._int(req, "functions", 5, 0, 100)
         selector = self._selector(req)
         start, end = self._range(req)
+        typed = TypedStore(self._store)
         tagged = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=~", "idle|busy")))
-        cpu = self._store.group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
+        cpu = typed.group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
         pods = []
         for p in self._gpu_usage.pods(selector, start, end)[:limit]:
             idle_stacks = {}
             if functions:
                 pod_idle = (Matcher("namespace", "=", p.namespace), Matcher("pod", "=", p.pod))
                 idle = Selector((*selector.matchers, *pod_idle, Matcher(GPU_STATE_NAME, "=", "idle")))
-                idle_stacks = self._store.select(idle, start, end).stacks
+                idle_stacks = typed.select(idle, start, end).stacks
             pods.append(
                 {
                     "namespace": p.namespace,
@@ -301,14 +320,17 @@ class QueryApi:
             raise HttpError(
                 400, f'"by" must be a comma-separated list of label names, got {req.param("by")!r}'
             )
+        typed = self._typed(req)
         selector = self._selector(req)
         start, end = self._range(req)
-        grouped = self._store.group(selector, start, end, by)
+        grouped = typed.group(selector, start, end, by)
         total = sum(grouped.totals.values())
         freq = grouped.frequency_hz
         rows = sorted(grouped.totals.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
         return json_response(
             {
+                "type": typed.kind,
+                "unit": typed.unit,
                 "by": by,
                 "total": total,
                 "frequency_hz": freq,
@@ -369,7 +391,9 @@ class QueryApi:
 
     def labels(self, req: Request) -> Response:
         start, end = self._optional_range(req)
-        return json_response({"labels": self._store.label_names(start, end)})
+        # __type__ marks off-CPU rows: the API's `type` selects on it, so it is no label to pick.
+        names = [n for n in self._store.label_names(start, end) if n != PROFILE_TYPE_NAME]
+        return json_response({"labels": names})
 
     def label_values(self, req: Request) -> Response:
         rest = req.path[len("/api/v1/labels/") :]

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
 from fleetprof.collector.connect import ConnectError, ConnectService, Method
+from fleetprof.collector.model.profile import PROFILE_TYPE_NAME
 from fleetprof.collector.model.selector import DERIVED_LABELS, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import BUCKET_S, SeriesError, check_step, top_lines
+from fleetprof.collector.query.types import TypedStore
 from fleetprof.collector.render.flamebearer import to_flamebearer
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.tree import truncate
@@ -99,7 +101,9 @@ def _period_ns(frequency_hz: int | None) -> int:
 
 class Querier:
     def __init__(self, store: ProfileStore, clock: Callable[[], float] = time.time):
-        self._store = store
+        self._labels = store  # label names: every row's
+        # Both profile types served count CPU samples (off-CPU rows are nanoseconds: not mixed in).
+        self._store = TypedStore(store, "cpu")
         self._clock = clock
 
     def service(self) -> ConnectService:
@@ -143,7 +147,7 @@ class Querier:
     def label_names(self, req: types_pb2.LabelNamesRequest) -> types_pb2.LabelNamesResponse:
         start, end = self._optional_range(req.start, req.end)
         self._selectors(req.matchers)  # checked; names come from every series in range
-        names = set(self._store.label_names(start, end))
+        names = set(self._labels.label_names(start, end)) - {PROFILE_TYPE_NAME}
         if names:
             names.update(DERIVED_LABELS)
             names.update((PROFILE_TYPE_LABEL, NAME_LABEL))
@@ -165,7 +169,10 @@ class Querier:
 
     def series(self, req: querier_pb2.SeriesRequest) -> querier_pb2.SeriesResponse:
         start, end = self._range_or_recent(req.start, req.end)
-        wanted = list(req.label_names) or [*self._store.label_names(start, end), *DERIVED_LABELS]
+        wanted = list(req.label_names) or [
+            *sorted(set(self._labels.label_names(start, end)) - {PROFILE_TYPE_NAME}),
+            *DERIVED_LABELS,
+        ]
         by = [n for n in wanted if n not in (PROFILE_TYPE_LABEL, NAME_LABEL)]
         keys: set[tuple[str, ...]] = set()
         for sel in self._selectors(req.matchers):

@@ -101,6 +101,17 @@ class BatchBuilder:
         if cols.gpu or gpu != pb.GPU_STATE_NONE:
             cols.gpu.append(gpu)
 
+    def offcpu(self, process: int, stack: int, blocked_ns: int, gpu: int = pb.GPU_STATE_NONE) -> None:
+        """An off-CPU row: `blocked_ns` of the process's threads switched out with the stack."""
+        cols = self.batch.offcpu_columns
+        if gpu != pb.GPU_STATE_NONE and not cols.gpu:
+            cols.gpu.extend([pb.GPU_STATE_NONE] * len(cols.process))
+        cols.process.append(process)
+        cols.stack.append(stack)
+        cols.blocked_ns.append(blocked_ns)
+        if cols.gpu or gpu != pb.GPU_STATE_NONE:
+            cols.gpu.append(gpu)
+
     def build(self) -> pb.Batch:
         self.batch.strings.extend(self._strings)  # insertion order is id order
         return self.batch

@@ -16,7 +16,14 @@ from fleetprof.collector.ingest.frames import FrameTable
 from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
 from fleetprof.collector.model.ids import key_generation, labels_id, other_stack_id, stack_ids_of
-from fleetprof.collector.model.profile import GPU_STATE_NAME, Labels, Stack, SyscallAgg
+from fleetprof.collector.model.profile import (
+    GPU_STATE_NAME,
+    OFFCPU,
+    PROFILE_TYPE_NAME,
+    Labels,
+    Stack,
+    SyscallAgg,
+)
 from fleetprof.collector.model.rows import ProfileRows, StackTable
 
 GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
@@ -318,7 +325,14 @@ class Decoder:
         validate.check_sample_columns(batch.sequence, columns, len(procs), len(stacks))
         label_table: list[ProcessEntry] = list(procs)
         if gcol.any():
-            pcol = self._gpu_tagged_processes(pcol, gcol, label_table)
+            pcol = self._tagged_processes(pcol, gcol, label_table)
+        offcpu_rows = len(batch.offcpu_columns.process)
+        if offcpu_rows:
+            opcol, okcol, occol, ogcol = columns = _offcpu_columns(batch)
+            validate.check_sample_columns(batch.sequence, columns, len(procs), len(stacks), offcpu=True)
+            opcol = self._tagged_processes(opcol, ogcol, label_table, offcpu=True)
+            pcol, kcol = np.concatenate((pcol, opcol)), np.concatenate((kcol, okcol))
+            ccol = np.concatenate((ccol, occol))
         syscalls = [
             (
                 procs[sc.process][1],
@@ -337,20 +351,25 @@ class Decoder:
             kcol,
             ccol.astype(np.int64),
             syscalls,
+            offcpu_rows,
         )
 
-    def _gpu_tagged_processes(
-        self, pcol: np.ndarray, gcol: np.ndarray, table: list[ProcessEntry]
+    def _tagged_processes(
+        self, pcol: np.ndarray, gcol: np.ndarray, table: list[ProcessEntry], offcpu: bool = False
     ) -> np.ndarray:
-        """Samples taken on a GPU go to their process's label set plus gpu_state: one table entry is
-        appended per (process, state), and those rows repointed to it."""
-        tagged = np.flatnonzero(gcol)
+        """Samples taken on a GPU go to their process's label set plus gpu_state, and off-CPU rows (all of
+        them, with `offcpu`) to it plus __type__="offcpu": one table entry is appended per (process, state),
+        and those rows repointed to it."""
+        tagged = np.arange(len(pcol)) if offcpu else np.flatnonzero(gcol)
         keys = pcol[tagged] * 4 + gcol[tagged]
         distinct, which = np.unique(keys, return_inverse=True)
         first = len(table)
         for key in distinct.tolist():
             process, state = divmod(key, 4)
-            lset = tuple(sorted((*table[process][1], (GPU_STATE_NAME, GPU_STATE_LABEL[state]))))
+            extra = [(GPU_STATE_NAME, GPU_STATE_LABEL[state])] if state else []
+            if offcpu:
+                extra.append((PROFILE_TYPE_NAME, OFFCPU))
+            lset = tuple(sorted((*table[process][1], *extra)))
             table.append((self.processes.label_id(lset), lset))
         pcol = pcol.copy()
         pcol[tagged] = first + which
@@ -367,6 +386,19 @@ def _sample_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray
         np.array(sc.process, dtype=np.int64),
         np.array(sc.stack, dtype=np.int64),
         np.array(sc.count, dtype=np.uint64),
+        gpu,
+    )
+
+
+def _offcpu_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(process, stack, blocked ns, gpu) columns of the off-CPU section (lengths checked)."""
+    oc = batch.offcpu_columns
+    n = len(oc.process)
+    gpu = np.array(oc.gpu, dtype=np.int64) if len(oc.gpu) else np.zeros(n, dtype=np.int64)
+    return (
+        np.array(oc.process, dtype=np.int64),
+        np.array(oc.stack, dtype=np.int64),
+        np.array(oc.blocked_ns, dtype=np.uint64),
         gpu,
     )
 

@@ -10,7 +10,7 @@ from typing import NoReturn
 import numpy as np
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector.model.profile import GPU_STATE_NAME, MAX_BATCH_AGE_S
+from fleetprof.collector.model.profile import GPU_STATE_NAME, MAX_BATCH_AGE_S, PROFILE_TYPE_NAME
 from fleetprof.collector.model.selector import LABEL_NAME
 
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
@@ -18,6 +18,7 @@ MAX_SEQUENCE = (1 << 63) - 1  # the database keeps sequences as BIGINT: one abov
 # ~104 days of latency in one window of one process's calls of one syscall, more than all its threads can
 # block in it; sums stay exact in float64 and far from BIGINT's limit in the database.
 MAX_TIMED_NS = 1 << 53
+MAX_BLOCKED_NS = 1 << 53  # one off-CPU row: ~104 days, past any window (agents clip a block to it)
 MAX_FREQUENCY_HZ = 100_000
 MAX_STACK_DEPTH = 4096
 MAX_LABEL_BYTES = 1024  # a label value
@@ -25,7 +26,7 @@ MAX_LABEL_NAME_BYTES = 128
 MAX_AGENT_ID_BYTES = 256  # kept in the dedupe state for every batch (agents send 32 hex digits)
 # Labels the collector derives itself (from the batch's identity and the process table, or ingest's GPU
 # tagging): a process label of the same name would let an agent pass its data off as another node's.
-DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME})
+DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME, PROFILE_TYPE_NAME})
 MAX_GPU_SAMPLES_PER_DEVICE = 100_000
 GPU_STATES = (pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE, pb.GPU_STATE_BUSY)
 
@@ -268,30 +269,47 @@ def check_sample_column_lengths(batch: pb.Batch) -> None:
             f"sample_columns have {n} processes, {len(sc.stack)} stacks, {len(sc.count)} counts and "
             f"{len(sc.gpu)} GPU states: process, stack and count need one per row, gpu one per row or none",
         )
+    oc = batch.offcpu_columns
+    n = len(oc.process)
+    if len(oc.stack) != n or len(oc.blocked_ns) != n or len(oc.gpu) not in (0, n):
+        fail(
+            batch.sequence,
+            "bad_offcpu",
+            f"offcpu_columns have {n} processes, {len(oc.stack)} stacks, {len(oc.blocked_ns)} blocked_ns "
+            f"and {len(oc.gpu)} GPU states: process, stack and blocked_ns need one per row, gpu one per row "
+            "or none",
+        )
 
 
-def check_sample_columns(seq: int, columns: Sequence[np.ndarray], nproc: int, nstack: int) -> None:
-    """(process, stack, count, gpu) columns: every reference in range, every count and state valid."""
+def check_sample_columns(
+    seq: int, columns: Sequence[np.ndarray], nproc: int, nstack: int, offcpu: bool = False
+) -> None:
+    """(process, stack, count, gpu) columns: every reference in range, every count and state valid. With
+    `offcpu`, the off-CPU columns: counts are blocked nanoseconds."""
     pcol, kcol, ccol, gcol = columns
     if not len(ccol):
         return
+    limit = MAX_BLOCKED_NS if offcpu else MAX_COUNT
     if (
         pcol.max() < nproc
         and kcol.max() < nstack
         and ccol.min() > 0
-        and ccol.max() <= MAX_COUNT
+        and ccol.max() <= limit
         and gcol.min() >= 0
         and gcol.max() <= max(GPU_STATES)
     ):
         return
-    bad = (pcol >= nproc) | (kcol >= nstack) | (ccol == 0) | (ccol > MAX_COUNT)
+    bad = (pcol >= nproc) | (kcol >= nstack) | (ccol == 0) | (ccol > limit)
     bad |= (gcol < 0) | (gcol > max(GPU_STATES))
     i = int(np.flatnonzero(bad)[0])
     p, k, c, g = int(pcol[i]), int(kcol[i]), int(ccol[i]), int(gcol[i])
+    row, reason = ("off-CPU row", "bad_offcpu") if offcpu else ("sample", "bad_sample")
     if p >= nproc:
-        fail(seq, "bad_sample", f"sample {i} refers to process {p}, but there are {nproc}")
+        fail(seq, reason, f"{row} {i} refers to process {p}, but there are {nproc}")
     if k >= nstack:
-        fail(seq, "bad_sample", f"sample {i} refers to stack {k}, but there are {nstack}")
-    if c == 0 or c > MAX_COUNT:
-        fail(seq, "bad_count", f"sample {i} has count {c}: counts must be in 1..{MAX_COUNT}")
-    fail(seq, "bad_sample", f"sample {i} has an unknown GPU state {g}")
+        fail(seq, reason, f"{row} {i} refers to stack {k}, but there are {nstack}")
+    if c == 0 or c > limit:
+        if offcpu:
+            fail(seq, "bad_count", f"{row} {i} has blocked_ns {c}: it must be in 1..{limit}")
+        fail(seq, "bad_count", f"{row} {i} has count {c}: counts must be in 1..{limit}")
+    fail(seq, reason, f"{row} {i} has an unknown GPU state {g}")

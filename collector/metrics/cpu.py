@@ -1,4 +1,5 @@
-"""Prometheus CPU time per pod (`fleetprof_cpu_seconds_total`) from ingested samples, with a cap."""
+"""Prometheus CPU and off-CPU time per pod (`fleetprof_cpu_seconds_total`, `fleetprof_offcpu_seconds_total`)
+from ingested rows, with a cap."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from fleetprof.collector.model.profile import PROFILE_TYPE_NAME
 from fleetprof.collector.model.rows import ProfileRows
 
 SERIES_LABELS = ("node", "namespace", "pod", "container")
@@ -34,6 +36,10 @@ class CpuMetrics:
         self._last_update: dict[tuple[str, ...], float] = {}
         self._named: dict[str, set[tuple[str, ...]]] = {}  # node -> series keys with their own name
         self._series_of: dict[int, tuple[str, ...]] = {}  # label set id -> its series key
+        # Off-CPU nanoseconds' seconds, per the same series keys (the cap is the CPU series'; a pod's
+        # off-CPU time goes where its CPU time goes).
+        self._offcpu: dict[tuple[str, ...], float] = {}
+        self._offcpu_sets: set[int] = set()  # label set ids of off-CPU rows
 
     def observe(self, rows: ProfileRows) -> None:
         # Sum per label set first, in numpy: a batch has thousands of rows but only hundreds of processes.
@@ -46,6 +52,7 @@ class CpuMetrics:
         with self._lock:
             if len(series_of) > self.MAX_CACHED:
                 series_of.clear()
+                self._offcpu_sets.clear()
             for (lid, labels), n in zip(rows.label_sets, per_set, strict=True):
                 if not n:
                     continue
@@ -53,20 +60,27 @@ class CpuMetrics:
                 if key is None:
                     lb = dict(labels)
                     key = series_of[lid] = tuple(lb.get(name, "") for name in SERIES_LABELS)
+                    if PROFILE_TYPE_NAME in lb:
+                        self._offcpu_sets.add(lid)
                 named = self._named.setdefault(key[0], set())
                 if key not in named:
                     if len(named) < self._limit:
                         named.add(key)
                     else:
                         key = (key[0], key[1], OTHER, OTHER)
-                self._seconds[key] = self._seconds.get(key, 0.0) + n / freq
+                if lid in self._offcpu_sets:
+                    self._offcpu[key] = self._offcpu.get(key, 0.0) + n / 1e9
+                else:
+                    self._seconds[key] = self._seconds.get(key, 0.0) + n / freq
                 self._last_update[key] = now
             self._expire(now)
 
     def _expire(self, now: float) -> None:
         stale = [k for k, t in self._last_update.items() if now - t > self._expire_s]
         for k in stale:
-            del self._seconds[k], self._last_update[k]
+            self._seconds.pop(k, None)
+            self._offcpu.pop(k, None)
+            del self._last_update[k]
             named = self._named.get(k[0])
             if named is not None:
                 named.discard(k)
@@ -79,6 +93,7 @@ class CpuMetrics:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             items = sorted(self._seconds.items())
+            offcpu = sorted(self._offcpu.items())
         fam = CounterMetricFamily(
             "fleetprof_cpu_seconds",
             "CPU time sampled by the agents (samples / sampling frequency)",
@@ -87,3 +102,12 @@ class CpuMetrics:
         for key, seconds in items:
             fam.add_metric(list(key), seconds)
         yield fam
+        if offcpu:
+            fam = CounterMetricFamily(
+                "fleetprof_offcpu_seconds",
+                "Time threads spent switched out (blocked or waiting to run), per the agents",
+                labels=list(SERIES_LABELS),
+            )
+            for key, seconds in offcpu:
+                fam.add_metric(list(key), seconds)
+            yield fam

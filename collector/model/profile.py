@@ -11,6 +11,12 @@ from typing import NamedTuple
 # absent for everything else). Set by ingest, selected by the API's gpu=idle|busy.
 GPU_STATE_NAME = "gpu_state"
 
+# Off-CPU time (nanoseconds a thread was switched out, by the stack it left with) is stored beside the CPU
+# samples under label sets carrying this label; CPU label sets have none. Set by ingest; the API's
+# type=cpu|offcpu|wall selects on it, so no query mixes samples with nanoseconds.
+PROFILE_TYPE_NAME = "__type__"
+OFFCPU = "offcpu"
+
 # How old a batch's window may be when it arrives. An agent keeps at most its 64 newest unacknowledged
 # batches (about 11 minutes at its default 10 s windows), so anything older is a broken clock or a replayed
 # capture, not a resend: ingest rejects it, and so dedupe state older than this is never needed.

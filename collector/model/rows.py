@@ -63,6 +63,9 @@ class ProfileRows:
     stack_index: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row
     counts: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row, > 0
     syscalls: Sequence[SyscallRow] = ()
+    # The last `offcpu_rows` rows are off-CPU time: nanoseconds, under label sets carrying
+    # __type__="offcpu" (collector/model/profile.py), not samples.
+    offcpu_rows: int = 0
 
     @classmethod
     def from_rows(
@@ -97,7 +100,12 @@ class ProfileRows:
 
     @property
     def total(self) -> int:
-        return int(self.counts.sum())
+        """CPU samples (off-CPU rows left out)."""
+        return int(self.counts[: len(self.counts) - self.offcpu_rows].sum())
+
+    @property
+    def offcpu_ns(self) -> int:
+        return int(self.counts[len(self.counts) - self.offcpu_rows :].sum()) if self.offcpu_rows else 0
 
     @property
     def rows(self) -> list[tuple[Labels, Stack, int]]:

@@ -81,15 +81,21 @@ def to_pprof(
     start_s: float | None = None,
     end_s: float | None = None,
     comments: tuple[str, ...] = (),
+    nanoseconds: str | None = None,
 ) -> bytes:
     """A gzipped profile.proto Profile: one sample per stack, values [samples, cpu nanoseconds].
 
     The period is one sampling interval (1e9 / frequency ns), so cpu = samples × period. Without a known
     frequency only the sample count is written. Kernel frames get the file "[kernel.kallsyms]".
+    With `nanoseconds` (a sample type's name: "offcpu", "wall"), the counts are nanoseconds already and
+    are written as the one sample type (`nanoseconds`, nanoseconds).
     """
     string = _Strings()
-    period = round(1e9 / frequency_hz) if frequency_hz else 0
-    value_types = [("samples", "count")] + ([("cpu", "nanoseconds")] if period else [])
+    if nanoseconds:
+        period, value_types = 0, [(nanoseconds, "nanoseconds")]
+    else:
+        period = round(1e9 / frequency_hz) if frequency_hz else 0
+        value_types = [("samples", "count")] + ([("cpu", "nanoseconds")] if period else [])
     out = bytearray()
     for kind, unit in value_types:
         out += _bytes_field(_SAMPLE_TYPE, _int_field(1, string(kind)) + _int_field(2, string(unit)))

@@ -49,7 +49,10 @@ def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
     since = args.since
     if since is None and args.from_ is None:
         since = "5m"
-    return {"query": args.query, "since": since, "from": args.from_, "until": args.until, "gpu": args.gpu}
+    params = {"query": args.query, "since": since, "from": args.from_, "until": args.until, "gpu": args.gpu}
+    if getattr(args, "type", "cpu") != "cpu":
+        params["type"] = args.type
+    return params
 
 
 def cmd_collector(args: argparse.Namespace) -> int:

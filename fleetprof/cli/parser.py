@@ -137,6 +137,17 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_type_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--type",
+        choices=("cpu", "offcpu", "wall"),
+        default="cpu",
+        help="what to count: cpu (CPU samples), offcpu (nanoseconds threads spent switched out, by the stack "
+        "they left with), wall (both in nanoseconds: CPU samples x period plus off-CPU time). Folded output "
+        "of offcpu and wall counts nanoseconds",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetprof", description="Always-on eBPF fleet profiler")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -300,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("top", help="hottest functions (self and total), or label groups with --by")
     _add_query_args(t)
+    _add_type_arg(t)
     t.add_argument("--limit", type=_positive_int, default=20)
     t.add_argument(
         "--sort", choices=("self", "total"), default="self", help="rank functions by self or total samples"
@@ -325,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or print folded stacks",
     )
     _add_query_args(f)
+    _add_type_arg(f)
     f.add_argument(
         "-o",
         "--output",
@@ -354,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--from2/--until2, each defaulting to the baseline's (so give a second selector or a second range).",
     )
     _add_query_args(df)
+    _add_type_arg(df)
     df.add_argument("--query2", default=None, help="comparison selector (default: --query)")
     df.add_argument("--since2", default=None, help="comparison window ending at --until2 (default now)")
     df.add_argument("--from2", default=None, help="comparison start")

@@ -36,17 +36,26 @@ def format_top(data: dict) -> str:
         return time.strftime("%H:%M:%S", time.localtime(t))
 
     span = f"{clock(data['from'])}–{clock(data['until'])}"
-    cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
-    lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
+    ns = data.get("unit") == "nanoseconds"
+    if ns:  # off-CPU or wall time: values are nanoseconds
+        lines = [f"{data['query']}  {span}  {_seconds_text(total / 1e9)} of {data['type']} time"]
+    else:
+        cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
+        lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
     if not total:
         lines.append("no samples in this range (is an agent running and pointed at this collector?)")
         return "\n".join(lines)
+
+    def amount(v: int) -> str:
+        return _seconds_text(v / 1e9) if ns else str(v)
+
     lines.append(f"{'SELF%':>7} {'SELF':>8} {'TOTAL%':>7} {'TOTAL':>8}  FUNCTION")
     for fn in data["functions"]:
         name = fn["function"] + ("_[k]" if fn.get("kernel") else "")
         module = f"  [{fn['module']}]" if fn.get("module") else ""
         lines.append(
-            f"{fn['self_pct']:6.1f}% {fn['self']:>8} {fn['total_pct']:6.1f}% {fn['total']:>8}  {name}{module}"
+            f"{fn['self_pct']:6.1f}% {amount(fn['self']):>8} {fn['total_pct']:6.1f}% "
+            f"{amount(fn['total']):>8}  {name}{module}"
         )
     return "\n".join(lines)
 

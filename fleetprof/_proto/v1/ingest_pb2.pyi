@@ -29,7 +29,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source", "offcpu_columns", "offcpu_stats")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class Batch(_message.Message):
     GPU_DEVICES_FIELD_NUMBER: _ClassVar[int]
     GPU_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     GPU_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    OFFCPU_STATS_FIELD_NUMBER: _ClassVar[int]
     agent: AgentIdentity
     sequence: int
     start_unix_ns: int
@@ -68,7 +70,39 @@ class Batch(_message.Message):
     gpu_devices: _containers.RepeatedCompositeFieldContainer[GpuDevice]
     gpu_processes: _containers.RepeatedCompositeFieldContainer[GpuProcessUsage]
     gpu_source: GpuSource
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ...) -> None: ...
+    offcpu_columns: OffCpuColumns
+    offcpu_stats: OffCpuStats
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ..., offcpu_columns: _Optional[_Union[OffCpuColumns, _Mapping]] = ..., offcpu_stats: _Optional[_Union[OffCpuStats, _Mapping]] = ...) -> None: ...
+
+class OffCpuColumns(_message.Message):
+    __slots__ = ("process", "stack", "blocked_ns", "gpu")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_NS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    process: _containers.RepeatedScalarFieldContainer[int]
+    stack: _containers.RepeatedScalarFieldContainer[int]
+    blocked_ns: _containers.RepeatedScalarFieldContainer[int]
+    gpu: _containers.RepeatedScalarFieldContainer[GpuState]
+    def __init__(self, process: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., blocked_ns: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[_Union[GpuState, str]]] = ...) -> None: ...
+
+class OffCpuStats(_message.Message):
+    __slots__ = ("switches", "sampled", "recorded", "below_min", "state_full", "sample_every", "min_block_ns")
+    SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    BELOW_MIN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FULL_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
+    MIN_BLOCK_NS_FIELD_NUMBER: _ClassVar[int]
+    switches: int
+    sampled: int
+    recorded: int
+    below_min: int
+    state_full: int
+    sample_every: int
+    min_block_ns: int
+    def __init__(self, switches: _Optional[int] = ..., sampled: _Optional[int] = ..., recorded: _Optional[int] = ..., below_min: _Optional[int] = ..., state_full: _Optional[int] = ..., sample_every: _Optional[int] = ..., min_block_ns: _Optional[int] = ...) -> None: ...
 
 class GpuSource(_message.Message):
     __slots__ = ("up", "state", "idle_below_percent")

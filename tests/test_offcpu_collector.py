@@ -1,0 +1,169 @@
+"""Off-CPU time through the collector: the wire's off-CPU section is checked, stored beside the CPU samples
+without mixing into them, and served as type=offcpu (nanoseconds) and type=wall (CPU samples x period plus
+blocked time) by the API, pprof and Prometheus. The agent side is tested in tests/test_offcpu_bpf.py."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.error
+import urllib.parse
+
+import grpc
+import pytest
+
+from fleetprof._proto.pyroscope import profile_pb2
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from tests.conftest import RunningCollector, fleetprof, http_get, start_collector
+from tests.test_pyroscope_api import SAMPLES, merge
+from tests.wire import BatchBuilder, push
+
+HZ = 100
+PERIOD_NS = 10_000_000
+MS = 1_000_000
+
+
+def batch(seq: int = 1) -> pb.Batch:
+    """web-1: 30 CPU samples in main;serve and 2 s blocked in main;serve;read (1.5 s while its GPU idled),
+    0.5 s in main;wait. 0.3 s of CPU is 30 samples x 10 ms."""
+    b = BatchBuilder(node="node-a", sequence=seq, frequency_hz=HZ)
+    web = b.process(10, "python3", {"namespace": "shop", "pod": "web-1"})
+    serve = b.stack([("main", "app"), ("serve", "app")])
+    read = b.stack([("main", "app"), ("serve", "app"), ("read", "libc.so.6")])
+    wait = b.stack([("main", "app"), ("wait", "app")])
+    b.sample(web, serve, 30)
+    b.offcpu(web, read, 500 * MS)
+    b.offcpu(web, read, 1500 * MS, gpu=pb.GPU_STATE_IDLE)
+    b.offcpu(web, wait, 500 * MS)
+    return b.build()
+
+
+@pytest.fixture(scope="module")
+def fed(module_collector: RunningCollector) -> RunningCollector:
+    assert push(module_collector.grpc_target, [batch()]) == [1]
+    return module_collector
+
+
+def profile(col: RunningCollector, **params: str) -> dict:
+    return col.json("/api/v1/profile", **{"since": "10m", **params})
+
+
+def flat(node: dict, path: tuple = ()) -> dict[tuple[str, ...], int]:
+    """(path of names) -> self value of a JSON profile's tree."""
+    here = (*path, node["name"]) if path or node["name"] != "all" else ()
+    out = {here: node["self"]} if node["self"] else {}
+    for child in node["children"]:
+        out.update(flat(child, here))
+    return out
+
+
+def test_cpu_profiles_leave_off_cpu_time_out(fed: RunningCollector) -> None:
+    body = profile(fed)
+    assert (body["type"], body["unit"], body["total"]) == ("cpu", "samples", 30)
+    assert flat(body["root"]) == {("main", "serve"): 30}
+    assert merge(fed, kind=SAMPLES).flamegraph.total == 30  # Grafana's too
+    assert fed.json("/api/v1/top", since="10m")["total"] == 30
+
+
+def test_off_cpu_profiles_count_blocked_nanoseconds(fed: RunningCollector) -> None:
+    body = profile(fed, type="offcpu")
+    assert (body["type"], body["unit"], body["total"]) == ("offcpu", "nanoseconds", 2500 * MS)
+    assert flat(body["root"]) == {("main", "serve", "read"): 2000 * MS, ("main", "wait"): 500 * MS}
+    idle = profile(fed, type="offcpu", gpu="idle")
+    assert flat(idle["root"]) == {("main", "serve", "read"): 1500 * MS}
+    top = fed.json("/api/v1/top", since="10m", type="offcpu", by="pod")
+    assert top["groups"][0]["labels"] == {"pod": "web-1"} and top["groups"][0]["cpu_seconds"] == 2.5
+
+
+def test_wall_profiles_add_cpu_time_and_blocked_time(fed: RunningCollector) -> None:
+    body = profile(fed, type="wall")
+    assert body["total"] == 30 * PERIOD_NS + 2500 * MS
+    assert flat(body["root"]) == {
+        ("main", "serve"): 30 * PERIOD_NS,
+        ("main", "serve", "read"): 2000 * MS,
+        ("main", "wait"): 500 * MS,
+    }
+    series = fed.json("/api/v1/series", since="10m", type="wall")
+    assert sum(n for _, n in series["series"][0]["points"]) == body["total"]
+
+
+def test_folded_and_pprof_carry_nanoseconds(fed: RunningCollector) -> None:
+    q = urllib.parse.urlencode({"since": "10m", "type": "offcpu", "format": "folded"})
+    folded = http_get(f"{fed.url}/api/v1/profile?{q}").decode()
+    assert f"main;serve;read {2000 * MS}" in folded.splitlines()
+    q = urllib.parse.urlencode({"since": "10m", "type": "wall", "format": "pprof"})
+    prof = profile_pb2.Profile.FromString(gzip.decompress(http_get(f"{fed.url}/api/v1/profile?{q}")))
+    types = [(prof.string_table[t.type], prof.string_table[t.unit]) for t in prof.sample_type]
+    assert types == [("wall", "nanoseconds")]
+    assert sum(s.value[0] for s in prof.sample) == 30 * PERIOD_NS + 2500 * MS
+
+
+def test_prometheus_gets_off_cpu_seconds_per_pod(fed: RunningCollector) -> None:
+    text = http_get(f"{fed.url}/metrics").decode()
+    off = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("fleetprof_offcpu_seconds_total{") and 'pod="web-1"' in ln
+    ]
+    cpu = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("fleetprof_cpu_seconds_total{") and 'pod="web-1"' in ln
+    ]
+    assert len(off) == 1 and float(off[0].rsplit(" ", 1)[1]) == pytest.approx(2.5)
+    assert len(cpu) == 1 and float(cpu[0].rsplit(" ", 1)[1]) == pytest.approx(0.3)
+
+
+def test_the_type_label_is_the_collectors(fed: RunningCollector) -> None:
+    assert "__type__" not in fed.json("/api/v1/labels")["labels"]
+    with pytest.raises(urllib.error.HTTPError) as info:
+        profile(fed, type="heap")
+    assert info.value.code == 400 and "type" in json.loads(info.value.read())["error"]
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda b: b.offcpu_columns.blocked_ns.append(5), "offcpu_columns have"),
+        (lambda b: b.offcpu_columns.blocked_ns.__setitem__(0, 0), "has blocked_ns 0"),
+        (lambda b: b.offcpu_columns.process.__setitem__(0, 9), "off-CPU row 0 refers to process 9"),
+        (lambda b: b.offcpu_columns.stack.__setitem__(1, 99), "off-CPU row 1 refers to stack 99"),
+        (lambda b: b.offcpu_columns.gpu.__setitem__(2, 7), "off-CPU row 2 has an unknown GPU state 7"),
+        (lambda b: b.offcpu_columns.blocked_ns.__setitem__(0, 1 << 60), "has blocked_ns"),
+    ],
+)
+def test_bad_off_cpu_rows_are_refused_by_name(mutate, expected: str, collector: RunningCollector) -> None:  # noqa: ANN001
+    bad = batch()
+    mutate(bad)
+    with pytest.raises(grpc.RpcError) as info:
+        push(collector.grpc_target, [bad])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in info.value.details()
+
+
+def test_the_durable_store_keeps_off_cpu_time_apart_across_a_restart(tmp_path) -> None:  # noqa: ANN001
+    col = RunningCollector(start_collector(data_dir=str(tmp_path)))
+    try:
+        assert push(col.grpc_target, [batch()]) == [1]
+    finally:
+        col.collector.stop()
+    col = RunningCollector(start_collector(data_dir=str(tmp_path)))
+    try:
+        for since in ("10m", "3h"):  # the hot tier, then DuckDB
+            assert profile(col, since=since)["total"] == 30
+            assert profile(col, since=since, type="offcpu")["total"] == 2500 * MS
+            assert profile(col, since=since, type="wall")["total"] == 30 * PERIOD_NS + 2500 * MS
+    finally:
+        col.collector.stop()
+
+
+def test_the_cli_reads_off_cpu_and_wall_time(fed: RunningCollector, tmp_path) -> None:  # noqa: ANN001
+    top = fleetprof("top", "--collector", fed.url, "--since", "10m", "--type", "offcpu")
+    assert top.returncode == 0, top.stderr
+    assert "2.5s of offcpu time" in top.stdout
+    (row,) = [line for line in top.stdout.splitlines() if line.rstrip().endswith("read  [libc.so.6]")]
+    assert "80.0%" in row and "2.0s" in row
+    out = tmp_path / "wall.folded"
+    flame = fleetprof("flame", "--collector", fed.url, "--since", "10m", "--type", "wall", "-o", str(out))
+    assert flame.returncode == 0, flame.stderr
+    assert f"main;serve {30 * PERIOD_NS}" in out.read_text().splitlines()
