@@ -18,7 +18,7 @@ from fleetprof.collector.model.profile import PROFILE_TYPE_NAME
 from fleetprof.collector.model.selector import DERIVED_LABELS, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import BUCKET_S, SeriesError, check_step, top_lines
-from fleetprof.collector.query.types import TypedStore
+from fleetprof.collector.query.types import TYPES, TypedStore
 from fleetprof.collector.render.flamebearer import to_flamebearer
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.tree import truncate
@@ -43,7 +43,8 @@ class ProfileType:
     sample_unit: str
     period_type: str
     period_unit: str
-    in_nanoseconds: bool  # values are CPU nanoseconds, else samples
+    in_nanoseconds: bool  # values are nanoseconds, else samples
+    store_type: str = "cpu"  # what it counts (collector/query/types.py)
 
 
 PROFILE_TYPES = {
@@ -66,6 +67,27 @@ PROFILE_TYPES = {
             "cpu",
             "nanoseconds",
             False,
+        ),
+        # Off-CPU time (threads switched out) and wall time (on-CPU plus off-CPU), both nanoseconds.
+        ProfileType(
+            "process_offcpu:offcpu:nanoseconds:offcpu:nanoseconds",
+            "process_offcpu",
+            "offcpu",
+            "nanoseconds",
+            "offcpu",
+            "nanoseconds",
+            True,
+            "offcpu",
+        ),
+        ProfileType(
+            "wall:wall:nanoseconds:wall:nanoseconds",
+            "wall",
+            "wall",
+            "nanoseconds",
+            "wall",
+            "nanoseconds",
+            True,
+            "wall",
         ),
     )
 }
@@ -102,8 +124,9 @@ def _period_ns(frequency_hz: int | None) -> int:
 class Querier:
     def __init__(self, store: ProfileStore, clock: Callable[[], float] = time.time):
         self._labels = store  # label names: every row's
-        # Both profile types served count CPU samples (off-CPU rows are nanoseconds: not mixed in).
+        # Listings and stats look at CPU samples; each profile type selects through its own view.
         self._store = TypedStore(store, "cpu")
+        self._typed = {kind: TypedStore(store, kind) for kind in TYPES}
         self._clock = clock
 
     def service(self) -> ConnectService:
@@ -174,27 +197,33 @@ class Querier:
             *DERIVED_LABELS,
         ]
         by = [n for n in wanted if n not in (PROFILE_TYPE_LABEL, NAME_LABEL)]
-        keys: set[tuple[str, ...]] = set()
+        # The groups with data, per what the types count: a profile type is listed for a group only
+        # where it has some (no off-CPU series for a node whose agent does not record it).
+        keys: dict[str, set[tuple[str, ...]]] = {kind: set() for kind in TYPES}
         for sel in self._selectors(req.matchers):
-            keys.update(self._store.group(sel, start, end, by).totals)
-        out = querier_pb2.SeriesResponse()
-        for key in sorted(keys):
-            pairs = {n: v for n, v in zip(by, key, strict=True) if v}
-            for t in PROFILE_TYPES.values():
-                if len(out.labels_set) >= MAX_SERIES_LABEL_SETS:
-                    return out
-                labels = dict(pairs)
+            for kind in ("cpu", "offcpu"):
+                keys[kind].update(self._typed[kind].group(sel, start, end, by).totals)
+        keys["wall"] = keys["cpu"] | keys["offcpu"]
+        typed = PROFILE_TYPE_LABEL in wanted or NAME_LABEL in wanted
+        sets: set[tuple[tuple[str, str], ...]] = set()
+        for t in PROFILE_TYPES.values():
+            for key in keys[t.store_type]:
+                labels = {n: v for n, v in zip(by, key, strict=True) if v}
                 if PROFILE_TYPE_LABEL in wanted:
                     labels[PROFILE_TYPE_LABEL] = t.id
                 if NAME_LABEL in wanted:
                     labels[NAME_LABEL] = t.name
-                out.labels_set.append(
-                    types_pb2.Labels(
-                        labels=[types_pb2.LabelPair(name=k, value=v) for k, v in sorted(labels.items())]
-                    )
+                sets.add(tuple(sorted(labels.items())))
+            if not typed:
+                sets.update(
+                    tuple(sorted((n, v) for n, v in zip(by, k, strict=True) if v)) for k in keys["wall"]
                 )
-                if PROFILE_TYPE_LABEL not in wanted and NAME_LABEL not in wanted:
-                    break  # the same set for every type
+                break
+        out = querier_pb2.SeriesResponse()
+        for pairs in sorted(sets)[:MAX_SERIES_LABEL_SETS]:
+            out.labels_set.append(
+                types_pb2.Labels(labels=[types_pb2.LabelPair(name=k, value=v) for k, v in pairs])
+            )
         return out
 
     def get_profile_stats(self, _req: types_pb2.GetProfileStatsRequest) -> types_pb2.GetProfileStatsResponse:
@@ -240,9 +269,8 @@ class Querier:
         selector = _selector(req.label_selector)
         start, end = _range_ms(req.start, req.end)
         max_nodes = self._max_nodes(req)
-        sel = self._store.select(selector, start, end)
-        scale = _period_ns(sel.frequency_hz) if kind.in_nanoseconds else 1
-        fb = to_flamebearer(sel.stacks, max_nodes, scale)
+        sel = self._typed[kind.store_type].select(selector, start, end)
+        fb = to_flamebearer(sel.stacks, max_nodes, self._scale(kind, sel.frequency_hz))
         return querier_pb2.SelectMergeStacktracesResponse(
             flamegraph=querier_pb2.FlameGraph(
                 names=fb.names,
@@ -252,13 +280,22 @@ class Querier:
             )
         )
 
+    @staticmethod
+    def _scale(kind: ProfileType, frequency_hz: int | None) -> int:
+        """What a stored count is worth in the type's unit: CPU samples in nanoseconds are a period each;
+        off-CPU and wall views count nanoseconds already."""
+        if kind.store_type != "cpu" or not kind.in_nanoseconds:
+            return 1
+        return _period_ns(frequency_hz)
+
     def select_merge_profile(self, req: querier_pb2.SelectMergeProfileRequest) -> profile_pb2.Profile:
-        _profile_type(req.profile_typeID)
+        kind = _profile_type(req.profile_typeID)
         selector = _selector(req.label_selector)
         start, end = _range_ms(req.start, req.end)
         max_nodes = self._max_nodes(req)
-        sel = self._store.select(selector, start, end)
-        body = to_pprof(truncate(sel.stacks, max_nodes), sel.frequency_hz, start, end)
+        sel = self._typed[kind.store_type].select(selector, start, end)
+        ns = None if kind.store_type == "cpu" else kind.sample_type
+        body = to_pprof(truncate(sel.stacks, max_nodes), sel.frequency_hz, start, end, nanoseconds=ns)
         return profile_pb2.Profile.FromString(gzip.decompress(body))
 
     def select_series(self, req: querier_pb2.SelectSeriesRequest) -> querier_pb2.SelectSeriesResponse:
@@ -277,8 +314,8 @@ class Querier:
         average = (
             req.HasField("aggregation") and req.aggregation == types_pb2.TIME_SERIES_AGGREGATION_TYPE_AVERAGE
         )
-        ts = self._store.series(selector, start, end, step, list(req.group_by))
-        scale = _period_ns(ts.frequency_hz) if kind.in_nanoseconds else 1
+        ts = self._typed[kind.store_type].series(selector, start, end, step, list(req.group_by))
+        scale = self._scale(kind, ts.frequency_hz)
         # Average: per stored window (10 s) of the step, rather than the step's sum.
         per = max(1.0, step / BUCKET_S) if average else 1.0
         limit = req.limit if req.HasField("limit") and req.limit > 0 else None

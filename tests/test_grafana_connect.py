@@ -20,7 +20,7 @@ from fleetprof.collector.main import Collector, CollectorConfig
 from tests.certs import Ca
 from tests.conftest import RunningCollector, free_port, settled_profile, start_agent, stop_agent
 from tests.connect import Answer, ConnectClient
-from tests.test_pyroscope_api import CPU, SAMPLES, nodes
+from tests.test_pyroscope_api import CPU, OFFCPU, SAMPLES, WALL, nodes
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -209,11 +209,14 @@ def test_labels_series_profile_types_and_stats(answers: dict[str, Answer], profi
     assert {(t.ID, t.sample_type, t.sample_unit) for t in types} == {
         (CPU, "cpu", "nanoseconds"),
         (SAMPLES, "samples", "count"),
+        (OFFCPU, "offcpu", "nanoseconds"),
+        (WALL, "wall", "nanoseconds"),
     }
     assert {"pid", "comm", "node", "service_name", "__profile_type__"} <= set(_ok(answers, "names").names)
     assert list(_ok(answers, "pids").names) == [str(profiled.pid)]
     sets = {tuple((p.name, p.value) for p in s.labels) for s in _ok(answers, "series").labels_set}
-    assert sets == {(("__profile_type__", t), ("pid", str(profiled.pid))) for t in (CPU, SAMPLES)}
+    # CPU time is wall time too; no off-CPU series without an off-CPU recorder.
+    assert sets == {(("__profile_type__", t), ("pid", str(profiled.pid))) for t in (CPU, SAMPLES, WALL)}
     stats = _ok(answers, "stats")
     assert stats.data_ingested
     # Whole hours (the newest cut at now): the oldest begins before the workload's samples, the newest
@@ -301,5 +304,5 @@ def test_the_api_token_is_needed_and_enough(secured: tuple[str, Path], codec: st
     got = dict(
         zip(("types", "merged"), ConnectClient(url, binary, headers=bearer, ca=ca).calls(calls), strict=True)
     )
-    assert {t.ID for t in _ok(got, "types").profile_types} == {CPU, SAMPLES}
+    assert {t.ID for t in _ok(got, "types").profile_types} == {CPU, SAMPLES, OFFCPU, WALL}
     assert _ok(got, "merged").flamegraph.total == 0  # nothing ingested here

@@ -15,7 +15,7 @@ import pytest
 from fleetprof._proto.pyroscope import profile_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector, fleetprof, http_get, start_collector
-from tests.test_pyroscope_api import SAMPLES, merge
+from tests.test_pyroscope_api import OFFCPU, SAMPLES, WALL, merge, nodes
 from tests.wire import BatchBuilder, push
 
 HZ = 100
@@ -167,3 +167,26 @@ def test_the_cli_reads_off_cpu_and_wall_time(fed: RunningCollector, tmp_path) ->
     flame = fleetprof("flame", "--collector", fed.url, "--since", "10m", "--type", "wall", "-o", str(out))
     assert flame.returncode == 0, flame.stderr
     assert f"main;serve {30 * PERIOD_NS}" in out.read_text().splitlines()
+
+
+def test_grafana_gets_off_cpu_and_wall_flame_graphs(fed: RunningCollector) -> None:
+    off = merge(fed, kind=OFFCPU).flamegraph
+    assert off.total == 2500 * MS
+    assert nodes(off)[("total", "main", "serve", "read")] == (2000 * MS, 2000 * MS)
+    wall = merge(fed, kind=WALL).flamegraph
+    assert wall.total == 30 * PERIOD_NS + 2500 * MS
+    assert nodes(wall)[("total", "main", "serve")] == (30 * PERIOD_NS + 2000 * MS, 30 * PERIOD_NS)
+    idle = merge(fed, '{gpu_state="idle"}', kind=OFFCPU).flamegraph
+    assert idle.total == 1500 * MS
+
+
+def test_grafana_lists_the_types_each_series_has(fed: RunningCollector) -> None:
+    from fleetprof._proto.pyroscope import querier_pb2
+    from tests.test_pyroscope_api import CPU, call, now_ms
+
+    req = querier_pb2.SeriesRequest(
+        label_names=["pod", "__profile_type__"], start=now_ms() - 600_000, end=now_ms() + 60_000
+    )
+    res = call(fed, "Series", req, querier_pb2.SeriesResponse)
+    got = {tuple((p.name, p.value) for p in s.labels) for s in res.labels_set}
+    assert got == {(("__profile_type__", t), ("pod", "web-1")) for t in (CPU, SAMPLES, OFFCPU, WALL)}
