@@ -286,16 +286,20 @@ class QueryApi:
         functions = self._int(req, "functions", 5, 0, 100)
         selector = self._selector(req)
         start, end = self._range(req)
-        typed = TypedStore(self._store)
+        typed, wall = TypedStore(self._store), TypedStore(self._store, "wall")
         tagged = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=~", "idle|busy")))
         cpu = typed.group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
         pods = []
         for p in self._gpu_usage.pods(selector, start, end)[:limit]:
-            idle_stacks = {}
+            idle_stacks: Stacks = {}
+            wall_stacks: Stacks = {}
             if functions:
                 pod_idle = (Matcher("namespace", "=", p.namespace), Matcher("pod", "=", p.pod))
                 idle = Selector((*selector.matchers, *pod_idle, Matcher(GPU_STATE_NAME, "=", "idle")))
                 idle_stacks = typed.select(idle, start, end).stacks
+                # Where the pod's threads spent the idle time, running or waiting (empty without an
+                # off-CPU recorder: then it is the CPU time in nanoseconds).
+                wall_stacks = wall.select(idle, start, end).stacks
             pods.append(
                 {
                     "namespace": p.namespace,
@@ -308,6 +312,8 @@ class QueryApi:
                     "cpu_samples_gpu_idle": cpu.get((p.namespace, p.pod, "idle"), 0),
                     "cpu_samples_gpu_busy": cpu.get((p.namespace, p.pod, "busy"), 0),
                     "idle_top_functions": top_functions(idle_stacks, functions) if functions else [],
+                    "idle_wall_seconds": round(sum(wall_stacks.values()) / 1e9, 3),
+                    "idle_wall_top_functions": top_functions(wall_stacks, functions) if functions else [],
                 }
             )
         return json_response({"from": start, "until": end, "query": str(selector), "pods": pods})

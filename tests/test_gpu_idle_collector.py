@@ -100,3 +100,31 @@ def test_gpus_joins_pod_gpu_usage_with_idle_time_stacks(
     assert r.returncode == 0, r.stderr
     flame = r.stdout
     assert flame.strip().endswith("load_batch 30") and "launch_kernels" not in flame
+
+
+def test_gpus_shows_where_the_idle_time_went_running_or_waiting(
+    collector: RunningCollector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trainer-0's 30 idle-time samples (at the batch's frequency) plus 4 s its threads spent blocked in
+    read_shard while the GPU idled: the wall view puts read_shard first."""
+    batch = tagged_batch(monkeypatch)
+    proc = next(i for i, p in enumerate(batch.processes) if p.pid == 1001)
+    base = len(batch.strings)
+    batch.strings.extend(["read_shard"])
+    batch.stacks.append(pb.Stack(functions=[base], modules=[base - 1], kernel_start=1))
+    batch.stack_ids.append(stack_wire_id(["read_shard"], ["python3"], 1))
+    oc = batch.offcpu_columns
+    oc.process.append(proc)
+    oc.stack.append(len(batch.stacks) - 1)
+    oc.blocked_ns.append(4_000_000_000)
+    oc.gpu.append(pb.GPU_STATE_IDLE)
+    assert push(collector.grpc_target, [batch]) == [1]
+    pods = {(p["namespace"], p["pod"]): p for p in collector.json("/api/v1/gpus", **RANGE)["pods"]}
+    trainer = pods[("ml", "trainer-0")]
+    assert trainer["cpu_samples_gpu_idle"] == 30  # CPU counts stay samples
+    cpu_ns = 30 * round(1e9 / batch.frequency_hz)
+    assert trainer["idle_wall_seconds"] == round((cpu_ns + 4_000_000_000) / 1e9, 3)
+    assert trainer["idle_wall_top_functions"][0]["function"] == "read_shard"
+    r = fleetprof("gpus", "--collector", collector.url, "--from", RANGE["from"], "--until", RANGE["until"])
+    assert r.returncode == 0, r.stderr
+    assert "of its wall time while idle (run or wait): read_shard" in r.stdout

@@ -130,6 +130,12 @@ def format_gpus(data: dict) -> str:
         lines.append("  ".join(cells).rstrip())
         for f in (p or {}).get("idle_top_functions", []):
             lines.append(f"    {f['self_pct']:5.1f}% of its CPU while idle: {f['function']}")
+        waits = (p or {}).get("idle_wall_top_functions", [])
+        if waits and (p or {}).get("idle_wall_seconds"):
+            for f in waits:
+                lines.append(
+                    f"    {f['self_pct']:5.1f}% of its wall time while idle (run or wait): {f['function']}"
+                )
     return "\n".join(lines)
 
 
