@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -12,10 +13,12 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from fleetprof._proto.v1 import ingest_pb2 as pb
+
 from .browser import CHROMIUM, Chromium, Page
 from .conftest import RunningCollector, start_collector
 from .profiles import PROFILE, profile_batch, push_profile
-from .wire import push
+from .wire import BatchBuilder, push
 
 pytestmark = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK), reason=f"needs Chromium at {CHROMIUM} (Debian package chromium)"
@@ -411,3 +414,202 @@ def test_comparing_two_selectors_over_one_range_and_a_bad_side_named_by_the_coll
     assert queries == ['{pod="trainer-0"}', '{pod="trainer-1"}']
     assert page.evaluate("document.querySelector('#b-total .side-cpu').textContent") == "1.50 CPU s"
     assert page.errors(include_network=False) == []
+
+
+# ---- profile types: the Type switch between CPU samples, off-CPU time and wall time -------------------
+
+TYPE_HZ = 100  # 10 ms per sample: burn's 30 samples are 0.3 s of CPU
+MS = 1_000_000  # nanoseconds
+
+
+def typed_batch(pods: dict[str, tuple[int, str, int]]) -> pb.Batch:
+    """One batch ending now; pods: pod -> (samples, function, blocked_ms): `burn` on CPU for `samples`
+    samples, and `function` switched out (off-CPU) for `blocked_ms`, both called from main;serve."""
+    b = BatchBuilder(node="node-a", frequency_hz=TYPE_HZ)
+    for pid, (pod, (samples, waits_in, blocked_ms)) in enumerate(pods.items(), start=10):
+        proc = b.process(pid, "app", {"namespace": "shop", "pod": pod})
+        b.sample(proc, b.stack([("main", "/app/app"), ("serve", "/app/app"), ("burn", "/app/app")]), samples)
+        waits = b.stack([("main", "/app/app"), ("serve", "/app/app"), (waits_in, "/app/app")])
+        b.offcpu(proc, waits, blocked_ms * MS)
+    return b.build()
+
+
+@pytest.fixture(scope="module")
+def typed() -> Iterator[RunningCollector]:
+    """A collector of its own holding web-1: burn 30 CPU samples at 100 Hz (0.3 s), wait_io 2 s off-CPU.
+    Wall time is 2.3 s, 87% of it in wait_io."""
+    col = start_collector()
+    try:
+        running = RunningCollector(col)
+        assert push(running.grpc_target, [typed_batch({"web-1": (30, "wait_io", 2000)})]) == [1]
+        yield running
+    finally:
+        col.stop()
+
+
+def top_rows(page: Page) -> dict[str, list[str]]:
+    """The top table's cells as a person reads them, by function."""
+    rows = page.evaluate(
+        "[...document.querySelectorAll('#top-table tbody tr.top-row')]"
+        ".map(r => [r.dataset.name, [...r.cells].map(c => c.textContent)])"
+    )
+    return dict(rows)
+
+
+def text_of(page: Page, element_id: str) -> str:
+    return page.evaluate(f"document.getElementById('{element_id}').textContent")
+
+
+def pick_type(page: Page, kind: str, total: str) -> None:
+    """Click the Type switch's `kind` button, then wait for the page's total line to read `total`: the
+    flame graph, top table and chart are drawn from the same answers in the same step."""
+    page.click(f'#type-switch input[value="{kind}"] + span')
+    page.wait_for(f"document.getElementById('total').textContent === {total!r}")
+
+
+def hover(page: Page, css: str) -> str:
+    """Move the mouse to the middle of the element and return the tooltip it brings up."""
+    x, y = page.evaluate(
+        f"(() => {{ const r = document.querySelector({css!r}).getBoundingClientRect();"
+        " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+    )
+    page.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
+    return page.wait_for(
+        "!document.getElementById('tooltip').hidden && document.getElementById('tooltip').textContent"
+    )
+
+
+def test_type_switch_shows_cpu_samples_then_off_cpu_and_wall_time_in_seconds(
+    page: Page, typed: RunningCollector
+) -> None:
+    open_ui(page, typed)
+    # CPU, the default: the CPU view as before, with burn only and in samples.
+    assert page.evaluate("document.querySelector('#type-switch input:checked').value") == "cpu"
+    names = set(frame_names(page))
+    assert "burn" in names and "wait_io" not in names
+    assert text_of(page, "total") == "30 samples (0.3 s at 100 Hz)"
+    assert top_rows(page)["burn"][2:4] == ["30", "100.00%"]
+
+    # Off-CPU: only the time threads spent switched out, in seconds.
+    pick_type(page, "offcpu", "2.00 s off-CPU")
+    names = set(frame_names(page))
+    assert "wait_io" in names and "burn" not in names
+    rows = top_rows(page)
+    assert "burn" not in rows
+    assert rows["wait_io"][2:] == ["2.00 s", "100.00%", "2.00 s", "100.00%"]
+    assert rows["serve"][2:] == ["0.00 s", "0.00%", "2.00 s", "100.00%"]
+    tip = hover(page, '#flamegraph .frame[data-name="wait_io"]')
+    assert tip.splitlines()[0] == "wait_io"
+    assert "off-CPU time: 2.00 s (100.00%)" in tip and "samples" not in tip
+
+    # Wall: both, on one scale: wait_io 2 s of 2.3 s, burn 0.3 s (30 samples x 10 ms).
+    pick_type(page, "wall", "2.30 s wall")
+    assert {"burn", "wait_io"} <= set(frame_names(page))
+    rows = top_rows(page)
+    assert rows["wait_io"][2:4] == ["2.00 s", "86.96%"]
+    assert rows["burn"][2:4] == ["0.30 s", "13.04%"]
+    widths = page.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#flamegraph .frame')]"
+        ".map(f => [f.dataset.name, f.getBoundingClientRect().width]))"
+    )
+    assert widths["wait_io"] / widths["serve"] == pytest.approx(2 / 2.3, abs=0.01)
+    tip = hover(page, '#flamegraph .frame[data-name="burn"]')
+    assert "wall time: 0.30 s (13.04%)" in tip
+    page.screenshot(Path("/tmp/fleetprof-web-ui-wall.png"))  # for a person to look at
+
+    # And back: the CPU view exactly as it was.
+    pick_type(page, "cpu", "30 samples (0.3 s at 100 Hz)")
+    assert "wait_io" not in frame_names(page)
+    assert top_rows(page)["burn"][2:4] == ["30", "100.00%"]
+    assert page.errors() == []
+
+
+def test_the_type_is_kept_in_the_url_and_a_reload_restores_it(
+    page: Page, browser: Chromium, typed: RunningCollector
+) -> None:
+    open_ui(page, typed)
+    assert hash_params(page)["type"] == "cpu"
+    pick_type(page, "offcpu", "2.00 s off-CPU")
+    assert hash_params(page)["type"] == "offcpu"
+
+    shared = browser.new_page()
+    try:
+        shared.goto(page.evaluate("location.href"))
+        shared.wait_for("document.getElementById('total').textContent === '2.00 s off-CPU'")
+        assert shared.evaluate("document.querySelector('#type-switch input:checked').value") == "offcpu"
+        assert "wait_io" in frame_names(shared) and "burn" not in frame_names(shared)
+        assert text_of(shared, "chart-title") == "Off-CPU over time"
+        assert shared.errors() == []
+    finally:
+        shared.close()
+
+
+def test_the_chart_follows_the_type(page: Page, typed: RunningCollector) -> None:
+    def bar() -> tuple[float, str, str, str]:
+        """The chart's one bar (its value), its top axis label, caption and title."""
+        page.wait_for("document.querySelectorAll('#chart .bar').length === 1")
+        bars = chart_bars(page)
+        (only,) = bars.values()
+        top = page.evaluate("document.querySelector('#chart .chart-ylabel').textContent")
+        return only["samples"], top, text_of(page, "chart-unit"), text_of(page, "chart-title")
+
+    open_ui(page, typed)
+    assert bar() == (30, "0.3 s", "CPU seconds per 10 s step", "CPU over time")
+    pick_type(page, "offcpu", "2.00 s off-CPU")
+    assert bar() == (2000 * MS, "2 s", "off-CPU seconds per 10 s step", "Off-CPU over time")
+    tip = hover(page, "#chart .bar")
+    assert "2.00 s off-CPU" in tip and "0.200 threads off-CPU on average" in tip
+    pick_type(page, "wall", "2.30 s wall")
+    assert bar() == (2300 * MS, "2.5 s", "wall seconds per 10 s step", "Wall time over time")
+    assert page.errors() == []
+
+
+def test_comparing_two_pods_counts_in_the_type_picked(page: Page, collector: RunningCollector) -> None:
+    """web-1 waits in wait_io 2 s, web-2 in wait_lock 0.5 s; both burn 30 samples of CPU."""
+    pods = {"web-1": (30, "wait_io", 2000), "web-2": (30, "wait_lock", 500)}
+    assert push(collector.grpc_target, [typed_batch(pods)]) == [1]
+    open_ui(page, collector)
+    pick_type(page, "offcpu", "2.50 s off-CPU")
+    open_compare(page)
+    page.type_into("#a-query", '{pod="web-1"}')
+    page.type_into("#b-query", '{pod="web-2"}')
+    page.click("#compare-run")
+    page.wait_for("document.querySelectorAll('#compare-table tr.diff-row').length > 0")
+
+    rows = diff_rows(page)
+    assert set(rows) == {"wait_io", "wait_lock"}  # burn is CPU time: none of it here
+    assert rows["wait_io"]["cells"][2:5] == ["2.00 s · 100.00%", "0.00 s · 0.00%", "▼ −100.00 pp (gone)"]
+    assert rows["wait_lock"]["cells"][2:5] == ["0.00 s · 0.00%", "0.50 s · 100.00%", "▲ +100.00 pp (new)"]
+    totals = page.evaluate(
+        "['a-total', 'b-total'].map(id => document.querySelector('#' + id + ' .side-cpu').textContent)"
+    )
+    assert totals == ["2.00 s off-CPU", "0.50 s off-CPU"]
+    assert text_of(page, "compare-measure") == "off-CPU time"
+    svg = parse_qs(page.evaluate("document.getElementById('compare-svg').src").split("?", 1)[1])
+    assert svg["type"] == ["offcpu"]
+
+    # Switching the type redoes the comparison: in CPU samples both pods only burn, alike.
+    pick_type(page, "cpu", "60 samples (0.6 s at 100 Hz)")
+    page.wait_for(
+        "document.getElementById('compare-measure').textContent === 'CPU time'"
+        " && document.querySelectorAll('#compare-table tr.diff-row').length > 0"
+    )
+    rows = diff_rows(page)
+    assert set(rows) == {"burn"}
+    assert rows["burn"]["cells"][2:5] == ["0.30 CPU s · 100.00%", "0.30 CPU s · 100.00%", "= 0.00 pp"]
+    assert hash_params(page)["type"] == "cpu"
+    assert page.errors() == []
+
+
+def test_a_type_without_data_says_so_in_its_own_unit(page: Page, profiled: RunningCollector) -> None:
+    """PROFILE holds CPU samples only: opened on Off-CPU from a link, every part of the page says there is
+    no off-CPU time rather than showing empty CPU views."""
+    page.goto(profiled.url + "/#type=offcpu")
+    page.wait_for("document.getElementById('total').textContent === '0.00 s off-CPU'")
+    empty = page.evaluate(
+        "['#flamegraph .empty', '#top-table td.empty', '#chart .chart-empty']"
+        ".map(css => document.querySelector(css).textContent)"
+    )
+    assert empty == ["no off-CPU time in this range"] * 3
+    assert text_of(page, "chart-unit") == "off-CPU seconds per 10 s step"
+    assert page.errors() == []

@@ -1,5 +1,6 @@
-// fleetprof collector UI: the CPU-over-time chart, one bar per step as positioned divs (as the flame graph
-// is drawn); a drag across it reports a time range snapped to whole steps. It fetches nothing itself.
+// fleetprof collector UI: the time chart (CPU, off-CPU or wall time per step), one bar per step as
+// positioned divs (as the flame graph is drawn); a drag across it reports a time range snapped to whole
+// steps. It fetches nothing itself.
 'use strict';
 
 window.FleetprofChart = (function () {
@@ -74,8 +75,9 @@ window.FleetprofChart = (function () {
       node.style.width = ((b - a) / (hi - lo) * 100) + '%';
     }
 
-    // series: the /api/v1/series answer, or null (no answer yet, or it failed).
-    function draw(series) {
+    // series: the /api/v1/series answer, or null (no answer yet, or it failed); emptyText: what an answer
+    // without points says.
+    function draw(series, emptyText) {
       plot.textContent = '';
       yaxis.textContent = '';
       xaxis.textContent = '';
@@ -96,9 +98,10 @@ window.FleetprofChart = (function () {
       data = { from: Number(series.from), until: Number(series.until), step, hz, points };
       lo = Math.floor(data.from / step) * step;
       hi = Math.max(lo + step, Math.floor(data.until / step) * step + step);
-      empty.textContent = points.size ? '' : 'no samples in this range';
+      empty.textContent = points.size ? '' : emptyText || 'no samples in this range';
 
-      // The y axis in CPU seconds per step where the frequency is known, else in samples.
+      // The y axis in seconds per step where the frequency is known (nanosecond types come at 1e9 Hz),
+      // else in samples.
       const unit = hz ? hz : 1;
       let max = 0;
       for (const n of points.values()) max = Math.max(max, n / unit);

@@ -1,11 +1,19 @@
-// fleetprof collector UI: fetches /api/v1 profile, top, labels, series and diff; draws the flame graph as
-// positioned divs, the CPU chart through app.chart.js, and the A/B comparison.
+// fleetprof collector UI: fetches /api/v1 profile, top, labels, series and diff, all of one profile type
+// (CPU, off-CPU or wall); draws the flame graph as positioned divs, the chart through app.chart.js, and
+// the A/B comparison.
 'use strict';
 
 (function () {
   const FRAME_H = 18;               // px per level, matches #flamegraph .frame height + border in app.css
   const AUTO_REFRESH_MS = 15000;
   const MAX_LABEL_VALUES = 200;     // chips beyond this would bury the page; the selector still takes any value
+  // The profile types (the API's `type`) in the page's words. cpu counts samples; offcpu and wall count
+  // nanoseconds (unit "nanoseconds", frequency_hz 1e9), which the page shows as seconds.
+  const TYPES = {
+    cpu: { word: 'CPU', chart: 'CPU over time' },
+    offcpu: { word: 'off-CPU', chart: 'Off-CPU over time' },
+    wall: { word: 'wall', chart: 'Wall time over time' },
+  };
 
   // The API lives next to the UI's mount point: "/" or "/ui/..." here, or under a proxy's prefix.
   const API = (() => {
@@ -17,11 +25,13 @@
   const $ = (id) => document.getElementById(id);
   const el = {
     form: $('query-form'), selector: $('selector'), range: $('range'), customRange: $('custom-range'),
-    from: $('from'), until: $('until'), refresh: $('refresh'), auto: $('auto-refresh'),
+    from: $('from'), until: $('until'), typeSwitch: $('type-switch'), refresh: $('refresh'),
+    auto: $('auto-refresh'),
     labels: $('labels'), labelValues: $('label-values'), error: $('error'), total: $('total'),
     status: $('status'), search: $('search'), searchStatus: $('search-status'), invert: $('invert'),
     resetZoom: $('reset-zoom'), graph: $('flamegraph'), topBody: document.querySelector('#top-table tbody'),
-    tooltip: $('tooltip'), chartUnit: $('chart-unit'), chartHint: $('chart-hint'), zoomOut: $('zoom-out'),
+    tooltip: $('tooltip'), chartTitle: $('chart-title'), chartUnit: $('chart-unit'), chartHint: $('chart-hint'),
+    zoomOut: $('zoom-out'), compareMeasure: $('compare-measure'),
     compareToggle: $('compare-toggle'), compareSection: $('compare-section'), compareForm: $('compare-form'),
     compareSort: $('compare-sort'), compareRun: $('compare-run'), compareStatus: $('compare-status'),
     compareResult: $('compare-result'), compareBody: document.querySelector('#compare-table tbody'),
@@ -38,12 +48,14 @@
     root: null,          // profile tree with _parent/_depth added
     total: 0,
     hz: null,
+    measure: { type: 'cpu', ns: false },  // what the profile shown counts (measureOf its answer)
     zoom: null,          // node the graph is zoomed into, null for the root
     regex: null,
     controller: null,    // AbortController of the request in flight
     timer: null,
     activeLabel: null,
     seriesHz: null,      // the chart's sampling frequency, for CPU seconds in its tooltip
+    seriesMeasure: { type: 'cpu', ns: false },  // what the chart counts, for its tooltip
     timeStack: [],       // the ranges before each drag on the chart, for "Zoom out"
     compared: { a: null, b: null },  // each side's resolved {from, until}, for the chart's bands
     compareController: null,
@@ -71,6 +83,35 @@
 
   function fmtCpu(samples, hz) {
     return hz > 0 ? (samples / hz).toFixed(2) + ' CPU s' : samples + ' samples';
+  }
+
+  // Seconds of off-CPU or wall time: hundredths, and below 10 ms in ms or µs so a short wait is not "0.00 s".
+  function fmtTime(seconds) {
+    if (!(seconds > 0) || seconds >= 0.01) return (seconds || 0).toFixed(2) + ' s';
+    if (seconds >= 1e-5) return (seconds * 1e3).toFixed(2) + ' ms';
+    return (seconds * 1e6).toFixed(2) + ' µs';
+  }
+
+  function fmtNs(ns) {
+    return fmtTime(ns / 1e9);
+  }
+
+  function isType(type) {
+    return typeof type === 'string' && Object.prototype.hasOwnProperty.call(TYPES, type);
+  }
+
+  // What an answer counts: the type it was served as (a collector without types serves CPU samples) and
+  // whether its values are nanoseconds.
+  function measureOf(body) {
+    return {
+      type: body && isType(body.type) ? body.type : 'cpu',
+      ns: Boolean(body) && body.unit === 'nanoseconds',
+    };
+  }
+
+  // "no samples in this range" for CPU, "no off-CPU time in this range" for the others.
+  function nothingIn(measure, where) {
+    return 'no ' + (measure.ns ? TYPES[measure.type].word + ' time' : 'samples') + ' ' + where;
   }
 
   function fmtDuration(seconds) {
@@ -145,12 +186,22 @@
     return { from: 'now-' + el.range.value, until: 'now' };
   }
 
-  function queryParams() {
-    const range = timeRange();
-    return { query: el.selector.value.trim() || '{}', from: range.from, until: range.until };
+  function profileType() {
+    const checked = el.typeSwitch.querySelector('input[name="type"]:checked');
+    return checked && isType(checked.value) ? checked.value : 'cpu';
   }
 
-  // The page's state in the URL hash: the query and range, and the comparison's sides while it is open.
+  function setProfileType(type) {
+    el.typeSwitch.querySelector('input[name="type"][value="' + type + '"]').checked = true;
+  }
+
+  function queryParams() {
+    const range = timeRange();
+    const query = el.selector.value.trim() || '{}';
+    return { query, from: range.from, until: range.until, type: profileType() };
+  }
+
+  // The page's state in the URL hash: the query, range and type, and the comparison's sides while it is open.
   function hashParams() {
     const params = queryParams();
     if (!el.compareSection.hidden) {
@@ -170,6 +221,7 @@
   function loadHash() {
     const params = new URLSearchParams(location.hash.replace(/^#/, ''));
     if (params.has('query')) el.selector.value = params.get('query');
+    if (isType(params.get('type'))) setProfileType(params.get('type'));
     if (['a', 'b'].some((key) => params.has(key + '_from') || params.has(key + '_query'))) {
       for (const [key, side] of Object.entries(el.side)) {
         for (const field of ['query', 'from', 'until']) side[field].value = params.get(key + '_' + field) || '';
@@ -239,7 +291,7 @@
     if (!state.root || !(state.root.value > 0)) {
       const empty = document.createElement('div');
       empty.className = 'empty';
-      empty.textContent = state.root ? 'no samples in this range' : '';
+      empty.textContent = state.root ? nothingIn(state.measure, 'in this range') : '';
       box.appendChild(empty);
       el.searchStatus.textContent = '';
       return;
@@ -345,10 +397,16 @@
     const lines = [node.name];
     if (node.module) lines.push('module: ' + node.module);
     if (node.kernel) lines.push('kernel frame');
-    lines.push('samples: ' + node.value + ' (' + fmtPct(node.value, total) + ')');
-    lines.push('self: ' + node.self + ' (' + fmtPct(node.self, total) + ')');
-    const secs = fmtSeconds(node.value);
-    if (secs) lines.push('time: ' + secs + ' at ' + state.hz + ' Hz');
+    const share = (n) => ' (' + fmtPct(n, total) + ')';
+    if (state.measure.ns) {
+      lines.push(TYPES[state.measure.type].word + ' time: ' + fmtNs(node.value) + share(node.value));
+      lines.push('self: ' + fmtNs(node.self) + share(node.self));
+    } else {
+      lines.push('samples: ' + node.value + share(node.value));
+      lines.push('self: ' + node.self + share(node.self));
+      const secs = fmtSeconds(node.value);
+      if (secs) lines.push('time: ' + secs + ' at ' + state.hz + ' Hz');
+    }
     placeTooltip(lines, event);
   }
 
@@ -374,12 +432,15 @@
     const tbody = el.topBody;
     tbody.textContent = '';
     const rows = body && Array.isArray(body.functions) ? body.functions : [];
+    const measure = measureOf(body);
+    // Samples as counted for CPU; seconds for the nanosecond types.
+    const amount = (n) => (measure.ns ? fmtNs(Number(n) || 0) : String(n));
     if (!rows.length) {
       const tr = document.createElement('tr');
       const td = document.createElement('td');
       td.colSpan = 6;
       td.className = 'empty';
-      td.textContent = body ? 'no samples in this range' : '';
+      td.textContent = body ? nothingIn(measure, 'in this range') : '';
       tr.appendChild(td);
       tbody.appendChild(tr);
       return;
@@ -392,9 +453,9 @@
       const cells = [
         [name, ''],
         [fn.module ? String(fn.module) : (fn.kernel ? '[kernel]' : ''), 'module'],
-        [String(fn.self), 'num'],
+        [amount(fn.self), 'num'],
         [Number(fn.self_pct || 0).toFixed(2) + '%', 'num'],
-        [String(fn.total), 'num'],
+        [amount(fn.total), 'num'],
         [Number(fn.total_pct || 0).toFixed(2) + '%', 'num'],
       ];
       for (const [text, cls] of cells) {
@@ -476,12 +537,25 @@
     }
   }
 
-  // ---- CPU over time -------------------------------------------------------------------------------
+  // ---- the chart: CPU, off-CPU or wall time over time ----------------------------------------------
 
   const chart = FleetprofChart.create($('chart'), { onSelect: onChartSelect, onHover: onChartHover });
 
   function onChartHover(point, event) {
     if (!point) { hideTooltip(); return; }
+    const measure = state.seriesMeasure;
+    if (measure.ns) {
+      // Seconds of thread time per second of the clock: how many threads were off-CPU (or running or
+      // waiting) at once, on average.
+      const seconds = point.samples / 1e9;
+      const threads = measure.type === 'offcpu' ? ' threads off-CPU' : ' threads running or waiting';
+      placeTooltip([
+        fmtSpan(point.t, point.t + point.step - 1),
+        fmtTime(seconds) + ' ' + TYPES[measure.type].word,
+        (seconds / point.step).toFixed(3) + threads + ' on average',
+      ], event);
+      return;
+    }
     const lines = [fmtSpan(point.t, point.t + point.step - 1), point.samples + ' samples'];
     if (state.seriesHz > 0) {
       const cpu = point.samples / state.seriesHz;
@@ -513,11 +587,14 @@
   }
 
   function drawChart(body) {
+    const measure = measureOf(body);
     state.seriesHz = body && Number(body.frequency_hz) > 0 ? Number(body.frequency_hz) : null;
-    chart.draw(body);
-    el.chartUnit.textContent = body
-      ? (state.seriesHz ? 'CPU seconds' : 'samples') + ' per ' + fmtDuration(Number(body.step) || 10) + ' step'
-      : '';
+    state.seriesMeasure = measure;
+    chart.draw(body, nothingIn(measure, 'in this range'));
+    // Titled by the type asked for, so a failed answer still shows which view this is.
+    el.chartTitle.textContent = TYPES[profileType()].chart;
+    const unit = measure.ns ? TYPES[measure.type].word + ' seconds' : state.seriesHz ? 'CPU seconds' : 'samples';
+    el.chartUnit.textContent = body ? unit + ' per ' + fmtDuration(Number(body.step) || 10) + ' step' : '';
     el.zoomOut.disabled = !state.timeStack.length;
     drawBands();
   }
@@ -588,6 +665,7 @@
     return {
       query: a.query.value.trim() || '{}', from: a.from.value.trim() || 'now-1h', until: a.until.value.trim() || 'now',
       query2: b.query.value.trim() || '{}', from2: b.from.value.trim() || 'now-1h', until2: b.until.value.trim() || 'now',
+      type: profileType(),
     };
   }
 
@@ -621,15 +699,17 @@
     renderCompare(body, params);
   }
 
-  function renderSideTotal(box, key, side) {
+  function renderSideTotal(box, key, side, measure) {
     const total = Number(side.total) || 0, hz = Number(side.frequency_hz) || 0;
     const from = Number(side.from), until = Number(side.until);
     box.textContent = '';
     box.dataset.samples = String(total);
     const lines = [
       ['side-title', SIDES[key]],
-      ['side-cpu', hz > 0 ? (total / hz).toFixed(2) + ' CPU s' : total + ' samples'],
-      ['side-detail', total + ' samples' + (hz > 0 ? ' at ' + hz + ' Hz' : '')],
+      measure.ns
+        ? ['side-cpu', fmtNs(total) + ' ' + TYPES[measure.type].word]
+        : ['side-cpu', hz > 0 ? (total / hz).toFixed(2) + ' CPU s' : total + ' samples'],
+      ['side-detail', measure.ns ? total + ' ns' : total + ' samples' + (hz > 0 ? ' at ' + hz + ' Hz' : '')],
       ['side-query', String(side.query == null ? '' : side.query)],
       ['side-range', Number.isFinite(from) && Number.isFinite(until) ? fmtSpan(from, until) : ''],
     ];
@@ -643,11 +723,13 @@
 
   function renderCompare(body, params) {
     const sides = { a: body.baseline || {}, b: body.comparison || {} };
+    const measure = measureOf(body);
     for (const key of ['a', 'b']) {
       const from = Number(sides[key].from), until = Number(sides[key].until);
       state.compared[key] = Number.isFinite(from) && Number.isFinite(until) ? { from, until } : null;
-      renderSideTotal(el.side[key].total, key, sides[key]);
+      renderSideTotal(el.side[key].total, key, sides[key], measure);
     }
+    el.compareMeasure.textContent = TYPES[measure.type].word + ' time';
     drawBands();
 
     const kind = body.sort === 'total' ? 'total' : 'self';
@@ -664,11 +746,12 @@
       const td = document.createElement('td');
       td.colSpan = 6;
       td.className = 'empty';
-      td.textContent = 'no samples on either side';
+      td.textContent = nothingIn(measure, 'on either side');
       tr.appendChild(td);
       tbody.appendChild(tr);
     }
     const hzA = Number(sides.a.frequency_hz) || 0, hzB = Number(sides.b.frequency_hz) || 0;
+    const amount = (n, hz) => (measure.ns ? fmtNs(n) : fmtCpu(n, hz));
     const maxDelta = Math.max(1e-9, ...rows.map((fn) => Math.abs(Number(fn[kind + '_delta_pct']) || 0)));
     for (const fn of rows) {
       const a = Number(fn['baseline_' + kind]) || 0, b = Number(fn['comparison_' + kind]) || 0;
@@ -687,8 +770,8 @@
       const cells = [
         [name, ''],
         [fn.module ? String(fn.module) : (fn.kernel ? '[kernel]' : ''), 'module'],
-        [fmtCpu(a, hzA) + ' · ' + aPct.toFixed(2) + '%', 'num side-a'],
-        [fmtCpu(b, hzB) + ' · ' + bPct.toFixed(2) + '%', 'num side-b'],
+        [amount(a, hzA) + ' · ' + aPct.toFixed(2) + '%', 'num side-a'],
+        [amount(b, hzB) + ' · ' + bPct.toFixed(2) + '%', 'num side-b'],
         [change, 'num change'],
       ];
       for (const [text, cls] of cells) {
@@ -722,7 +805,11 @@
 
   // ---- refresh -------------------------------------------------------------------------------------
 
-  function setTotal(total, hz) {
+  function setTotal(total, hz, measure) {
+    if (measure.ns) {
+      el.total.textContent = fmtNs(total) + ' ' + TYPES[measure.type].word;
+      return;
+    }
     let text = total + ' samples';
     if (hz > 0) text += ' (' + (total / hz).toFixed(1) + ' s at ' + hz + ' Hz)';
     el.total.textContent = text;
@@ -756,9 +843,10 @@
       state.root = prepareTree(body.root);
       state.total = Number(body.total) || 0;
       state.hz = Number(body.frequency_hz) > 0 ? Number(body.frequency_hz) : null;
+      state.measure = measureOf(body);
       // Keep the zoom across auto-refreshes when the same frame still exists.
       state.zoom = zoomPath ? findPath(state.root, zoomPath) : null;
-      setTotal(state.total, state.hz);
+      setTotal(state.total, state.hz, state.measure);
     } else {
       if (profile.status === 'fulfilled') showError('unexpected profile response: no "root" tree');
       state.root = null;
@@ -793,6 +881,12 @@
     syncCustomRange();
     state.timeStack = [];  // a range picked by hand starts a new zoom history
     if (el.range.value !== 'custom') refresh();
+  });
+  el.typeSwitch.addEventListener('change', () => {
+    refresh();
+    // A comparison counts in one type too: redo the one shown, or drop the one a closed view still holds.
+    if (el.compareSection.hidden) el.compareResult.hidden = true;
+    else if (!el.compareResult.hidden) runCompare();
   });
   el.zoomOut.addEventListener('click', zoomOutTime);
   el.compareToggle.addEventListener('click', () => openCompare(el.compareSection.hidden));
