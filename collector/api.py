@@ -35,6 +35,7 @@ _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript",
 DEFAULT_MAX_NODES = 2048
 FORMATS = ("json", "folded", "svg", "html", "pprof", "speedscope", "grafana")
 DIFF_FORMATS = ("json", "svg", "grafana")
+TITLES = {"cpu": "CPU", "offcpu": "Off-CPU", "wall": "Wall-clock"}
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -145,14 +146,13 @@ class QueryApi:
         stacks = truncate(stacks, max_nodes)
         amount = f"{total} samples" if kind == "cpu" else f"{total / 1e9:.3f} s {kind}"
         description = f"{selector} · {_fmt_time(start)} – {_fmt_time(end)} · {amount}"
+        look = {"title": f"{TITLES[kind]} flame graph", "unit": "samples" if kind == "cpu" else "ns"}
         if fmt == "svg":
-            return Response(
-                render_svg(stacks, subtitle=description, frequency_hz=freq).encode(), "image/svg+xml"
-            )
+            svg = render_svg(stacks, subtitle=description, frequency_hz=freq, **look)
+            return Response(svg.encode(), "image/svg+xml")
         if fmt == "html":
-            return text_response(
-                render_html(stacks, subtitle=description, frequency_hz=freq), "text/html; charset=utf-8"
-            )
+            html = render_html(stacks, subtitle=description, frequency_hz=freq, **look)
+            return text_response(html, "text/html; charset=utf-8")
         if fmt == "pprof":
             ns = None if kind == "cpu" else kind
             body = to_pprof(stacks, freq, start, end, comments=(f"fleetprof {description}",), nanoseconds=ns)
@@ -222,9 +222,14 @@ class QueryApi:
             f"baseline {selector} {_fmt_time(start)} – {_fmt_time(end)} ({base.total}) vs "
             f"{selector2} {_fmt_time(start2)} – {_fmt_time(end2)} ({comp.total})"
         )
-        return Response(
-            render_diff_svg(base_stacks, comp_stacks, subtitle=subtitle).encode(), "image/svg+xml"
+        svg = render_diff_svg(
+            base_stacks,
+            comp_stacks,
+            title=f"{TITLES[typed.kind]} diff flame graph",
+            subtitle=subtitle,
+            unit="" if typed.kind == "cpu" else "ns",
         )
+        return Response(svg.encode(), "image/svg+xml")
 
     def top(self, req: Request) -> Response:
         limit = self._int(req, "limit", 20, 1, 10_000)
@@ -346,9 +351,16 @@ class QueryApi:
                 "groups": [
                     {
                         "labels": dict(zip(by, values, strict=True)),
-                        "samples": n,
+                        # samples (type=cpu) or nanoseconds (offcpu, wall): see "unit"
+                        "value": n,
+                        "seconds": round(n / freq, 3) if freq else None,
                         "pct": round(100.0 * n / total, 2) if total else 0.0,
-                        "cpu_seconds": round(n / freq, 3) if freq else None,
+                        # the CPU view's names, kept for its readers
+                        **(
+                            {"samples": n, "cpu_seconds": round(n / freq, 3) if freq else None}
+                            if typed.kind == "cpu"
+                            else {}
+                        ),
                     }
                     for values, n in rows
                 ],

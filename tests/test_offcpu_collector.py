@@ -72,7 +72,7 @@ def test_off_cpu_profiles_count_blocked_nanoseconds(fed: RunningCollector) -> No
     idle = profile(fed, type="offcpu", gpu="idle")
     assert flat(idle["root"]) == {("main", "serve", "read"): 1500 * MS}
     top = fed.json("/api/v1/top", since="10m", type="offcpu", by="pod")
-    assert top["groups"][0]["labels"] == {"pod": "web-1"} and top["groups"][0]["cpu_seconds"] == 2.5
+    assert top["groups"][0]["labels"] == {"pod": "web-1"} and top["groups"][0]["seconds"] == 2.5
 
 
 def test_wall_profiles_add_cpu_time_and_blocked_time(fed: RunningCollector) -> None:
@@ -167,6 +167,12 @@ def test_the_cli_reads_off_cpu_and_wall_time(fed: RunningCollector, tmp_path) ->
     flame = fleetprof("flame", "--collector", fed.url, "--since", "10m", "--type", "wall", "-o", str(out))
     assert flame.returncode == 0, flame.stderr
     assert f"main;serve {30 * PERIOD_NS}" in out.read_text().splitlines()
+    pods = fleetprof("top", "--collector", fed.url, "--since", "10m", "--type", "wall", "--by", "pod")
+    assert pods.returncode == 0, pods.stderr
+    assert "2.8s of wall time" in pods.stdout and "WALL_S" in pods.stdout
+    q = urllib.parse.urlencode({"since": "10m", "type": "offcpu", "format": "svg"})
+    svg = http_get(f"{fed.url}/api/v1/profile?{q}").decode()
+    assert "Off-CPU flame graph" in svg and f"{2000 * MS} ns" in svg
 
 
 def test_grafana_gets_off_cpu_and_wall_flame_graphs(fed: RunningCollector) -> None:

@@ -122,7 +122,11 @@ def diff_colour(delta: float, max_abs_delta: float) -> str:
 
 
 def render_diff_svg(
-    baseline: Stacks, comparison: Stacks, title: str = "CPU diff flame graph", subtitle: str = ""
+    baseline: Stacks,
+    comparison: Stacks,
+    title: str = "CPU diff flame graph",
+    subtitle: str = "",
+    unit: str = "",
 ) -> str:
     """A differential flame graph: frames sized by their shares in both profiles together, red where the
     comparison spends a larger share than the baseline and blue where smaller."""
@@ -149,9 +153,10 @@ def render_diff_svg(
             module = "merged small frames"
         head = f"{node.name} ({module})" if module else node.name
         b_pct, c_pct = _pct(node.base_total, b_all), _pct(node.comp_total, c_all)
+        u = f" {unit}" if unit else ""
         return (
-            f"{head} — baseline {b_pct:.2f}% ({node.base_total}), comparison {c_pct:.2f}% "
-            f"({node.comp_total}), Δ {c_pct - b_pct:+.2f} pp"
+            f"{head} — baseline {b_pct:.2f}% ({node.base_total}{u}), comparison {c_pct:.2f}% "
+            f"({node.comp_total}{u}), Δ {c_pct - b_pct:+.2f} pp"
         )
 
     legend = "red: larger share in the comparison · blue: smaller"

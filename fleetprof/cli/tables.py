@@ -63,22 +63,29 @@ def format_top(data: dict) -> str:
 def format_groups(data: dict) -> str:
     """/api/v1/top?by=… as a table: one row per label-value group, heaviest first."""
     total, freq, by = data["total"], data.get("frequency_hz"), data["by"]
-    cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
-    lines = [f"{data['query']}  by {','.join(by)}  {total} samples{cpu}"]
+    if data.get("unit") == "nanoseconds":
+        kind = data["type"]
+        lines = [f"{data['query']}  by {','.join(by)}  {_seconds_text(total / 1e9)} of {kind} time"]
+        header = (*[b.upper() for b in by], f"{kind.upper()}%", f"{kind.upper()}_S")
+        amount: tuple = ()
+    else:
+        cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
+        lines = [f"{data['query']}  by {','.join(by)}  {total} samples{cpu}"]
+        header = (*[b.upper() for b in by], "CPU%", "CPU_S", "SAMPLES")
+        amount = ("samples",)
     if not total:
         lines.append("no samples in this range")
         return "\n".join(lines)
-    header = (*[b.upper() for b in by], "CPU%", "CPU_S", "SAMPLES")
     rows = [
         (
             *[g["labels"][b] or "-" for b in by],
             f"{g['pct']:.1f}%",
-            f"{g['cpu_seconds']:.1f}" if g.get("cpu_seconds") is not None else "-",
-            str(g["samples"]),
+            f"{g['seconds']:.1f}" if g.get("seconds") is not None else "-",
+            *[str(g[a]) for a in amount],
         )
         for g in data["groups"]
     ]
-    return "\n".join(lines + _table(header, rows, align="l" * len(by) + "rrr"))
+    return "\n".join(lines + _table(header, rows, align="l" * len(by) + "r" * (2 + len(amount))))
 
 
 def format_pods(data: dict) -> str:
