@@ -10,7 +10,7 @@ from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.gpu.samples import DeviceSample, GpuWindow
 from fleetprof.agent.process.cgroups import CgroupIdentity
 from fleetprof.agent.process.table import ProcessInfo
-from fleetprof.agent.resolver import Window
+from fleetprof.agent.resolver import ResolvedSample, Window
 
 
 class _Strings:
@@ -70,7 +70,6 @@ def encode_window(
         end_unix_ns=window.end_ns,
         frequency_hz=frequency_hz,
     )
-    counts: dict[tuple[int, int, int], int] = {}  # (process, stack, GPU state) -> samples, threads summed
 
     def process_index(p: ProcessInfo) -> int:
         pkey = (p.pid, p.start_ticks)
@@ -91,27 +90,32 @@ def encode_window(
             batch.process_ids.append(wire_id)
         return pidx
 
-    for s in window.samples:
-        pidx = process_index(s.process)
-        skey = (s.frames, s.kernel_start)
-        sidx = stacks.get(skey)
-        if sidx is None:
-            sidx = stacks[skey] = len(batch.stacks)
-            functions = [f.function for f in s.frames]
-            modules = [f.module for f in s.frames]
-            batch.stacks.append(
-                pb.Stack(
-                    functions=[strings.id(f) for f in functions],
-                    modules=[strings.id(m) for m in modules],
-                    kernel_start=s.kernel_start,
+    def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int], int]:
+        """(process, stack, GPU state) -> count, threads summed."""
+        counts: dict[tuple[int, int, int], int] = {}
+        for s in samples:
+            pidx = process_index(s.process)
+            skey = (s.frames, s.kernel_start)
+            sidx = stacks.get(skey)
+            if sidx is None:
+                sidx = stacks[skey] = len(batch.stacks)
+                functions = [f.function for f in s.frames]
+                modules = [f.module for f in s.frames]
+                batch.stacks.append(
+                    pb.Stack(
+                        functions=[strings.id(f) for f in functions],
+                        modules=[strings.id(m) for m in modules],
+                        kernel_start=s.kernel_start,
+                    )
                 )
-            )
-            stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
-        # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
-        state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
-        ckey = (pidx, sidx, state)
-        counts[ckey] = counts.get(ckey, 0) + s.count
-    batch.stack_ids.extend(stack_ids)
+                stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
+            # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
+            state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
+            ckey = (pidx, sidx, state)
+            counts[ckey] = counts.get(ckey, 0) + s.count
+        return counts
+
+    counts = rows(window.samples)
     if counts:
         cols = batch.sample_columns
         pcol, scol, gcol = zip(*counts, strict=True)
@@ -120,6 +124,16 @@ def encode_window(
         cols.count.extend(counts.values())
         if any(gcol):
             cols.gpu.extend(gcol)
+    blocked = rows(window.offcpu)
+    if blocked:
+        oc = batch.offcpu_columns
+        pcol, scol, gcol = zip(*blocked, strict=True)
+        oc.process.extend(pcol)
+        oc.stack.extend(scol)
+        oc.blocked_ns.extend(blocked.values())
+        if any(gcol):
+            oc.gpu.extend(gcol)
+    batch.stack_ids.extend(stack_ids)
     for proc, st in window.syscalls:
         batch.syscalls.append(
             pb.SyscallStats(

@@ -10,7 +10,7 @@ from fleetprof.agent.process.cgroups import CgroupIdentity
 from fleetprof.agent.process.table import ProcessInfo, ProcessTable
 from fleetprof.agent.python.codes import PYTHON_MODULE
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
-from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain
+from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
 from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
 
@@ -42,6 +42,9 @@ class Window:
     syscall_sample_every: int = 0
     syscall_duty: float = 0.0  # fraction of the time in syscall timing windows
     syscall_counters: dict[str, int] = field(default_factory=dict)
+    # Off-CPU time: `count` is nanoseconds switched out (scaled up for sampling), by the stack the thread
+    # left with; empty when the agent does not record it.
+    offcpu: list[ResolvedSample] = field(default_factory=list)
 
 
 class _Lru(OrderedDict):
@@ -91,26 +94,42 @@ class Resolver:
                 # Exited before we could describe it (short-lived, or an event was lost): keep the
                 # samples with what the kernel told us; user addresses cannot be symbolized.
                 unknown_process += s.count
-            user = self._user(proc, s.user_stack, drain.stacks, remapped)
-            if python is not None:
-                user = python.user_frames(
-                    proc, s.user_stack, s.python_stack, s.count, user, drain.python_stacks
-                )
-            kernel = self._kernel(s.kernel_stack, drain.stacks)
-            frames = user + kernel
-            if not frames:
-                frames = (NO_STACK,)
-            samples.append(ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot))
+            samples.append(self._resolved(s, proc, drain, remapped, python, s.count))
+        # Off-CPU rows take the same path; their counts are nanoseconds, so the Python walker's
+        # per-sample statistics do not count them.
+        offcpu = [
+            self._resolved(s, self._process(s.tgid, s.comm), drain, remapped, python, 0)
+            for s in getattr(drain, "offcpu", ())
+        ]
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
         if python is not None:
             stats.update(python.stats())
-        window = Window(drain.start_ns, drain.end_ns, samples, stats)
+        window = Window(drain.start_ns, drain.end_ns, samples, stats, offcpu=offcpu)
         if syscalls is not None:
             window.syscalls = [(self._process(st.tgid, "", mappings=False), st) for st in syscalls.stats]
             window.syscall_counters = dict(syscalls.counters)
             stats["events_lost"] = stats.get("events_lost", 0) + syscalls.counters.get("events_lost", 0)
         return window
+
+    def _resolved(
+        self,
+        s: SampleCount,
+        proc: ProcessInfo,
+        drain: Drain,
+        remapped: set[int],
+        python: _PythonWindow | None,
+        weight: int,
+    ) -> ResolvedSample:
+        """One drained row symbolized; `weight`: its samples, for the Python walker's statistics."""
+        user = self._user(proc, s.user_stack, drain.stacks, remapped)
+        if python is not None:
+            user = python.user_frames(proc, s.user_stack, s.python_stack, weight, user, drain.python_stacks)
+        kernel = self._kernel(s.kernel_stack, drain.stacks)
+        frames = user + kernel
+        if not frames:
+            frames = (NO_STACK,)
+        return ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot)
 
     def _process(self, tgid: int, comm: str, mappings: bool = True) -> ProcessInfo:
         """The process as captured, or (gone before it could be described) what the kernel told us."""

@@ -104,7 +104,7 @@ class _Pods:
 
 def agent_batch() -> pb.Batch:
     """A window as the agent encodes it: a pod's Python server, a host daemon and a kernel thread, user and
-    kernel frames, unsymbolized frames, syscalls with latency histograms, sampler stats."""
+    kernel frames, unsymbolized frames, syscalls with latency histograms, off-CPU time, sampler stats."""
     pod = CgroupIdentity(
         f"/kubepods/burstable/pod{_Pods.UID}/{_Pods.CID}", _Pods.CID, "containerd", _Pods.UID
     )
@@ -135,6 +135,10 @@ def agent_batch() -> pb.Batch:
         syscall_sample_every=16,
         syscall_duty=0.5,
         syscall_counters={"table_full": 0, "stale_start": 2},
+        offcpu=[
+            ResolvedSample(server, 4251, (*py, *kernel), 3, 2_500_000_000),
+            ResolvedSample(daemon, 812, (Frame("runtime.park_m", "containerd"), *kernel), 1, 9_000_000_000),
+        ],
     )
     identity = pb.AgentIdentity(node="fuzz-node", agent_id="seed", boot_time_unix_ns=1, version="fuzz")
     batch = encode_window(window, identity, 99, Attributor(_Pods()))

@@ -196,3 +196,37 @@ def test_grafana_lists_the_types_each_series_has(fed: RunningCollector) -> None:
     res = call(fed, "Series", req, querier_pb2.SeriesResponse)
     got = {tuple((p.name, p.value) for p in s.labels) for s in res.labels_set}
     assert got == {(("__profile_type__", t), ("pod", "web-1")) for t in (CPU, SAMPLES, OFFCPU, WALL)}
+
+
+def test_an_agent_window_with_off_cpu_rows_is_encoded_and_stored(collector: RunningCollector) -> None:
+    """The agent's encoder (agent/batch.py) puts a window's off-CPU rows in the off-CPU section, sharing the
+    stack and process tables with the samples; threads of a process with the same stack are summed."""
+    import time
+
+    from fleetprof.agent.batch import encode_window
+    from fleetprof.agent.process.cgroups import CgroupIdentity
+    from fleetprof.agent.process.table import ProcessInfo
+    from fleetprof.agent.resolver import ResolvedSample, Window
+    from fleetprof.agent.symbols.symbolizer import Frame
+
+    proc = ProcessInfo(77, 500, "loader", "/usr/bin/loader", CgroupIdentity("/"), ())
+    main, load = Frame("main", "loader"), Frame("load_shard", "loader")
+    read = Frame("ksys_read", "[kernel]", True)
+    end = time.time_ns()
+    window = Window(
+        end - 10**10,
+        end,
+        [ResolvedSample(proc, 77, (main, load), 2, 12)],
+        offcpu=[
+            ResolvedSample(proc, 78, (main, load, read), 2, 700 * MS),
+            ResolvedSample(proc, 79, (main, load, read), 2, 300 * MS),
+        ],
+    )
+    batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="enc"), HZ)
+    batch.sequence = 1
+    assert list(batch.offcpu_columns.blocked_ns) == [1000 * MS]
+    assert len(batch.stacks) == 2 and len(batch.processes) == 1
+    assert push(collector.grpc_target, [batch]) == [1]
+    off = profile(collector, type="offcpu", query='{comm="loader"}')
+    assert flat(off["root"]) == {("main", "load_shard", "ksys_read"): 1000 * MS}
+    assert profile(collector, query='{comm="loader"}')["total"] == 12
