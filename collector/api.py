@@ -16,7 +16,6 @@ from fleetprof.collector.model.selector import Matcher, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import SeriesError, auto_step, check_step, top_lines
 from fleetprof.collector.query.timerange import TimeRangeError, resolve_range
-from fleetprof.collector.query.types import TYPES, UNITS, TypedStore
 from fleetprof.collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
 from fleetprof.collector.render.html import render_html
@@ -26,6 +25,7 @@ from fleetprof.collector.render.svg import render_svg
 from fleetprof.collector.render.tree import to_folded, to_json, top_functions, tree_json_text, truncate
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
+from fleetprof.collector.store.typed import TYPES, UNITS, TypedStore
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 WEB_DIR = Path(__file__).parent / "web"

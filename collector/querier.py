@@ -18,11 +18,11 @@ from fleetprof.collector.model.profile import PROFILE_TYPE_NAME
 from fleetprof.collector.model.selector import DERIVED_LABELS, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import BUCKET_S, SeriesError, check_step, top_lines
-from fleetprof.collector.query.types import TYPES, TypedStore
 from fleetprof.collector.render.flamebearer import to_flamebearer
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.tree import truncate
 from fleetprof.collector.store.base import ProfileStore
+from fleetprof.collector.store.typed import TYPES, TypedStore
 
 SERVICE = "querier.v1.QuerierService"
 # Pyroscope's other QuerierService methods: a client calling one learns it is not served here.
@@ -44,7 +44,7 @@ class ProfileType:
     period_type: str
     period_unit: str
     in_nanoseconds: bool  # values are nanoseconds, else samples
-    store_type: str = "cpu"  # what it counts (collector/query/types.py)
+    store_type: str = "cpu"  # what it counts (collector/store/typed.py)
 
 
 PROFILE_TYPES = {
