@@ -55,10 +55,12 @@ def encode_window(
     attributor: Attributor | None = None,
     gpu: GpuWindow | None = None,
     gpu_state: Callable[[int, int], int] | None = None,
+    offcpu: tuple[int, int] | None = None,
 ) -> pb.Batch:
     """The Batch for `window`, without a sequence number (the shipper assigns it). `gpu`: the GPU polls of
     the same window, processes and owners attributed (GpuWindow.attributed); None leaves the section out.
-    `gpu_state(pid, gpu_slot)`: the pb.GpuState of a tagged sample's GPUs at its time slot."""
+    `gpu_state(pid, gpu_slot)`: the pb.GpuState of a tagged sample's GPUs at its time slot. `offcpu`: the
+    off-CPU recorder's (sample_every, min_block_ns) when it runs (its stats go in the batch)."""
     attributor = attributor or Attributor()
     strings = _Strings()
     stacks: dict[tuple, int] = {}
@@ -90,9 +92,9 @@ def encode_window(
             batch.process_ids.append(wire_id)
         return pidx
 
-    def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int], int]:
-        """(process, stack, GPU state) -> count, threads summed."""
-        counts: dict[tuple[int, int, int], int] = {}
+    def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int, bool], int]:
+        """(process, stack, GPU state, idle) -> count, threads summed (idle threads' apart)."""
+        counts: dict[tuple[int, int, int, bool], int] = {}
         for s in samples:
             pidx = process_index(s.process)
             skey = (s.frames, s.kernel_start)
@@ -111,14 +113,14 @@ def encode_window(
                 stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
             # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
             state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
-            ckey = (pidx, sidx, state)
+            ckey = (pidx, sidx, state, s.idle)
             counts[ckey] = counts.get(ckey, 0) + s.count
         return counts
 
     counts = rows(window.samples)
     if counts:
         cols = batch.sample_columns
-        pcol, scol, gcol = zip(*counts, strict=True)
+        pcol, scol, gcol, _ = zip(*counts, strict=True)  # samples are never idle
         cols.process.extend(pcol)
         cols.stack.extend(scol)
         cols.count.extend(counts.values())
@@ -127,12 +129,14 @@ def encode_window(
     blocked = rows(window.offcpu)
     if blocked:
         oc = batch.offcpu_columns
-        pcol, scol, gcol = zip(*blocked, strict=True)
+        pcol, scol, gcol, idle = zip(*blocked, strict=True)
         oc.process.extend(pcol)
         oc.stack.extend(scol)
         oc.blocked_ns.extend(blocked.values())
         if any(gcol):
             oc.gpu.extend(gcol)
+        if any(idle):
+            oc.idle.extend(idle)
     batch.stack_ids.extend(stack_ids)
     for proc, st in window.syscalls:
         batch.syscalls.append(
@@ -153,6 +157,18 @@ def encode_window(
     batch.syscall_tracer.stale_starts = window.syscall_counters.get("stale_start", 0)
     batch.strings.extend(strings.table)
     st = window.stats
+    if offcpu is not None:
+        batch.offcpu_stats.CopyFrom(
+            pb.OffCpuStats(
+                switches=st.get("offcpu_switches", 0),
+                sampled=st.get("offcpu_sampled", 0),
+                recorded=st.get("offcpu_recorded", 0),
+                below_min=st.get("offcpu_below_min", 0),
+                state_full=st.get("offcpu_state_table_full", 0),
+                sample_every=offcpu[0],
+                min_block_ns=offcpu[1],
+            )
+        )
     batch.stats.CopyFrom(
         pb.SamplerStats(
             samples=st.get("samples", 0),

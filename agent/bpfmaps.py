@@ -42,17 +42,25 @@ def drain_map(table, key_type, value_type, chunk: int = DRAIN_CHUNK) -> list:  #
 def drain_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:  # noqa: ANN001
     """drain_map for callers that parse entries with struct.iter_unpack: all keys and all values as two
     byte strings (n x key_size, n x value_size); ~10x faster than ctypes objects for a 16k-entry map."""
+    return _map_bytes(table, key_size, value_size, chunk, delete=True)
 
+
+def read_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:  # noqa: ANN001
+    """drain_map_bytes that leaves the entries in place (BPF_MAP_LOOKUP_BATCH): a map BPF owns, read."""
+    return _map_bytes(table, key_size, value_size, chunk, delete=False)
+
+
+def _map_bytes(table, key_size: int, value_size: int, chunk: int, delete: bool) -> tuple[bytes, bytes]:  # noqa: ANN001
     def buffers(c: int) -> tuple:
         return (ct.c_char * (key_size * c))(), (ct.c_char * (value_size * c))()
 
     key_parts, value_parts = [], []
     try:
-        for n, keys, values in _batches(table, buffers, chunk):
+        for n, keys, values in _batches(table, buffers, chunk, delete):
             key_parts.append(keys.raw[: n * key_size])
             value_parts.append(values.raw[: n * value_size])
     except _NoBatchOps:
-        for k, v in _drain_map_slow(table):
+        for k, v in _drain_map_slow(table) if delete else _read_map_slow(table):
             key_parts.append(_as_bytes(k, key_size))
             value_parts.append(_as_bytes(v, value_size))
     return b"".join(key_parts), b"".join(value_parts)
@@ -80,11 +88,13 @@ class _NoBatchOps(Exception):
     """The kernel has no batch lookup-and-delete for this map (< 5.6)."""
 
 
-def _batches(table, buffers: Callable[[int], tuple], chunk: int) -> Iterator[tuple]:  # noqa: ANN001
-    """Yield (entries, keys buffer, values buffer) per batch call. Buffers are reused, so consume each
-    batch before asking for the next; `buffers(n)` makes a pair that holds n entries."""
+def _batches(table, buffers: Callable[[int], tuple], chunk: int, delete: bool = True) -> Iterator[tuple]:  # noqa: ANN001
+    """Yield (entries, keys buffer, values buffer) per batch call, deleting what it read unless told not
+    to. Buffers are reused, so consume each batch before asking for the next; `buffers(n)` makes a pair
+    that holds n entries."""
     from bcc.libbcc import lib as bcclib
 
+    batch_call = bcclib.bpf_lookup_and_delete_batch if delete else bcclib.bpf_lookup_batch
     keys, values = buffers(chunk)
     token = ct.c_uint32(0)  # hash maps resume from a bucket index
     count = ct.c_uint32(0)
@@ -92,7 +102,7 @@ def _batches(table, buffers: Callable[[int], tuple], chunk: int) -> Iterator[tup
     seen = False
     while True:
         count.value = chunk
-        res = bcclib.bpf_lookup_and_delete_batch(
+        res = batch_call(
             table.map_fd,
             None if first else ct.byref(token),
             ct.byref(token),
@@ -136,6 +146,10 @@ def _copy(value):  # noqa: ANN001 - ctypes value
 
 def _value(obj):  # noqa: ANN001 - BCC hands out c_uint64 wrappers here, not ints
     return obj.value if isinstance(obj, ct._SimpleCData) else _copy(obj)
+
+
+def _read_map_slow(table):  # noqa: ANN001
+    return [(_value(k), _value(v)) for k, v in table.items()]
 
 
 def _drain_map_slow(table):  # noqa: ANN001

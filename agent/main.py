@@ -28,6 +28,7 @@ from fleetprof.agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_
 from fleetprof.agent.kube.watcher import PodWatcher
 from fleetprof.agent.memory import HeapTrimmer
 from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.offcpu import DEFAULT_OFFCPU_MIN_BLOCK_US, DEFAULT_OFFCPU_SAMPLE_EVERY
 from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.process.table import ProcessInfo, ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
@@ -61,6 +62,10 @@ class AgentConfig:
     syscall_latency_sample_every: int | None = None  # None: the tracer's measured default; 0: count only
     syscall_latency_duty: LatencyDuty | None = None  # None: the tracer's measured default
     python: bool = True  # Python-aware stacks: walk CPython frames in BPF
+    # Off-CPU time on sched:sched_switch (agent/sampler.py; defaults measured in bench/offcpu.py).
+    off_cpu: bool = SamplerConfig.off_cpu
+    offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY
+    offcpu_min_block_us: int = DEFAULT_OFFCPU_MIN_BLOCK_US
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
     tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
@@ -225,6 +230,11 @@ class Agent:
                 except Exception:  # keep describing processes whatever one event did
                     log.exception("process event handling failed")
 
+    def _offcpu_settings(self) -> tuple[int, int] | None:
+        """(sample_every, min_block_ns) of the off-CPU recorder, or None when it is off."""
+        cfg = self.config
+        return (cfg.offcpu_sample_every, cfg.offcpu_min_block_us * 1000) if cfg.off_cpu else None
+
     def _gpu_states(self) -> Callable[[int, int], int]:
         """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
         clock), for one window: the wall-clock offset is read once."""
@@ -257,10 +267,12 @@ class Agent:
             self.attributor,
             gpu,
             self._gpu_states() if self.gpu is not None else None,
+            self._offcpu_settings(),
         )
         self.shipper.submit(batch)
         self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
+        self.counters.set_offcpu_pending(drain.offcpu_pending)
         self._drain_hist.observe(time.perf_counter() - t0)
         self._last_drain = time.monotonic()
         return batch
@@ -275,6 +287,9 @@ class Agent:
                 include_idle=cfg.include_idle,
                 python=cfg.python,
                 gpu_slot_s=cfg.gpu_interval_s,
+                off_cpu=cfg.off_cpu,
+                offcpu_sample_every=cfg.offcpu_sample_every,
+                offcpu_min_block_us=cfg.offcpu_min_block_us,
             ),
             on_process_event=self._on_process_event,
         )

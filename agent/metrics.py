@@ -31,6 +31,19 @@ class AgentCounters:
         "python_unsupported_samples",
     )
     PYTHON_PROCESS_OUTCOMES = ("supported", "unsupported_version", "no_runtime_symbol", "unreadable")
+    # The off-CPU recorder (agent/sampler.py STAT_NAMES; all 0 with --no-off-cpu): the tables-full and
+    # unresolved events are waits lost, the rest its work.
+    OFFCPU_EVENTS = (
+        "switches",
+        "sampled",
+        "runnable",
+        "recorded",
+        "below_min",
+        "state_table_full",
+        "count_table_full",
+        "stacks_carried",
+        "stacks_unresolved",
+    )
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -40,6 +53,8 @@ class AgentCounters:
         self.outcomes = dict.fromkeys(self.STACK_OUTCOMES, 0)
         self.python_processes = dict.fromkeys(self.PYTHON_PROCESS_OUTCOMES, 0)
         self.python_samples = 0
+        self.offcpu = dict.fromkeys(self.OFFCPU_EVENTS, 0)
+        self.offcpu_pending = 0
 
     def add_drain(self, stats: dict[str, int], samples: int) -> None:
         with self._lock:
@@ -50,6 +65,12 @@ class AgentCounters:
             for k in self.PYTHON_PROCESS_OUTCOMES:
                 self.python_processes[k] += stats.get(f"python_processes_{k}", 0)
             self.python_samples += stats.get("python_merged_samples", 0)
+            for k in self.OFFCPU_EVENTS:
+                self.offcpu[k] += stats.get(f"offcpu_{k}", 0)
+
+    def set_offcpu_pending(self, pending: int) -> None:
+        with self._lock:
+            self.offcpu_pending = pending
 
     def add_failure(self) -> None:
         with self._lock:
@@ -62,6 +83,10 @@ class AgentCounters:
     def python_snapshot(self) -> tuple[int, dict[str, int]]:
         with self._lock:
             return self.python_samples, dict(self.python_processes)
+
+    def offcpu_snapshot(self) -> tuple[dict[str, int], int]:
+        with self._lock:
+            return dict(self.offcpu), self.offcpu_pending
 
 
 class _AgentCollector:
@@ -108,6 +133,23 @@ class _AgentCollector:
         for k, v in py_procs.items():
             m.add_metric([k], v)
         yield m
+        offcpu, pending = self._counters.offcpu_snapshot()
+        m = CounterMetricFamily(
+            "fleetprof_agent_offcpu_events",
+            "Off-CPU recorder (sched_switch), by event: switches seen on the node; switch-outs sampled"
+            " (of them runnable: preempted); waits recorded, or dropped as below_min; waits lost to a"
+            " full state_table or count_table, or with their stacks unresolved; stacks carried across"
+            " drains",
+            labels=["event"],
+        )
+        for k, v in offcpu.items():
+            m.add_metric([k], v)
+        yield m
+        yield GaugeMetricFamily(
+            "fleetprof_agent_offcpu_pending",
+            "Sampled switch-outs waiting for their threads to run again at the last drain",
+            value=pending,
+        )
         if self._file_errors is not None:
             m = CounterMetricFamily(
                 "fleetprof_agent_symbol_file_errors",

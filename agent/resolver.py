@@ -30,6 +30,7 @@ class ResolvedSample:
     kernel_start: int  # index of the first kernel frame (len(frames) if none)
     count: int
     gpu_slot: int = 0  # see SampleCount.gpu_slot
+    idle: bool = False  # off-CPU rows: see SampleCount.idle
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Resolver:
         frames = user + kernel
         if not frames:
             frames = (NO_STACK,)
-        return ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot)
+        return ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot, s.idle)
 
     def _process(self, tgid: int, comm: str, mappings: bool = True) -> ProcessInfo:
         """The process as captured, or (gone before it could be described) what the kernel told us."""

@@ -1,19 +1,35 @@
-"""The CPU stack sampler: loads agent/bpf/cpu_sampler.c with BCC, drains its maps into plain values."""
+"""The CPU stack sampler: loads agent/bpf/cpu_sampler.c with BCC, drains its maps into plain values.
+
+With `SamplerConfig.off_cpu` the same program also records off-CPU time (sched:sched_switch): nanoseconds
+threads spent switched out, by the stacks they left with, drained with the samples (`Drain.offcpu`). See
+DEFAULT_OFFCPU_SAMPLE_EVERY and DEFAULT_OFFCPU_MIN_BLOCK_US for the cost and the defaults
+(bench/offcpu.py).
+"""
 
 from __future__ import annotations
 
 import ctypes as ct
 import logging
 import os
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer
+from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, read_map_bytes
 from fleetprof.agent.bpfmaps import drain_map as _drain_map
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
+from fleetprof.agent.offcpu import (
+    DEFAULT_OFFCPU_MIN_BLOCK_US,
+    DEFAULT_OFFCPU_SAMPLE_EVERY,
+    START_LAYOUT,
+    START_TGID,
+    Pending,
+    StackCarry,
+    idle_threads,
+)
 from fleetprof.agent.python.offsets import PyProc
 
 log = logging.getLogger(__name__)
@@ -42,7 +58,20 @@ STAT_NAMES = (
     "python_truncated",
     "python_stack_table_full",
     "python_namespace_mismatch",
+    # off-CPU (sched_switch), all 0 when it is off
+    "offcpu_switches",  # switch-outs of tasks on the node (not of the idle task)
+    "offcpu_sampled",  # switch-outs sampled (stacks taken)
+    "offcpu_runnable",  # ... of which left runnable: preempted or yielded, waiting for a CPU
+    "offcpu_recorded",  # sampled waits recorded
+    "offcpu_below_min",  # sampled waits shorter than the minimum: dropped
+    "offcpu_state_table_full",  # sampled switch-outs lost: per-task table could not take them
+    "offcpu_count_table_full",  # waits lost: off-CPU count table full
+    "offcpu_stacks_carried",  # stacks copied by BPF into the current set for a wait that crossed a drain
 )
+# Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
+# set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.
+STAT_OFFCPU_STACKS_UNRESOLVED = "offcpu_stacks_unresolved"
+
 
 # Perf event constants (include/uapi/linux/perf_event.h).
 # BCC's ring-buffer callback type (bcc/table.py _RINGBUF_CB_TYPE): int (*)(void *ctx, void *data, int size)
@@ -76,6 +105,12 @@ class StackTrace(ct.Structure):
     _fields_ = [("len", ct.c_uint64), ("ip", ct.c_uint64 * MAX_DEPTH)]
 
 
+class OffcpuValue(ct.Structure):
+    """struct offcpu_value: what sampled waits added to an off-CPU row (offcpu{0,1})."""
+
+    _fields_ = [("ns", ct.c_uint64), ("ran_ns", ct.c_uint64)]
+
+
 class ProcessEvent(ct.Structure):
     """struct process_event (bpf/process_event.h), sent by this sampler and by the syscall tracer."""
 
@@ -93,6 +128,7 @@ class SampleCount:
     count: int
     python_stack: int = STACK_NONE  # CPython frames of the thread, for processes running one
     gpu_slot: int = 0  # processes on a GPU: which GPU_SLOT of CLOCK_MONOTONIC the samples fell in, + 1
+    idle: bool = False  # off-CPU rows: the thread was idle in this window (agent/offcpu.py idle_threads)
 
 
 # One CPython frame as BPF recorded it: (code address, instruction pointer - code address, owner<<24 |
@@ -110,6 +146,13 @@ class Drain:
     stacks: dict[int, tuple[int, ...]]
     stats: dict[str, int] = field(default_factory=dict)
     python_stacks: dict[int, tuple[PyFrameRef, ...]] = field(default_factory=dict)  # leaf first
+    # Off-CPU time: `count` is nanoseconds switched out (already scaled up for sampling), recorded in the
+    # window in which the thread ran again, by the stacks it left the CPU with and the GPU slot of its
+    # wake-up. Its stacks are in `stacks`/`python_stacks` like the samples'. Empty when off-CPU is off.
+    offcpu: list[SampleCount] = field(default_factory=list)
+    # Sampled switch-outs still waiting at this drain (a gauge, unlike `stats`): their waits are recorded
+    # in later windows. Near SamplerConfig.offcpu_sizes()'s pending bound, the oldest waits get dropped.
+    offcpu_pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +165,13 @@ class SamplerConfig:
     python_procs: int = 4096  # CPython processes walked at once
     gpu_slot_s: float = 1.0  # time resolution of GPU-state tagging: the GPU poll interval
     gpu_procs: int = 4096  # processes on GPUs tagged at once
+    # Off-CPU time (sched_switch). Off: no sched_switch program is attached at all.
+    off_cpu: bool = True
+    offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY  # sample 1 switch-out in N (at random); 1: all
+    offcpu_min_block_us: int = DEFAULT_OFFCPU_MIN_BLOCK_US  # shorter waits are dropped (not scaled)
+    offcpu_runnable: bool = True  # count time runnable (preempted) as well as blocked: see cpu_sampler.c
+    offcpu_counts: int = 0  # (thread, stacks, GPU slot) keys per window; 0: from the node (offcpu_sizes)
+    offcpu_tasks: int = 0  # sampled switch-outs pending at once (LRU beyond); 0: from the node
 
     def table_sizes(self, ncpus: int) -> tuple[int, int]:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
@@ -133,7 +183,38 @@ class SamplerConfig:
         per_window = int(ncpus * self.frequency_hz * self.interval_s * 1.25)
         counts = min(max(_pow2(per_window), 4096), 65536)
         stacks = min(max(_pow2(2 * per_window), 4096), 65536)
+        if self.off_cpu:
+            # Sampled switch-outs store their stacks here too: room for half the off-CPU keys' worth (a
+            # thread waits in few places, and its waits repeat its stacks).
+            stacks = min(_pow2(stacks + self.offcpu_sizes(ncpus)[0] // 2), 65536)
         return counts, stacks
+
+    def offcpu_sizes(self, ncpus: int) -> tuple[int, int]:
+        """(off-CPU count entries per map set, pending switch-out entries), unless set in the config.
+
+        Both scale with the threads a node runs, taken as ~1,000 per CPU: a window's keys are the
+        (thread, stacks) pairs that waited, the pending entries the sampled threads waiting right now
+        (with 1/N sampling, ~1/N of the node's sleeping threads; all of them at 1/1). Preallocated: ~150 B
+        an entry, so 4096-65536 count entries take 1.2-20 MB for both sets, 8192-65536 pending 1.2-10 MB.
+        Past offcpu_tasks waiting at once, the LRU drops the oldest waits (Drain.offcpu_pending shows how
+        full it is).
+        """
+        counts = self.offcpu_counts or min(max(_pow2(1024 * ncpus), 4096), 65536)
+        tasks = self.offcpu_tasks or min(max(_pow2(2048 * ncpus), 8192), 65536)
+        return counts, tasks
+
+    def offcpu_flags(self, ncpus: int) -> list[str]:
+        if self.offcpu_sample_every < 1 or self.offcpu_min_block_us < 0:
+            raise ValueError("offcpu_sample_every must be >= 1 and offcpu_min_block_us >= 0")
+        counts, tasks = self.offcpu_sizes(ncpus)
+        return [
+            f"-DOFF_CPU={1 if self.off_cpu else 0}",
+            f"-DOFFCPU_SAMPLE_EVERY={self.offcpu_sample_every}U",
+            f"-DOFFCPU_MIN_BLOCK_NS={self.offcpu_min_block_us * 1000}ULL",
+            f"-DOFFCPU_RUNNABLE={1 if self.offcpu_runnable else 0}",
+            f"-DOFFCPU_COUNTS_SIZE={counts}",
+            f"-DOFFCPU_TASKS_SIZE={tasks}",
+        ]
 
     def python_stacks_size(self, stacks_size: int) -> int:
         """Entries per python_stacks map: ~1 KB each, preallocated; a quarter of the native stack table
@@ -145,6 +226,25 @@ class SamplerConfig:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+def _sample_counts(entries: list, idle: set[int] = frozenset()) -> list[SampleCount]:
+    """Drained (SampleKey, count) pairs as rows; `idle`: tids whose rows are marked idle (off-CPU rows)."""
+    return [
+        SampleCount(
+            tgid=k.tgid,
+            tid=k.tid,
+            cgroup_id=k.cgroup_id,
+            comm=k.comm.decode("utf-8", "replace"),
+            user_stack=k.user_stack,
+            kernel_stack=k.kernel_stack,
+            count=v,
+            python_stack=k.python_stack,
+            gpu_slot=k.gpu_slot,
+            idle=k.tid in idle,
+        )
+        for k, v in entries
+    ]
 
 
 class CpuSampler:
@@ -172,6 +272,7 @@ class CpuSampler:
             f"-DPY_PROCS_SIZE={config.python_procs}",
             f"-DGPU_SLOT_NS={int(config.gpu_slot_s * 1e9)}ULL",
             f"-DGPU_PROCS_SIZE={config.gpu_procs}",
+            *config.offcpu_flags(os.cpu_count() or 1),
             f"-I{BPF_SOURCE.parent}",
         ]
         try:
@@ -184,6 +285,10 @@ class CpuSampler:
         self._stacks = (self._bpf["stacks0"], self._bpf["stacks1"])
         self._python_stacks = (self._bpf["python_stacks0"], self._bpf["python_stacks1"])
         self._python_procs = self._bpf["python_procs"]
+        if config.off_cpu:
+            self._offcpu = (self._bpf["offcpu0"], self._bpf["offcpu1"])
+            self._offcpu_starts = self._bpf["offcpu_starts"]
+        self._carry = StackCarry()
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
         self._events_cb = on_process_event
         self._extra_callbacks: list = []
@@ -203,6 +308,11 @@ class CpuSampler:
     @property
     def frequency_hz(self) -> int:
         return self._config.frequency_hz
+
+    @property
+    def offcpu_sample_every(self) -> int:
+        """Off-CPU counts are scaled by this (1 in N switch-outs sampled); 0 when off-CPU is off."""
+        return self._config.offcpu_sample_every if self._config.off_cpu else 0
 
     # -- process events --------------------------------------------------------------------------
     def _on_event(self, _ctx: object, data: int, _size: int) -> None:
@@ -275,20 +385,10 @@ class CpuSampler:
         """Flip to the other map set, then read and empty the one that was being written."""
         with self._lock:
             idle, start_ns, end_ns = self._buffers.flip()
-            samples = [
-                SampleCount(
-                    tgid=k.tgid,
-                    tid=k.tid,
-                    cgroup_id=k.cgroup_id,
-                    comm=k.comm.decode("utf-8", "replace"),
-                    user_stack=k.user_stack,
-                    kernel_stack=k.kernel_stack,
-                    count=v,
-                    python_stack=k.python_stack,
-                    gpu_slot=k.gpu_slot,
-                )
-                for k, v in _drain_map(self._counts[idle], SampleKey, ct.c_uint64)
-            ]
+            # After the grace, before the drain: every wait that ends later is one of these (StackCarry).
+            pending = self._pending_starts() if self._config.off_cpu else []
+            samples = _sample_counts(_drain_map(self._counts[idle], SampleKey, ct.c_uint64))
+            offcpu = self._offcpu_rows(idle) if self._config.off_cpu else []
             stacks = {
                 k: tuple(v.ip[: min(v.len, MAX_DEPTH)])
                 for k, v in _drain_map(self._stacks[idle], ct.c_uint64, StackTrace)
@@ -297,7 +397,27 @@ class CpuSampler:
                 k: tuple((f.code, f.instr, f.tag) for f in v.frames[: min(v.len, PY_MAX_DEPTH)])
                 for k, v in _drain_map(self._python_stacks[idle], ct.c_uint64, PyStack)
             }
-            return Drain(start_ns, end_ns, samples, stacks, self._stat_deltas(), python_stacks)
+            stats = self._stat_deltas()
+            if self._config.off_cpu:
+                stats[STAT_OFFCPU_STACKS_UNRESOLVED] = self._carry.fill(offcpu, stacks, python_stacks)
+                self._carry.keep(pending, stacks, python_stacks)
+            return Drain(start_ns, end_ns, samples, stacks, stats, python_stacks, offcpu, len(pending))
+
+    def _offcpu_rows(self, idle_set: int) -> list[SampleCount]:
+        entries = _drain_map(self._offcpu[idle_set], SampleKey, OffcpuValue)
+        idle = idle_threads((k.tid, v.ns, v.ran_ns) for k, v in entries)
+        return _sample_counts([(k, v.ns) for k, v in entries], idle)
+
+    def offcpu_pending(self) -> list[tuple[int, int]]:
+        """(tid, tgid) of every thread whose sampled switch-out waits for it to run again."""
+        if not self._config.off_cpu:
+            return []
+        return [(tid, start[START_TGID]) for tid, start in self._pending_starts()]
+
+    def _pending_starts(self) -> Pending:
+        keys, values = read_map_bytes(self._offcpu_starts, 4, START_LAYOUT.size)
+        tids = [t for (t,) in struct.iter_unpack("=I", keys)]
+        return list(zip(tids, START_LAYOUT.iter_unpack(values), strict=True))
 
     def close(self) -> None:
         with self._lock:

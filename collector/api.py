@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from fleetprof.collector.model.profile import GPU_STATE_NAME, PROFILE_TYPE_NAME, Stacks
+from fleetprof.collector.model.profile import GPU_STATE_NAME, Stacks, internal_label
 from fleetprof.collector.model.rows import Selection
 from fleetprof.collector.model.selector import Matcher, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
@@ -25,7 +25,7 @@ from fleetprof.collector.render.svg import render_svg
 from fleetprof.collector.render.tree import to_folded, to_json, top_functions, tree_json_text, truncate
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
-from fleetprof.collector.store.typed import TYPES, UNITS, TypedStore
+from fleetprof.collector.store.typed import DEFAULT_THREADS, THREADS, TYPES, UNITS, TypedStore
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 WEB_DIR = Path(__file__).parent / "web"
@@ -124,8 +124,10 @@ class QueryApi:
         return value
 
     def _typed(self, req: Request) -> TypedStore:
-        """The store as the request's `type` (cpu, offcpu, wall) counts."""
-        return TypedStore(self._store, self._choice(req, "type", TYPES, "cpu"))
+        """The store as the request's `type` (cpu, offcpu, wall) and `threads` (active, all; the type's
+        default when absent) count it."""
+        kind = self._choice(req, "type", TYPES, "cpu")
+        return TypedStore(self._store, kind, self._choice(req, "threads", THREADS, DEFAULT_THREADS[kind]))
 
     def _select(self, req: Request) -> tuple[Selection, Selector, float, float]:
         typed = self._typed(req)
@@ -285,15 +287,16 @@ class QueryApi:
         return json_response(body)
 
     def gpus(self, req: Request) -> Response:
-        """Per pod on a GPU: utilization, memory, idle fraction, and the CPU's hottest functions while its
-        GPUs sat idle. `query` selects on node, namespace, pod, container and gpu."""
+        """Per pod on a GPU: utilization, memory, idle fraction, and the hottest functions while its GPUs
+        sat idle: as `type` counts them (cpu by default), and in wall time (active threads). `query`
+        selects on node, namespace, pod, container and gpu."""
         limit = self._int(req, "limit", 50, 1, 10_000)
         functions = self._int(req, "functions", 5, 0, 100)
         selector = self._selector(req)
         start, end = self._range(req)
-        typed, wall = TypedStore(self._store), TypedStore(self._store, "wall")
+        typed, wall = self._typed(req), TypedStore(self._store, "wall")
         tagged = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=~", "idle|busy")))
-        cpu = typed.group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
+        cpu = TypedStore(self._store).group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
         pods = []
         for p in self._gpu_usage.pods(selector, start, end)[:limit]:
             idle_stacks: Stacks = {}
@@ -321,7 +324,8 @@ class QueryApi:
                     "idle_wall_top_functions": top_functions(wall_stacks, functions) if functions else [],
                 }
             )
-        return json_response({"from": start, "until": end, "query": str(selector), "pods": pods})
+        body = {"from": start, "until": end, "query": str(selector), "type": typed.kind, "unit": typed.unit}
+        return json_response({**body, "pods": pods})
 
     def _top_groups(self, req: Request, limit: int) -> Response:
         """The label-value groups (e.g. pods) burning the most CPU: /api/v1/top?by=namespace,pod."""
@@ -409,8 +413,8 @@ class QueryApi:
 
     def labels(self, req: Request) -> Response:
         start, end = self._optional_range(req)
-        # __type__ marks off-CPU rows: the API's `type` selects on it, so it is no label to pick.
-        names = [n for n in self._store.label_names(start, end) if n != PROFILE_TYPE_NAME]
+        # __type__ and __thread__ mark off-CPU rows: the API's `type` and `threads` select on them.
+        names = [n for n in self._store.label_names(start, end) if not internal_label(n)]
         return json_response({"labels": names})
 
     def label_values(self, req: Request) -> Response:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
 from fleetprof.collector.connect import ConnectError, ConnectService, Method
-from fleetprof.collector.model.profile import PROFILE_TYPE_NAME
+from fleetprof.collector.model.profile import internal_label
 from fleetprof.collector.model.selector import DERIVED_LABELS, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import BUCKET_S, SeriesError, check_step, top_lines
@@ -170,7 +170,7 @@ class Querier:
     def label_names(self, req: types_pb2.LabelNamesRequest) -> types_pb2.LabelNamesResponse:
         start, end = self._optional_range(req.start, req.end)
         self._selectors(req.matchers)  # checked; names come from every series in range
-        names = set(self._labels.label_names(start, end)) - {PROFILE_TYPE_NAME}
+        names = {n for n in self._labels.label_names(start, end) if not internal_label(n)}
         if names:
             names.update(DERIVED_LABELS)
             names.update((PROFILE_TYPE_LABEL, NAME_LABEL))
@@ -193,7 +193,7 @@ class Querier:
     def series(self, req: querier_pb2.SeriesRequest) -> querier_pb2.SeriesResponse:
         start, end = self._range_or_recent(req.start, req.end)
         wanted = list(req.label_names) or [
-            *sorted(set(self._labels.label_names(start, end)) - {PROFILE_TYPE_NAME}),
+            *sorted(n for n in self._labels.label_names(start, end) if not internal_label(n)),
             *DERIVED_LABELS,
         ]
         by = [n for n in wanted if n not in (PROFILE_TYPE_LABEL, NAME_LABEL)]

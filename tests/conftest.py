@@ -94,9 +94,10 @@ class RunningCollector:
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.collector.grpc_port}"
 
-    def folded(self, query: str, since: str = "10m") -> dict:
-        """Merged stacks for a selector, parsed back from the folded format the API serves."""
-        q = urllib.parse.urlencode({"query": query, "since": since, "format": "folded"})
+    def folded(self, query: str, since: str = "10m", **params: str) -> dict:
+        """Merged stacks for a selector, parsed back from the folded format the API serves; `params` such as
+        type="wall" go with the query."""
+        q = urllib.parse.urlencode({"query": query, "since": since, "format": "folded", **params})
         return parse_folded(http_get(f"{self.url}/api/v1/profile?{q}").decode())
 
     def json(self, path: str, **params: str) -> dict:
@@ -236,12 +237,15 @@ def samples_of(stacks: dict) -> int:
     return sum(stacks.values())
 
 
-def settled_profile(col: RunningCollector, query: str, interval: float, timeout: float = 30.0) -> dict:
-    """The profile for `query` once it stops growing (the agent's last window for it has arrived)."""
+def settled_profile(
+    col: RunningCollector, query: str, interval: float, timeout: float = 30.0, **params: str
+) -> dict:
+    """The profile for `query` (with `params`, e.g. type="wall") once it stops growing (the agent's last
+    window for it has arrived)."""
     last: list = [None]
 
     def stable() -> dict | None:
-        cur = col.folded(query)
+        cur = col.folded(query, **params)
         prev, last[0] = last[0], cur
         return cur if cur and cur == prev else None
 

@@ -1,6 +1,7 @@
 """GPU-idle tagging end to end in the agent: real eBPF samples of a real workload whose CPU phases
 alternate with its (scripted) GPU's busy/idle phases; each sample is tagged with the GPU state at its
-time, so the idle-time profile is the idle-phase function."""
+time, so the idle-time profile is the idle-phase function. Off-CPU time is tagged the same way: a loop
+that sleeps while its GPU idles has its waits tagged idle."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.main import Agent, AgentConfig
 from tests.conftest import RunningCollector, free_port, require_bpf
 from tests.fake_pynvml import FakeGpu, FakeNvml
-from tests.wire import sample_rows
+from tests.wire import offcpu_rows, sample_rows
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -40,14 +41,17 @@ class PhasedNvml(FakeNvml):
         pass  # the clock steps this world
 
 
-def test_samples_carry_the_gpu_state_at_their_time(
-    collector: RunningCollector, workload_bin: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def run_phases(
+    collector: RunningCollector,
+    workload_bin: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    *args: str,
+) -> tuple[subprocess.Popen, list[pb.Batch]]:
+    """Runs gpu_phases (with `args`) on the scripted GPU under an in-process agent; its batches."""
     require_bpf()
     gpu = FakeGpu("GPU-phases", utilization=[(95, 60), (0, 0)])
     world = PhasedNvml([gpu])
     monkeypatch.setitem(sys.modules, "pynvml", world.module)
-
     config = AgentConfig(
         collector=collector.grpc_target,
         http=f"127.0.0.1:{free_port()}",
@@ -58,11 +62,12 @@ def test_samples_carry_the_gpu_state_at_their_time(
         syscalls=False,
         python=False,
         gpu_interval_s=POLL_S,
+        offcpu_sample_every=1,  # every wait: the tagging error is then the only noise (see the test)
     )
     agent = Agent(config)
     agent.start()
     try:
-        proc = subprocess.Popen([str(workload_bin("gpu_phases")), str(RUN_S), str(PHASE_MS)])
+        proc = subprocess.Popen([str(workload_bin("gpu_phases")), str(RUN_S), str(PHASE_MS), *args])
         gpu.compute = {proc.pid: 4 << 30}  # NVML lists it as a compute process on the GPU
         time.sleep(0.5)
         batches = []
@@ -75,7 +80,14 @@ def test_samples_carry_the_gpu_state_at_their_time(
         agent.stop()
         agent._shutdown()
     assert proc.returncode == 0
+    return proc, batches
 
+
+def test_samples_carry_the_gpu_state_at_their_time(
+    collector: RunningCollector, workload_bin: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    proc, batches = run_phases(collector, workload_bin, monkeypatch)
     by_state: dict[tuple[str, int], int] = {}
     for b in batches:
         for s in sample_rows(b):
@@ -105,3 +117,29 @@ def test_samples_carry_the_gpu_state_at_their_time(
     assert by_state.get(("gpu_busy_phase", pb.GPU_STATE_BUSY), 0) > 0.8 * busy_phase, by_state
     assert by_state.get(("gpu_idle_phase", pb.GPU_STATE_BUSY), 0) < 0.2 * idle_phase, by_state
     assert by_state.get(("gpu_busy_phase", pb.GPU_STATE_IDLE), 0) < 0.2 * busy_phase, by_state
+
+
+def test_waits_carry_the_gpu_state_at_their_end(
+    collector: RunningCollector, workload_bin: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop sleeps through its GPU's idle phases in 10 ms naps (gpu_idle_wait): that off-CPU time is
+    tagged idle, from the same GPU timeline as the samples."""
+    proc, batches = run_phases(collector, workload_bin, monkeypatch, "wait")
+    by_state: dict[int, int] = {}
+    waits = 0
+    for b in batches:
+        for r in offcpu_rows(b):
+            functions = [b.strings[f] for f in b.stacks[r.stack].functions]
+            if b.processes[r.process].pid == proc.pid and "gpu_idle_wait" in functions:
+                by_state[r.gpu] = by_state.get(r.gpu, 0) + r.count
+        waits += b.offcpu_stats.recorded
+    total = sum(by_state.values())
+    print(f"ns blocked in gpu_idle_wait by GPU state: {by_state}; {waits} waits recorded on the node")
+    # 4 s of idle phases: ~4 s asleep, ~400 naps of 10 ms (fewer, longer ones on a busy machine).
+    assert total > 3e9, by_state
+    # As for the samples: a nap is tagged by the slot it ends in (0.1 s slots), so only naps ending
+    # within ~0.2 s of a phase change can be tagged wrong: <= 10% of the idle phases' 4 s. Every nap is
+    # recorded (1/1), ~400 of them: sigma = sqrt(0.1 x 0.9 / 400) = 0.015; the 20% bound is 6.7 sigma
+    # above the worst case. Tags taken at the switch-out, or by the 1 s window, read ~25% wrong.
+    assert by_state.get(pb.GPU_STATE_IDLE, 0) > 0.8 * total, by_state
+    assert by_state.get(pb.GPU_STATE_BUSY, 0) < 0.2 * total, by_state

@@ -215,8 +215,10 @@ def test_labels_series_profile_types_and_stats(answers: dict[str, Answer], profi
     assert {"pid", "comm", "node", "service_name", "__profile_type__"} <= set(_ok(answers, "names").names)
     assert list(_ok(answers, "pids").names) == [str(profiled.pid)]
     sets = {tuple((p.name, p.value) for p in s.labels) for s in _ok(answers, "series").labels_set}
-    # CPU time is wall time too; no off-CPU series without an off-CPU recorder.
-    assert sets == {(("__profile_type__", t), ("pid", str(profiled.pid))) for t in (CPU, SAMPLES, WALL)}
+    # CPU time is wall time too. The off-CPU series is there when the agent recorded one of the busy
+    # workload's few waits (preemptions; 1 in 8 sampled), so it may or may not be.
+    listed = {(("__profile_type__", t), ("pid", str(profiled.pid))) for t in (CPU, SAMPLES, WALL)}
+    assert listed <= sets <= listed | {(("__profile_type__", OFFCPU), ("pid", str(profiled.pid)))}, sets
     stats = _ok(answers, "stats")
     assert stats.data_ingested
     # Whole hours (the newest cut at now): the oldest begins before the workload's samples, the newest

@@ -130,6 +130,7 @@ def test_the_type_label_is_the_collectors(fed: RunningCollector) -> None:
         (lambda b: b.offcpu_columns.stack.__setitem__(1, 99), "off-CPU row 1 refers to stack 99"),
         (lambda b: b.offcpu_columns.gpu.__setitem__(2, 7), "off-CPU row 2 has an unknown GPU state 7"),
         (lambda b: b.offcpu_columns.blocked_ns.__setitem__(0, 1 << 60), "has blocked_ns"),
+        (lambda b: b.offcpu_columns.idle.extend([True, False]), "2 idle flags"),
     ],
 )
 def test_bad_off_cpu_rows_are_refused_by_name(mutate, expected: str, collector: RunningCollector) -> None:  # noqa: ANN001
@@ -225,8 +226,45 @@ def test_an_agent_window_with_off_cpu_rows_is_encoded_and_stored(collector: Runn
     batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="enc"), HZ)
     batch.sequence = 1
     assert list(batch.offcpu_columns.blocked_ns) == [1000 * MS]
+    assert not batch.offcpu_columns.idle  # no idle thread: the column is left out
     assert len(batch.stacks) == 2 and len(batch.processes) == 1
     assert push(collector.grpc_target, [batch]) == [1]
     off = profile(collector, type="offcpu", query='{comm="loader"}')
     assert flat(off["root"]) == {("main", "load_shard", "ksys_read"): 1000 * MS}
     assert profile(collector, query='{comm="loader"}')["total"] == 12
+
+
+def test_idle_threads_waits_stay_out_of_wall_views_unless_asked_for(collector: RunningCollector) -> None:
+    """A pool thread's wait (the agent marks its row idle) counts in off-CPU views and in wall views with
+    threads=all, not in default wall views: 0.3 s of CPU and 1 s of a working thread's wait against 40 s of
+    a sleeping pool's."""
+    b = BatchBuilder(node="node-i", sequence=1, frequency_hz=HZ)
+    job = b.process(20, "trainer", {"namespace": "ml", "pod": "job-1"})
+    step = b.stack([("main", "app"), ("step", "app")])
+    sync = b.stack([("main", "app"), ("step", "app"), ("sync", "libcuda")])
+    pool = b.stack([("worker_loop", "libgomp"), ("futex_wait", "libc.so.6")])
+    b.sample(job, step, 30)
+    b.offcpu(job, sync, 1000 * MS)
+    b.offcpu(job, pool, 40_000 * MS, idle=True)
+    assert push(collector.grpc_target, [b.build()]) == [1]
+    q = '{pod="job-1"}'
+    off = profile(collector, query=q, type="offcpu")
+    assert off["total"] == 41_000 * MS
+    assert profile(collector, query=q, type="offcpu", threads="active")["total"] == 1000 * MS
+    wall = profile(collector, query=q, type="wall")
+    assert flat(wall["root"]) == {("main", "step"): 30 * PERIOD_NS, ("main", "step", "sync"): 1000 * MS}
+    everything = profile(collector, query=q, type="wall", threads="all")
+    assert everything["total"] == 30 * PERIOD_NS + 41_000 * MS
+    assert merge(collector, q, kind=WALL).flamegraph.total == 30 * PERIOD_NS + 1000 * MS  # Grafana's wall
+    groups = collector.json("/api/v1/top", since="10m", type="wall", by="pod", query=q)["groups"]
+    assert groups[0]["seconds"] == 1.3
+    labels = collector.json("/api/v1/labels")["labels"]
+    assert "__thread__" not in labels and "__type__" not in labels
+    with pytest.raises(urllib.error.HTTPError) as info:
+        profile(collector, query=q, type="wall", threads="sleeping")
+    assert info.value.code == 400 and "threads" in json.loads(info.value.read())["error"]
+    top = fleetprof(
+        "top", "--collector", collector.url, "--since", "10m", "--type", "wall", "--threads", "all"
+    )
+    assert top.returncode == 0, top.stderr
+    assert "futex_wait" in top.stdout

@@ -29,6 +29,13 @@ def sample_rows(batch: pb.Batch) -> list[Row]:
     return [Row(*r) for r in zip(c.process, c.stack, c.count, gpus, strict=True)]
 
 
+def offcpu_rows(batch: pb.Batch) -> list[Row]:
+    """Every off-CPU row of the batch (`count`: blocked nanoseconds)."""
+    c = batch.offcpu_columns
+    gpus = list(c.gpu) or [pb.GPU_STATE_NONE] * len(c.process)
+    return [Row(*r) for r in zip(c.process, c.stack, c.blocked_ns, gpus, strict=True)]
+
+
 class BatchBuilder:
     """A Batch as an agent builds one: interned strings, stacks and processes with their content ids,
     samples as columns. `build()` may be called once."""
@@ -101,16 +108,23 @@ class BatchBuilder:
         if cols.gpu or gpu != pb.GPU_STATE_NONE:
             cols.gpu.append(gpu)
 
-    def offcpu(self, process: int, stack: int, blocked_ns: int, gpu: int = pb.GPU_STATE_NONE) -> None:
-        """An off-CPU row: `blocked_ns` of the process's threads switched out with the stack."""
+    def offcpu(
+        self, process: int, stack: int, blocked_ns: int, gpu: int = pb.GPU_STATE_NONE, idle: bool = False
+    ) -> None:
+        """An off-CPU row: `blocked_ns` of the process's threads switched out with the stack; `idle`: of
+        threads the agent found idle in the window."""
         cols = self.batch.offcpu_columns
         if gpu != pb.GPU_STATE_NONE and not cols.gpu:
             cols.gpu.extend([pb.GPU_STATE_NONE] * len(cols.process))
+        if idle and not cols.idle:
+            cols.idle.extend([False] * len(cols.process))
         cols.process.append(process)
         cols.stack.append(stack)
         cols.blocked_ns.append(blocked_ns)
         if cols.gpu or gpu != pb.GPU_STATE_NONE:
             cols.gpu.append(gpu)
+        if cols.idle:
+            cols.idle.append(idle)
 
     def build(self) -> pb.Batch:
         self.batch.strings.extend(self._strings)  # insertion order is id order

@@ -1,9 +1,11 @@
 // CPU stack sampler: runs on a perf_event (software CPU clock) on every CPU, aggregates samples in the
-// kernel and notifies user space of processes it has not described yet.
+// kernel and notifies user space of processes it has not described yet. With OFF_CPU, also records where
+// threads wait: blocked nanoseconds by the stack a thread left the CPU with (sched:sched_switch).
 //
 // Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE,
-// INCLUDE_IDLE, STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE and
-// PY_PROCS_SIZE with -D flags and mirrors every struct here with ctypes.
+// INCLUDE_IDLE, STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE,
+// PY_PROCS_SIZE, OFF_CPU, OFFCPU_SAMPLE_EVERY, OFFCPU_MIN_BLOCK_NS, OFFCPU_RUNNABLE, OFFCPU_COUNTS_SIZE and
+// OFFCPU_TASKS_SIZE with -D flags and mirrors every struct here with ctypes.
 //
 // Rules this file keeps:
 //  * No kernel struct is read through headers. The agent may run with headers of another kernel
@@ -14,6 +16,9 @@
 //  * Two sets of maps (counts + stacks), picked by control[0]. User space flips the index, waits a
 //    grace period so in-flight programs finish, then drains and empties the idle set: no sample is lost
 //    or attributed to the wrong window across a drain.
+//  * sched_switch reads only its tracepoint arguments (prev_pid, prev_state, next_pid: BCC builds the args
+//    struct from the running kernel's format file) and, for the task leaving, the same helpers as the
+//    sampler: the tracepoint fires before the switch, so `current` is still prev.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 
@@ -55,7 +60,16 @@ struct sample_key {
 #define STAT_PY_TRUNCATED        11
 #define STAT_PY_STACK_TABLE_FULL 12
 #define STAT_PY_NO_NAMESPACE     13
-#define NSTATS                   14
+// Off-CPU (sched_switch); all zero without OFF_CPU.
+#define STAT_OFFCPU_SWITCHES     14   // switch-outs of tasks on the node (the idle task's left out)
+#define STAT_OFFCPU_SAMPLED      15   // switch-outs sampled: stacks taken, start kept
+#define STAT_OFFCPU_RUNNABLE     16   // ... of which the task left runnable (preempted, or yielded)
+#define STAT_OFFCPU_RECORDED     17   // sampled waits added to offcpu{0,1}
+#define STAT_OFFCPU_BELOW_MIN    18   // sampled waits shorter than OFFCPU_MIN_BLOCK_NS: dropped
+#define STAT_OFFCPU_STATE_FULL   19   // a sampled switch-out not kept: offcpu_starts could not take it
+#define STAT_OFFCPU_COUNT_FULL   20   // a wait not recorded: offcpu{0,1} full
+#define STAT_OFFCPU_CARRIED      21   // stacks copied into the current set for a wait that crossed a flip
+#define NSTATS                   22
 
 #define STACK_NONE 0
 #define STACK_LOST 1
@@ -106,6 +120,44 @@ BPF_TABLE("lru_hash", u32, u8, seen, SEEN_SIZE);
 
 // events: new/exec/exit notifications, consumed by the agent's process table thread.
 BPF_RINGBUF_OUTPUT(events, 64);
+
+#if OFF_CPU
+// A sampled switch-out, kept until the task runs again.
+struct offcpu_start {
+    struct sample_key key;   // who left and with which stacks (gpu_slot is set at wake-up)
+    u64 ns;                  // bpf_ktime_get_ns() at switch-out
+    u64 ran_ns;              // how long it had run since its switch-in (0 if that came before the load)
+    u32 set;                 // the map set its stacks went into (control[0] then)
+    u32 runnable;            // 1: it left runnable (preempted or yielded), 0: it blocked
+};
+
+// What a sampled wait adds to its row, both scaled by OFFCPU_SAMPLE_EVERY: the wait, and the run that ended
+// in it (switch-in to switch-out). User space tells threads that mostly wait (idle pools) from threads
+// that work by the two sums (agent/offcpu.py).
+struct offcpu_value {
+    u64 ns;       // switched out
+    u64 ran_ns;   // on CPU just before
+};
+
+// offcpu{0,1}: sample_key -> offcpu_value for this window. Added to when a sampled task runs again (the
+// window of the wake-up); drained and emptied with counts/stacks of the same set. OFFCPU_COUNTS_SIZE
+// entries per set (agent/sampler.py SamplerConfig.offcpu_sizes), preallocated as counts{0,1} are: an
+// insert never waits on memory, in a program that runs inside the scheduler.
+BPF_HASH(offcpu0, struct sample_key, struct offcpu_value, OFFCPU_COUNTS_SIZE);
+BPF_HASH(offcpu1, struct sample_key, struct offcpu_value, OFFCPU_COUNTS_SIZE);
+
+// switched_in: per CPU, bpf_ktime_get_ns() of its last context switch, i.e. when the task now on it started
+// running. Written at every switch (a per-CPU slot: no hash, no lock), read at a sampled switch-out.
+BPF_PERCPU_ARRAY(switched_in, u64, 1);
+
+// offcpu_starts: tid -> its pending sampled switch-out. Created at a sampled switch-out, deleted when that
+// task is next switched in; never created for a task's last switch-out (state X or Z) and deleted at
+// sched_process_exit for every exiting thread, so a dying task leaves nothing behind. LRU as a backstop:
+// were a deletion ever missed, old entries make room instead of filling the map. Read (not written) by
+// user space at each drain, for the stack ids that waits still in progress will be recorded under.
+// OFFCPU_TASKS_SIZE entries, preallocated (LRU maps always are).
+BPF_TABLE("lru_hash", u32, struct offcpu_start, offcpu_starts, OFFCPU_TASKS_SIZE);
+#endif
 
 static __always_inline void count_stat(u32 idx) {
     u64 *v = stats.lookup(&idx);
@@ -182,18 +234,23 @@ static __always_inline u64 hash_python_stack(struct py_stack *st) {
     return h;
 }
 
-// The sampled thread's CPython stack id (STACK_NONE when it has no Python frames or the walk failed).
-static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p) {
-    count_stat(STAT_PY_SAMPLES);
+// The current thread's CPython stack id (STACK_NONE when it has no Python frames or the walk failed).
+// `sample`: a CPU sample, whose walk outcomes the python_* stats count (they are per-sample ratios; off-CPU
+// walks would skew them). Table-full is counted either way: the table is shared.
+static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p, int sample) {
+    if (sample)
+        count_stat(STAT_PY_SAMPLES);
     struct bpf_pidns_info ns = {};
     if (bpf_get_ns_current_pid_tgid(p->pidns_dev, p->pidns_ino, &ns, sizeof(ns)) != 0) {
-        count_stat(STAT_PY_NO_NAMESPACE);
+        if (sample)
+            count_stat(STAT_PY_NO_NAMESPACE);
         return STACK_NONE;
     }
     u64 *cached = python_threads.lookup(&pid_tgid);
     u64 ts = py_find_thread(p, ns.pid, cached ? *cached : 0);
     if (!ts) {
-        count_stat(STAT_PY_NO_THREAD);
+        if (sample)
+            count_stat(STAT_PY_NO_THREAD);
         return STACK_NONE;
     }
     if (!cached || *cached != ts)
@@ -203,9 +260,9 @@ static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p
     if (!st)
         return STACK_NONE;
     u32 outcome = py_walk(p, ts, st);
-    if (outcome == PY_TRUNCATED)
+    if (sample && outcome == PY_TRUNCATED)
         count_stat(STAT_PY_TRUNCATED);
-    else if (outcome == PY_UNWIND_FAILED)
+    else if (sample && outcome == PY_UNWIND_FAILED)
         count_stat(STAT_PY_UNWIND_FAILED);
     if (st->len == 0)
         return STACK_NONE;   // idle thread state, or the first read failed: native frames only
@@ -239,6 +296,37 @@ static __always_inline void count_sample(u32 set, struct sample_key *key) {
         count_stat(STAT_COUNT_TABLE_FULL);
 }
 
+// The current task's user and kernel stacks into `key` (stored in `set`). `sample`: count the outcomes in
+// the CPU sampler's stats (off-CPU switch-outs leave them to the samples).
+static __always_inline void take_stacks(void *ctx, u32 set, struct sample_key *key, struct stack_trace *st,
+                                        int sample) {
+    int n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), BPF_F_USER_STACK);
+    if (n > 0) {
+        st->len = n / sizeof(u64);
+        key->user_stack = store_stack(set, st, 0x7573657273746b31ULL);
+    } else if (sample && (n == 0 || n == -EFAULT)) {
+        count_stat(STAT_USER_STACK_MISSING);   // kernel threads, or a task without a user context
+    } else if (sample) {
+        count_stat(STAT_USER_STACK_ERROR);
+    }
+    n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), 0);
+    if (n > 0) {
+        st->len = n / sizeof(u64);
+        key->kernel_stack = store_stack(set, st, 0x6b65726e656c6b31ULL);
+    } else if (sample && n < 0) {
+        count_stat(STAT_KERNEL_STACK_ERROR);
+    }
+}
+
+// Tell user space about a process it has not described yet (it reads /proc while the process lives).
+static __always_inline void note_process(u32 tgid) {
+    if (tgid != 0 && !seen.lookup(&tgid)) {
+        u8 one = 1;
+        seen.update(&tgid, &one);
+        notify(tgid, EVENT_NEW);
+    }
+}
+
 int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
@@ -263,41 +351,215 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
 
     u32 set = *active;
-    int n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), BPF_F_USER_STACK);
-    if (n > 0) {
-        st->len = n / sizeof(u64);
-        key.user_stack = store_stack(set, st, 0x7573657273746b31ULL);
-    } else if (n == 0 || n == -EFAULT) {
-        count_stat(STAT_USER_STACK_MISSING);   // kernel threads, or a task without a user context
-    } else {
-        count_stat(STAT_USER_STACK_ERROR);
-    }
-    n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), 0);
-    if (n > 0) {
-        st->len = n / sizeof(u64);
-        key.kernel_stack = store_stack(set, st, 0x6b65726e656c6b31ULL);
-    } else if (n < 0) {
-        count_stat(STAT_KERNEL_STACK_ERROR);
-    }
+    take_stacks(ctx, set, &key, st, 1);
 #if PYTHON_STACKS
     struct py_proc *py = python_procs.lookup(&tgid);
     if (py)
-        key.python_stack = python_stack(set, pid_tgid, py);
+        key.python_stack = python_stack(set, pid_tgid, py, 1);
 #endif
     if (gpu_procs.lookup(&tgid))
         key.gpu_slot = bpf_ktime_get_ns() / GPU_SLOT_NS + 1;
     count_sample(set, &key);
-
-    if (tgid != 0 && !seen.lookup(&tgid)) {
-        u8 one = 1;
-        seen.update(&tgid, &one);
-        notify(tgid, EVENT_NEW);
-    }
+    note_process(tgid);
     return 0;
 }
 
+#if OFF_CPU
+// -- Off-CPU time -----------------------------------------------------------------------------------------
+// sched_switch fires on every context switch of the node, so the common path is one per-CPU counter, one
+// per-CPU timestamp (switched_in), one hash lookup (is the incoming task's switch-out pending?) and one
+// random draw. Only a switch-out sampled
+// with probability 1/OFFCPU_SAMPLE_EVERY takes stacks (the expensive part, ~as much as a CPU sample); when
+// that task runs again, its wait is recorded scaled by OFFCPU_SAMPLE_EVERY: an unbiased estimate of the
+// total, whose noise user space can state ((N - 1) x the sum of squared waits).
+//
+// Runnable waits count: a task switched out while runnable (prev_state R, or R+ when preempted in the
+// kernel) waits for a CPU, and a wall-clock profile must show that time too, or a thread throttled by its
+// cgroup's CPU limit or starved on a busy node looks idle. Its kernel stack says it was preempted
+// (the return-to-user or IRQ-exit path into schedule), and STAT_OFFCPU_RUNNABLE counts how many were.
+// OFFCPU_RUNNABLE=0 leaves them out (blocked time only, as offcputime-bpfcc's --state 1 or 2 would).
+//
+// GPU slot: taken at wake-up, not at switch-out. The wait is recorded into the window being written at
+// wake-up, so the slot always lies in the window the row ships with and within the GPU timeline's
+// horizon; a switch-out slot of a long wait would name a time whose GPU state the agent may already have
+// forgotten. It also costs a gpu_procs lookup only per recorded wait, not per sampled switch-out.
+
+// prev_state as the tracepoint reports it (kernel/sched: __trace_sched_switch_state; the format file's
+// print fmt): bit i set = state "SDTtXZPI"[i]; 0 = runnable (R); TASK_REPORT_MAX (0x100) = preempted (R+).
+#define TASK_REPORT_STATES  0xff
+#define TASK_REPORT_DEAD    (0x10 | 0x20)   // X (EXIT_DEAD), Z (EXIT_ZOMBIE): the task's last switch-out
+
+static __always_inline void add_offcpu(u32 set, struct sample_key *key, u64 ns, u64 ran_ns) {
+    struct offcpu_value zero = {};
+    struct offcpu_value *c;
+    if (set == 0)
+        c = offcpu0.lookup_or_try_init(key, &zero);
+    else
+        c = offcpu1.lookup_or_try_init(key, &zero);
+    if (c) {
+        __sync_fetch_and_add(&c->ns, ns);
+        __sync_fetch_and_add(&c->ran_ns, ran_ns);
+        count_stat(STAT_OFFCPU_RECORDED);
+    } else {
+        count_stat(STAT_OFFCPU_COUNT_FULL);
+    }
+}
+
+// A wait that crossed a flip is recorded in the current set, but its stacks went into the other one. Copy
+// each body over while that set still holds it: user space reads the pending switch-outs (offcpu_starts)
+// after the flip's grace and before it drains, so a wait that ends after that read is one it has seen
+// and carries the bodies of itself (agent/sampler.py _StackCarry); one that ended before it finds them
+// here, not yet drained.
+static __always_inline void carry_stack(u32 set, u64 id) {
+    if (id <= STACK_LOST)
+        return;
+    struct stack_trace *old;
+    int err;
+    if (set == 0) {
+        if (stacks0.lookup(&id))
+            return;
+        old = stacks1.lookup(&id);
+        if (!old)
+            return;   // drained already: user space carries it
+        err = stacks0.update(&id, old);
+    } else {
+        if (stacks1.lookup(&id))
+            return;
+        old = stacks0.lookup(&id);
+        if (!old)
+            return;
+        err = stacks1.update(&id, old);
+    }
+    if (err == 0 || err == -EEXIST)
+        count_stat(STAT_OFFCPU_CARRIED);
+    else
+        count_stat(STAT_STACK_TABLE_FULL);
+}
+
+static __always_inline void carry_python_stack(u32 set, u64 id) {
+    if (id <= STACK_LOST)
+        return;
+    struct py_stack *old;
+    int err;
+    if (set == 0) {
+        if (python_stacks0.lookup(&id))
+            return;
+        old = python_stacks1.lookup(&id);
+        if (!old)
+            return;
+        err = python_stacks0.update(&id, old);
+    } else {
+        if (python_stacks1.lookup(&id))
+            return;
+        old = python_stacks0.lookup(&id);
+        if (!old)
+            return;
+        err = python_stacks1.update(&id, old);
+    }
+    if (err == 0 || err == -EEXIST)
+        count_stat(STAT_OFFCPU_CARRIED);
+    else
+        count_stat(STAT_PY_STACK_TABLE_FULL);
+}
+
+// `tid` runs again: record its wait if its switch-out was sampled.
+static __always_inline void offcpu_wake(u32 tid, u32 set) {
+    struct offcpu_start *s = offcpu_starts.lookup(&tid);
+    if (!s)
+        return;
+    u64 now = bpf_ktime_get_ns();
+    struct sample_key key = s->key;   // copied out before the delete lets another CPU reuse the entry
+    u64 start = s->ns;
+    u64 ran = s->ran_ns;
+    u32 from = s->set;
+    offcpu_starts.delete(&tid);
+    u64 waited = now > start ? now - start : 0;
+    if (waited < OFFCPU_MIN_BLOCK_NS) {
+        count_stat(STAT_OFFCPU_BELOW_MIN);
+        return;
+    }
+    if (from != set) {
+        carry_stack(set, key.user_stack);
+        carry_stack(set, key.kernel_stack);
+        carry_python_stack(set, key.python_stack);
+    }
+    if (gpu_procs.lookup(&key.tgid))
+        key.gpu_slot = now / GPU_SLOT_NS + 1;   // the wake-up's slot (see the top of this section)
+    add_offcpu(set, &key, waited * OFFCPU_SAMPLE_EVERY, ran * OFFCPU_SAMPLE_EVERY);
+}
+
+// `tid` (the current task) leaves the CPU in `state`, having run since `since`: sample it, take its
+// stacks, keep the start.
+static __always_inline void offcpu_leave(void *ctx, u32 tid, long state, u32 set, u64 since) {
+    if (state & TASK_REPORT_DEAD)
+        return;   // it never runs again: a start kept now would only wait for sched_process_exit or the LRU
+    u32 runnable = (state & TASK_REPORT_STATES) == 0;
+#if !OFFCPU_RUNNABLE
+    if (runnable)
+        return;
+#endif
+#if OFFCPU_SAMPLE_EVERY > 1
+    if (bpf_get_prandom_u32() % OFFCPU_SAMPLE_EVERY != 0)
+        return;
+#endif
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    if ((u32)pid_tgid != tid)
+        return;   // not expected: the tracepoint fires in prev's context
+    count_stat(STAT_OFFCPU_SAMPLED);
+    if (runnable)
+        count_stat(STAT_OFFCPU_RUNNABLE);
+    u32 zero = 0;
+    // The CPU sampler's scratch buffers: both programs run with bpf_prog_active held on this CPU, and
+    // sched_switch with interrupts off, so neither can interrupt the other mid-use.
+    struct stack_trace *st = scratch.lookup(&zero);
+    if (!st)
+        return;
+    struct offcpu_start s = {};
+    u32 tgid = pid_tgid >> 32;
+    s.key.tgid = tgid;
+    s.key.tid = tid;
+    s.key.cgroup_id = bpf_get_current_cgroup_id();
+    bpf_get_current_comm(&s.key.comm, sizeof(s.key.comm));
+    take_stacks(ctx, set, &s.key, st, 0);
+#if PYTHON_STACKS
+    struct py_proc *py = python_procs.lookup(&tgid);
+    if (py)
+        s.key.python_stack = python_stack(set, pid_tgid, py, 0);
+#endif
+    s.set = set;
+    s.runnable = runnable;
+    s.ns = bpf_ktime_get_ns();   // last: the stack walks above are on-CPU time
+    s.ran_ns = since && s.ns > since ? s.ns - since : 0;
+    if (offcpu_starts.update(&tid, &s) != 0)
+        count_stat(STAT_OFFCPU_STATE_FULL);
+    note_process(tgid);   // a process that only ever waits still gets described
+}
+
+TRACEPOINT_PROBE(sched, sched_switch) {
+    u32 zero = 0;
+    u32 *active = control.lookup(&zero);
+    if (!active)
+        return 0;
+    u32 set = *active;
+    u64 *in = switched_in.lookup(&zero);
+    if (!in)
+        return 0;
+    u64 since = *in;   // when prev started running on this CPU
+    *in = bpf_ktime_get_ns();
+    u32 next = args->next_pid;
+    if (next != 0)   // the idle task (pid 0, one per CPU) is never recorded
+        offcpu_wake(next, set);
+    u32 prev = args->prev_pid;
+    if (prev != 0) {
+        count_stat(STAT_OFFCPU_SWITCHES);
+        offcpu_leave(args, prev, args->prev_state, set, since);
+    }
+    return 0;
+}
+#endif
+
 // Both hooks are process-lifetime events (not per syscall), and they only speak about processes the
-// sampler has seen, so their cost is bounded by the sampled processes.
+// sampler has seen (plus, with OFF_CPU, one map delete per exiting thread), so their cost is bounded.
 TRACEPOINT_PROBE(sched, sched_process_exec) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     python_procs.delete(&tgid);   // the new image is described (and detected) again
@@ -311,6 +573,12 @@ TRACEPOINT_PROBE(sched, sched_process_exec) {
 TRACEPOINT_PROBE(sched, sched_process_exit) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
+#if OFF_CPU
+    // Fires for every exiting thread. Its pending switch-out, if any (normally none: the switch-in that
+    // brought it here consumed it), goes with it, before a new thread can reuse the tid.
+    u32 tid = (u32)pid_tgid;
+    offcpu_starts.delete(&tid);
+#endif
     if ((u32)pid_tgid != tgid)   // a thread, not the whole process
         return 0;
     python_procs.delete(&tgid);

@@ -18,8 +18,10 @@ from fleetprof.collector.model.id_index import IdIndex, with_room
 from fleetprof.collector.model.ids import key_generation, labels_id, other_stack_id, stack_ids_of
 from fleetprof.collector.model.profile import (
     GPU_STATE_NAME,
+    IDLE_THREAD,
     OFFCPU,
     PROFILE_TYPE_NAME,
+    THREAD_STATE_NAME,
     Labels,
     Stack,
     SyscallAgg,
@@ -330,7 +332,8 @@ class Decoder:
         if offcpu_rows:
             opcol, okcol, occol, ogcol = columns = _offcpu_columns(batch)
             validate.check_sample_columns(batch.sequence, columns, len(procs), len(stacks), offcpu=True)
-            opcol = self._tagged_processes(opcol, ogcol, label_table, offcpu=True)
+            idle = np.array(batch.offcpu_columns.idle, dtype=np.int64) if batch.offcpu_columns.idle else 0
+            opcol = self._tagged_processes(opcol, ogcol + 4 * idle, label_table, offcpu=True)
             pcol, kcol = np.concatenate((pcol, opcol)), np.concatenate((kcol, okcol))
             ccol = np.concatenate((ccol, occol))
         syscalls = [
@@ -358,17 +361,21 @@ class Decoder:
         self, pcol: np.ndarray, gcol: np.ndarray, table: list[ProcessEntry], offcpu: bool = False
     ) -> np.ndarray:
         """Samples taken on a GPU go to their process's label set plus gpu_state, and off-CPU rows (all of
-        them, with `offcpu`) to it plus __type__="offcpu": one table entry is appended per (process, state),
-        and those rows repointed to it."""
+        them, with `offcpu`) to it plus __type__="offcpu", and __thread__="idle" for idle threads' rows: one
+        table entry is appended per (process, state), and those rows repointed to it. `gcol`: the GPU
+        state, plus 4 for an idle thread's off-CPU row."""
         tagged = np.arange(len(pcol)) if offcpu else np.flatnonzero(gcol)
-        keys = pcol[tagged] * 4 + gcol[tagged]
+        keys = pcol[tagged] * 8 + gcol[tagged]
         distinct, which = np.unique(keys, return_inverse=True)
         first = len(table)
         for key in distinct.tolist():
-            process, state = divmod(key, 4)
+            process, state = divmod(key, 8)
+            idle, state = divmod(state, 4)
             extra = [(GPU_STATE_NAME, GPU_STATE_LABEL[state])] if state else []
             if offcpu:
                 extra.append((PROFILE_TYPE_NAME, OFFCPU))
+            if idle:
+                extra.append((THREAD_STATE_NAME, IDLE_THREAD))
             lset = tuple(sorted((*table[process][1], *extra)))
             table.append((self.processes.label_id(lset), lset))
         pcol = pcol.copy()

@@ -271,13 +271,14 @@ def check_sample_column_lengths(batch: pb.Batch) -> None:
         )
     oc = batch.offcpu_columns
     n = len(oc.process)
-    if len(oc.stack) != n or len(oc.blocked_ns) != n or len(oc.gpu) not in (0, n):
+    optional = (len(oc.gpu), len(oc.idle))  # each one per row, or left out
+    if len(oc.stack) != n or len(oc.blocked_ns) != n or any(k not in (0, n) for k in optional):
         fail(
             batch.sequence,
             "bad_offcpu",
-            f"offcpu_columns have {n} processes, {len(oc.stack)} stacks, {len(oc.blocked_ns)} blocked_ns "
-            f"and {len(oc.gpu)} GPU states: process, stack and blocked_ns need one per row, gpu one per row "
-            "or none",
+            f"offcpu_columns have {n} processes, {len(oc.stack)} stacks, {len(oc.blocked_ns)} blocked_ns, "
+            f"{len(oc.gpu)} GPU states and {len(oc.idle)} idle flags: process, stack and blocked_ns need one "
+            "per row, gpu and idle one per row or none",
         )
 
 

@@ -17,6 +17,19 @@ GPU_STATE_NAME = "gpu_state"
 PROFILE_TYPE_NAME = "__type__"
 OFFCPU = "offcpu"
 
+# Off-CPU rows of threads that were idle in their window (the agent's verdict: they ran under 1% of the
+# time they ran or waited, e.g. a pool waiting for work) carry this label too, valued IDLE_THREAD. Wall
+# views leave them out unless asked for every thread (the API's threads=active|all).
+THREAD_STATE_NAME = "__thread__"
+IDLE_THREAD = "idle"
+
+
+def internal_label(name: str) -> bool:
+    """Labels the collector sets for its own selections (__type__, __thread__): no label to list or pick;
+    agents may not send them (ingest refuses `__*` names)."""
+    return name.startswith("__")
+
+
 # How old a batch's window may be when it arrives. An agent keeps at most its 64 newest unacknowledged
 # batches (about 11 minutes at its default 10 s windows), so anything older is a broken clock or a replayed
 # capture, not a resend: ingest rejects it, and so dedupe state older than this is never needed.

@@ -52,6 +52,8 @@ def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
     params = {"query": args.query, "since": since, "from": args.from_, "until": args.until, "gpu": args.gpu}
     if getattr(args, "type", "cpu") != "cpu":
         params["type"] = args.type
+    if getattr(args, "threads", None):
+        params["threads"] = args.threads
     return params
 
 
@@ -110,6 +112,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
         syscall_latency_sample_every=args.syscall_latency_sample,
         syscall_latency_duty=args.syscall_latency_duty,
         python=args.python,
+        **{
+            k: v
+            for k, v in (
+                ("off_cpu", args.off_cpu),
+                ("offcpu_sample_every", args.off_cpu_sample),
+                ("offcpu_min_block_us", args.off_cpu_min_block),
+            )
+            if v is not None
+        },
         gpu=args.gpu,
         gpu_interval_s=args.gpu_interval,
         tls=tls,

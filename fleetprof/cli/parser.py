@@ -44,6 +44,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _microseconds(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of microseconds, got {text!r}") from None
+    if not 0 <= v <= 10_000_000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 10000000 microseconds, got {v}")
+    return v
+
+
 def _frequency(text: str) -> int:
     v = _positive_int(text)
     if v > 1000:
@@ -145,6 +155,14 @@ def _add_type_arg(p: argparse.ArgumentParser) -> None:
         help="what to count: cpu (CPU samples), offcpu (nanoseconds threads spent switched out, by the stack "
         "they left with), wall (both in nanoseconds: CPU samples x period plus off-CPU time). Folded output "
         "of offcpu and wall counts nanoseconds",
+    )
+    p.add_argument(
+        "--threads",
+        choices=("active", "all"),
+        default=None,
+        help="whose off-CPU time offcpu and wall count: all threads, or active ones (those that ran at least "
+        "1%% of the time they ran or waited in a window; idle pools left out). Default: all for offcpu, "
+        "active for wall",
     )
 
 
@@ -258,6 +276,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="attach the syscall tracepoints: per-pod syscall counts and latency (default on)",
     )
     a.add_argument("--no-syscalls", dest="syscalls", action="store_false", help="do not trace syscalls")
+    a.add_argument(
+        "--off-cpu",
+        dest="off_cpu",
+        action="store_true",
+        default=None,
+        help="record off-CPU time on sched:sched_switch: where threads wait, by stack (default on; "
+        "costs measured in bench/offcpu.py)",
+    )
+    a.add_argument("--no-off-cpu", dest="off_cpu", action="store_false", help="do not record off-CPU time")
+    a.add_argument(
+        "--off-cpu-sample",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="record one context switch in N, its time scaled by N (default: the measured one)",
+    )
+    a.add_argument(
+        "--off-cpu-min-block",
+        type=_microseconds,
+        default=None,
+        metavar="US",
+        help="drop waits shorter than US microseconds (default: the measured one)",
+    )
     a.add_argument(
         "--syscall-latency-sample",
         type=_sample_fraction,

@@ -75,16 +75,18 @@ class Batch(_message.Message):
     def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ..., offcpu_columns: _Optional[_Union[OffCpuColumns, _Mapping]] = ..., offcpu_stats: _Optional[_Union[OffCpuStats, _Mapping]] = ...) -> None: ...
 
 class OffCpuColumns(_message.Message):
-    __slots__ = ("process", "stack", "blocked_ns", "gpu")
+    __slots__ = ("process", "stack", "blocked_ns", "gpu", "idle")
     PROCESS_FIELD_NUMBER: _ClassVar[int]
     STACK_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_NS_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
     process: _containers.RepeatedScalarFieldContainer[int]
     stack: _containers.RepeatedScalarFieldContainer[int]
     blocked_ns: _containers.RepeatedScalarFieldContainer[int]
     gpu: _containers.RepeatedScalarFieldContainer[GpuState]
-    def __init__(self, process: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., blocked_ns: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[_Union[GpuState, str]]] = ...) -> None: ...
+    idle: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, process: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., blocked_ns: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[_Union[GpuState, str]]] = ..., idle: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class OffCpuStats(_message.Message):
     __slots__ = ("switches", "sampled", "recorded", "below_min", "state_full", "sample_every", "min_block_ns")

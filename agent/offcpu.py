@@ -1,0 +1,105 @@
+"""Off-CPU time in user space: the pending switch-outs the sampler reads at each drain, the stack bodies of
+waits that cross drains, and which threads were idle in a window.
+
+The BPF half is the sched_switch section of agent/bpf/cpu_sampler.c; agent/sampler.py drains it and calls
+what is here. Nothing here touches BPF.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+# Defaults, from bench/offcpu.py on this machine kind (2 vCPUs, kernel 6.18); the table and the reasoning
+# are in the README ("Off-CPU and wall-clock profiles").
+DEFAULT_OFFCPU_SAMPLE_EVERY = 8
+DEFAULT_OFFCPU_MIN_BLOCK_US = 0
+
+# A thread is idle in a window when it ran less than this share of the time it was on CPU or waiting, as
+# its sampled waits measure both (each recorded wait brings the run that ended in it). Pools of threads
+# that wait for work (a worker waking every 100 ms for 10 us: 0.01%) fall far below; threads that work
+# and wait (a loader reading then decoding, a loop launching GPU kernels then syncing: 5-90%) far above.
+# Wall views leave idle threads' waits out by default (collector: threads=active), off-CPU views keep them.
+ACTIVE_SHARE = 0.01
+
+# struct offcpu_start (cpu_sampler.c), read whole at each drain: sample_key (tgid tid cgroup_id user kernel
+# python gpu_slot comm), then ns ran_ns set runnable.
+START_LAYOUT = struct.Struct("=IIQQQQQ16sQQII")
+START_TGID, START_USER, START_KERNEL, START_PYTHON = 0, 3, 4, 5  # fields of START_LAYOUT.unpack()
+
+# Stack ids up to cpu_sampler.c's STACK_LOST (0: no stack, 1: lost) name no body.
+_LAST_BODILESS_ID = 1
+
+Pending = list[tuple[int, tuple]]
+"""(tid, START_LAYOUT fields) of every sampled switch-out still waiting for its thread to run again."""
+
+
+def idle_threads(waits: Iterable[tuple[int, int, int]]) -> set[int]:
+    """The tids that were idle in a window, from its off-CPU rows as (tid, waited ns, ran ns)."""
+    waited: dict[int, int] = {}
+    ran: dict[int, int] = {}
+    for tid, ns, ran_ns in waits:
+        waited[tid] = waited.get(tid, 0) + ns
+        ran[tid] = ran.get(tid, 0) + ran_ns
+    return {tid for tid, ns in waited.items() if ran[tid] < ACTIVE_SHARE * (ran[tid] + ns)}
+
+
+class StackCarry:
+    """Stack bodies of off-CPU waits still in progress, kept from the drain that emptied them until the
+    drain in which the wait is recorded.
+
+    A sampled switch-out stores its stacks in the map set being written then; the wait is recorded when the
+    thread runs again, maybe many windows later, in the set being written *then*. drain() reads the pending
+    switch-outs (P) after the flip's grace and before it empties the old set. A wait that switched out in
+    window j and ends in window w:
+      * w = j: stacks and wait in the same set;
+      * w = j+1, ended before P_j was read: its stacks were still in set j, and BPF copied them into the
+        current set (cpu_sampler.c carry_stack);
+      * otherwise it is in P_j (and in every P up to P_(w-2)): its bodies are kept here from drain j on,
+        while a P of this drain or of the one before names them (the wait may end between the flip and
+        the read of P_(w-1), and BPF cannot copy then when the sets alias: j and w two windows apart).
+    So no off-CPU row misses its stacks, and memory is bounded by the waits in progress.
+    """
+
+    def __init__(self) -> None:
+        self._native: dict[int, tuple] = {}
+        self._python: dict[int, tuple] = {}
+        self._named_before: tuple[set[int], set[int]] = (set(), set())  # ids of the previous drain's P
+
+    def fill(self, rows: Iterable, stacks: dict, python_stacks: dict) -> int:
+        """Add to this drain's stacks the carried bodies its off-CPU rows (with user_stack, kernel_stack and
+        python_stack ids) need; returns how many ids were found nowhere (0 unless a stack table was full)."""
+        missing = 0
+        for row in rows:
+            for sid, drained, carried in (
+                (row.user_stack, stacks, self._native),
+                (row.kernel_stack, stacks, self._native),
+                (row.python_stack, python_stacks, self._python),
+            ):
+                if sid <= _LAST_BODILESS_ID or sid in drained:
+                    continue
+                body = carried.get(sid)
+                if body is None:
+                    missing += 1
+                else:
+                    drained[sid] = body
+        return missing
+
+    def keep(self, pending: Pending, stacks: dict, python_stacks: dict) -> None:
+        """Keep the bodies that this drain's or the previous drain's pending switch-outs name. (A wait that
+        switched out after the flip names bodies not drained yet: a later drain has them.)"""
+        native_ids = {sid for _, start in pending for sid in (start[START_USER], start[START_KERNEL])}
+        python_ids = {start[START_PYTHON] for _, start in pending}
+        before_native, before_python = self._named_before
+        self._named_before = (native_ids, python_ids)
+        self._native = _bodies(native_ids | before_native, stacks, self._native)
+        self._python = _bodies(python_ids | before_python, python_stacks, self._python)
+
+
+def _bodies(ids: set[int], drained: dict, carried: dict) -> dict:
+    found = {}
+    for sid in ids:
+        body = drained.get(sid, carried.get(sid))
+        if body is not None:
+            found[sid] = body
+    return found
