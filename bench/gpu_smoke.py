@@ -2,13 +2,15 @@
 
 Run as root on a machine with an NVIDIA GPU, a driver and PyTorch with CUDA (`pip install torch`):
 
-    .venv/bin/python bench/gpu_smoke.py [--seconds 60]
+    .venv/bin/python bench/gpu_smoke.py [--seconds 60] [--phase 1.0]
 
 It starts a collector and an agent (GPU polling at 0.5 s), runs the training loop for --seconds, then asks
-the collector for the loop's CPU profile while its GPU was idle and while it was busy, and prints the top
-functions of each and the GPU idle fraction. What to see: `slow_collate` (the loader's Python work) on top of
-the idle-time profile, and far less of it in the busy-time profile. Exits 2 with a sentence when there is no
-GPU or no PyTorch. Not run yet on a GPU (no GPU machine was lent to the session that wrote it).
+the collector for the loop's profiles while its GPU was idle and while it was busy: CPU (where it ran) and
+wall (where its working threads' time went, running or waiting). The loop alternates --phase seconds of
+CPU-side loading (`slow_collate`, the GPU idle) with --phase seconds of training steps: NVML's utilization
+is an average over its own sample period (1/6 to 1 s), so a phase shorter than that never reads idle. What
+to see: `slow_collate` on top of the idle-time CPU profile and far less of it in the busy-time one. Exits 2
+with a sentence when there is no GPU or no PyTorch.
 """
 
 from __future__ import annotations
@@ -32,24 +34,32 @@ TRAINER = textwrap.dedent(
     """
     import sys, time, torch
 
-    def slow_collate(n):  # the data loader's CPU-side work: Python, GPU idle meanwhile
-        return [sum(i * i % 7 for i in range(20_000)) for _ in range(n)]
+    def slow_collate(seconds):  # the data loader's CPU-side work: Python, GPU idle meanwhile
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            [sum(i * i % 7 for i in range(20_000)) for _ in range(4)]
 
     def train_step(model, opt, x):
         opt.zero_grad()
         loss = model(x).square().mean()
         loss.backward()
         opt.step()
-        torch.cuda.synchronize()
+
+    def train(model, opt, x, seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(5):
+                train_step(model, opt, x)
+            torch.cuda.synchronize()
 
     model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(512, 4096, device="cuda")
-    end = time.time() + float(sys.argv[1])
+    seconds, phase = float(sys.argv[1]), float(sys.argv[2])
+    end = time.time() + seconds
     while time.time() < end:
-        slow_collate(8)
-        for _ in range(20):
-            train_step(model, opt, x)
+        slow_collate(phase)
+        train(model, opt, x, phase)
     """
 )
 
@@ -62,6 +72,7 @@ def get_json(url: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--phase", type=float, default=1.0, help="seconds of loading, then of training")
     args = parser.parse_args()
     probe = subprocess.run(
         [sys.executable, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True
@@ -78,17 +89,22 @@ def main() -> int:
                              cwd=REPO)  # fmt: skip
     try:
         time.sleep(15)  # BPF compile and load, first GPU polls
-        subprocess.run([sys.executable, "-c", TRAINER, str(args.seconds)], check=False)
+        trainer = subprocess.Popen([sys.executable, "-c", TRAINER, str(args.seconds), str(args.phase)])
+        trainer.wait()
         time.sleep(12)  # the last windows reach the collector
         base = f"http://127.0.0.1:{http_port}/api/v1"
-        sel = {"query": '{comm=~"python.*"}', "since": "10m"}
-        for state in ("idle", "busy"):
-            top = get_json(f"{base}/top?" + urllib.parse.urlencode({**sel, "gpu": state, "limit": 8}))
-            print(f"\nCPU while the GPU was {state}: {top['total']} samples")
-            for f in top["functions"]:
-                print(f"  {f['self_pct']:5.1f}% self  {f['total_pct']:5.1f}% total  {f['function']}")
-        gpus = get_json(f"{base}/gpus?" + urllib.parse.urlencode({"since": "10m"}))
-        print("\n" + json.dumps(gpus["pods"], indent=1)[:2000])
+        sel = {"query": f'{{pid="{trainer.pid}"}}', "since": "10m", "limit": 8}
+        for kind, sort in (("cpu", "self"), ("wall", "total")):
+            for state in ("idle", "busy"):
+                q = {**sel, "gpu": state, "type": kind, "sort": sort}
+                top = get_json(f"{base}/top?" + urllib.parse.urlencode(q))
+                amount = f"{top['total']} samples" if kind == "cpu" else f"{top['total'] / 1e9:.2f} s"
+                print(f"\n{kind} while the GPU was {state}: {amount} (by {sort})")
+                for f in top["functions"]:
+                    print(f"  {f['self_pct']:5.1f}% self  {f['total_pct']:5.1f}% total  {f['function']}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30) as r:
+            gpu_lines = [ln for ln in r.read().decode().splitlines() if ln.startswith("fleetprof_gpu_")]
+        print("\n" + "\n".join(gpu_lines[:30]))
         return 0
     finally:
         for p in (agent, col):
