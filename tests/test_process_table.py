@@ -20,10 +20,10 @@ class FakeProc:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def write(self, pid: int, comm: str, pod: str, start_ticks: int = 4242) -> None:
+    def write(self, pid: int, comm: str, pod: str, start_ticks: int = 4242, flags: int = 0) -> None:
         d = self.root / str(pid)
         d.mkdir(parents=True, exist_ok=True)
-        fields = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 10
+        fields = ["S"] + ["0"] * 5 + [str(flags)] + ["0"] * 12 + [str(start_ticks)] + ["0"] * 10
         (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
         (d / "maps").write_text(MAPS)
         slice_ = f"kubepods-pod{pod.replace('-', '_')}.slice"
@@ -112,3 +112,20 @@ def test_a_reused_pid_is_read_again(proc: FakeProc) -> None:
     table.note(100, time.monotonic_ns())
     info = table.get(100, mappings=False)
     assert info is not None and (info.comm, info.start_ticks, info.cgroup.pod_uid) == ("new", 2, POD_B)
+
+
+def test_a_process_reported_new_while_it_exits_keeps_the_capture_taken_while_it_ran(proc: FakeProc) -> None:
+    """A CPU sample between a process's exit event and its end reports it as new again. Read then, its
+    maps are empty (its memory is gone); that capture must not replace the one its samples resolve by."""
+    table = ProcessTable(proc_root=str(proc.root))
+    proc.write(300, "worker", POD_A)
+    ran = table.get(300)
+    assert ran is not None and ran.mappings
+    table.mark_exited(300)
+    proc.write(300, "worker", POD_A, flags=0x4)  # PF_EXITING: in do_exit
+    (proc.root / "300" / "maps").write_text("")
+    assert table.refresh(300) is None
+    assert table.get(300) is ran
+    table.end_window()
+    table.end_window()
+    assert table.get(300) is None  # forgotten two windows after its exit, and not captured again

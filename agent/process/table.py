@@ -15,6 +15,8 @@ from fleetprof.agent.symbols.maps import Mapping, read_maps
 
 log = logging.getLogger(__name__)
 
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit (/proc/PID/stat field 9, flags)
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
@@ -41,6 +43,11 @@ def read_process(pid: int, proc_root: str = "/proc", mappings: bool = True) -> P
         # comm may contain spaces and parentheses: the fields after it start after the last ')'.
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[6]) & PF_EXITING or fields[0] in ("Z", "X"):
+            # On its way out: its memory map may be gone already (maps empty, exe unreadable), and a
+            # capture now would replace the one taken while it ran. A sample taken between its exit event
+            # and its end reports it as new again: that must not cost its last windows their symbols.
+            raise ProcessLookupError(f"process {pid} is exiting")
         start_ticks = int(fields[19])
         try:
             exe = os.readlink(f"{base}/exe")
