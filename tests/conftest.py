@@ -237,11 +237,23 @@ def samples_of(stacks: dict) -> int:
     return sum(stacks.values())
 
 
+def acked_batches(agent: RunningAgent) -> int:
+    for line in agent.metrics().splitlines():
+        if line.startswith("fleetprof_agent_batches_acked_total "):
+            return int(float(line.split()[1]))
+    return 0
+
+
 def settled_profile(
-    col: RunningCollector, query: str, interval: float, timeout: float = 30.0, **params: str
+    col: RunningCollector, query: str, agent: RunningAgent, timeout: float = 60.0, **params: str
 ) -> dict:
-    """The profile for `query` (with `params`, e.g. type="wall") once it stops growing (the agent's last
-    window for it has arrived)."""
+    """The profile for `query` (with `params`, e.g. type="wall") once the agent's windows up to now are in
+    the collector: two more batches acknowledged than when called (the window being written now, and the
+    one drained before it may still be in flight), then the same profile twice in a row. Waiting on the
+    agent's own acks, not on a quiet spell, keeps a busy agent (building unwind tables, say) from being
+    read too early."""
+    first = acked_batches(agent)
+    wait_until(lambda: acked_batches(agent) >= first + 2, timeout, "two more batches acknowledged")
     last: list = [None]
 
     def stable() -> dict | None:
@@ -249,4 +261,4 @@ def settled_profile(
         prev, last[0] = last[0], cur
         return cur if cur and cur == prev else None
 
-    return wait_until(stable, timeout, f"samples for {query} to settle", every=max(1.5, 1.5 * interval))
+    return wait_until(stable, timeout, f"samples for {query} to settle", every=max(0.5, agent.interval))

@@ -65,7 +65,7 @@ def profiled(module_collector: RunningCollector, workload_bin) -> Profiled:  # n
         stdout, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"the workload failed with {proc.returncode}"
         ended_ms = now_ms()
-        settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent.interval)
+        settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)
     finally:
         stop_agent(agent)
     return Profiled(module_collector.url, proc.pid, json.loads(stdout), began_ms, ended_ms)

@@ -133,7 +133,7 @@ def test_containerd_cgroupfs_v1_process_is_labelled_with_its_pod(cluster: Cluste
         f'pod_uid="{uid}", container_id="{cid}"}}'
     )
     # Settle on everything of the pid (the superset), so no late window can arrive between the queries.
-    everything = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent.interval)
+    everything = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent)
     stacks = cluster.collector.folded(selector)
     # 3 s of CPU x 99 Hz = ~297 samples; a count varies by <= sqrt(297) = 17, so 150 is 8.6 sigma below.
     assert samples_of(stacks) > 150
@@ -200,7 +200,7 @@ def test_crio_systemd_v2_process_is_labelled_once_its_pod_arrives(cluster: Clust
         remove_cgroups(leaf, V2_ROOT)
 
     # Settle on everything of the pid (the superset), so no late window can arrive between the queries.
-    everything = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent.interval)
+    everything = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent)
     labelled = cluster.collector.folded(
         '{namespace="jobs", pod="batch-worker", container="worker", '
         'workload_kind="CronJob", workload="nightly"}'
@@ -265,7 +265,7 @@ def test_syscalls_of_a_pod_are_counted_under_its_labels(cluster: Cluster, worklo
 def test_host_processes_stay_host_processes(cluster: Cluster, workload_bin) -> None:
     proc = subprocess.Popen([str(workload_bin("two_funcs")), "2", "50"], stdout=subprocess.DEVNULL)
     proc.wait(timeout=60)
-    stacks = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent.interval)
+    stacks = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent)
     assert samples_of(stacks) > 0
     for label in ("pod", "namespace", "container", "pod_uid", "container_id"):
         assert cluster.collector.folded(f'{{pid="{proc.pid}", {label}!=""}}') == {}, label

@@ -52,7 +52,7 @@ def test_wall_split_matches_the_workloads_clock_and_idle_pools_stay_out(
     assert proc.returncode == 0
     truth = json.loads(out)
     query = f'{{pid="{proc.pid}"}}'
-    wall = settled_profile(module_collector, query, agent.interval, type="wall")
+    wall = settled_profile(module_collector, query, agent, type="wall")
     blocked, burned = through(wall, "fp_block_here"), through(wall, "fp_burn_cpu")
     true_share = truth["blocked_ns"] / (truth["blocked_ns"] + truth["burned_ns"])
     share = blocked / (blocked + burned)
@@ -88,8 +88,8 @@ def test_wall_split_matches_the_workloads_clock_and_idle_pools_stay_out(
     total = sum(wall.values())
     pooled = through(wall, "fp_pool_wait")
     assert pooled < 0.01 * total, (pooled, total)
-    offcpu = settled_profile(module_collector, query, agent.interval, type="offcpu")
-    everything = settled_profile(module_collector, query, agent.interval, type="wall", threads="all")
+    offcpu = settled_profile(module_collector, query, agent, type="offcpu")
+    everything = settled_profile(module_collector, query, agent, type="wall", threads="all")
     pool_s = POOL * 6
     # Each thread: ~120 naps of 50 ms, sum of squares 0.3 s^2; 1 in 8: sd sqrt(7 x 4 x 0.3) = 2.9 s of 24 s.
     # Half the truth is 4.1 sigma below it; a pool left out everywhere reads 0, one counted once per

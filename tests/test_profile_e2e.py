@@ -48,7 +48,7 @@ def test_cpu_split_between_two_functions_matches_the_truth(
     proc = subprocess.Popen([workload_bin("two_funcs"), "6", str(share_a)], stdout=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate(timeout=60)
     truth = json.loads(stdout)
-    stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent.interval)
+    stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)
 
     total = samples_of(stacks)
     # 6 s of the workload's own CPU time x 499 Hz = ~3,000 samples; the noise of a count is at most
@@ -87,7 +87,7 @@ def test_kernel_heavy_workload_shows_kernel_frames(
 ) -> None:
     proc = subprocess.Popen([workload_bin("read_zero"), "3"], stdout=subprocess.PIPE)
     proc.communicate(timeout=60)
-    stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent.interval)
+    stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)
     total = samples_of(stacks)
     in_kernel = sum(n for st, n in stacks.items() if st and st[-1].kernel)
     # 3 s of wall time x 499 Hz: ~1,500 samples alone, ~1,000 with both CPUs busy; the kernel's share is
@@ -117,7 +117,7 @@ def test_samples_match_cpu_time_across_many_drains(
     proc.stdout.close()
     assert proc.returncode == 0, f"the workload failed ({proc.returncode}): is SCHED_FIFO allowed here?"
     cpu_s = usage.ru_utime + usage.ru_stime
-    stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent.interval)
+    stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)
     got = samples_of(stacks)
     # 6 s at 1 s intervals spans >= 6 drains. The CPU clock ticks at exactly 1/frequency per CPU, so the
     # only slack is the partial tick at each end of each stretch the workload runs without a break -- and,
@@ -177,7 +177,7 @@ def test_process_in_its_own_mount_namespace_is_symbolized_after_it_exits(workloa
         assert not os.path.exists("/mnt/ctr_two_funcs"), "the test binary leaked into the host namespace"
         # unshare exec()s sh, which exec()s the workload: the pid is the workload's.
         running = RunningCollector(col)
-        stacks = settled_profile(running, f'{{pid="{proc.pid}"}}', agent.interval)
+        stacks = settled_profile(running, f'{{pid="{proc.pid}"}}', agent)
         # 1 s of CPU x 99 Hz = ~99 samples at a true share of 0.75: sigma = sqrt(0.75 x 0.25 / 99) = 0.044,
         # so 0.5 is 5.7 sigma below. Frames left unsymbolized once the namespace is gone read 0.
         print(f"fp_hot_alpha in {share_with(stacks, 'fp_hot_alpha'):.3f} of {samples_of(stacks)} samples")
