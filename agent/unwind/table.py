@@ -1,0 +1,271 @@
+"""The compact unwind table of one ELF file: sorted (pc, rule) rows that the BPF unwinder binary-searches.
+
+The table (agent/bpf C code mirrors this; keep both in step)
+------------------------------------------------------------
+Two arrays of equal length, sorted by pc, both u32:
+  pcs[i]    the ELF virtual address (not the runtime one: subtract the mapping's load bias first) where
+            row i starts; it applies up to pcs[i + 1]. An address below pcs[0] has no information.
+  rules[i]  the rule for those addresses:
+      bits 0-2   kind
+                 0 CFA_RSP      CFA = rsp + off; the return address is at CFA - 8
+                 1 CFA_RBP      CFA = rbp + off; the return address is at CFA - 8
+                 2 END          the return address is undefined: the outermost frame (_start, a thread's
+                                entry); stop unwinding
+                 3 UNSUPPORTED  CFI exists but not in a form this table holds: a CFA computed by a DWARF
+                                expression (PLT stubs), from another register, or with an offset outside
+                                0 .. 2^17-1; a return address not saved at CFA - 8; a CFA from rbp while
+                                this frame's save of rbp is not representable
+                 4 SIGNAL       a signal trampoline's frame (CIE augmentation "S", e.g. glibc __restore_rt):
+                                the interrupted registers are in the ucontext on the stack
+                 5 NO_INFO      no FDE covers these addresses (a gap between functions, code without CFI):
+                                fall back to frame pointers
+      bits 3-19  off: the CFA offset in bytes (CFA_RSP, CFA_RBP; 0 for every other kind)
+      bits 20-31 the rbp rule, a signed 12-bit count of 8-byte slots: 0 means this frame leaves rbp as the
+                 caller's (no rule, same_value or undefined, or the save is not representable); v != 0
+                 means the caller's rbp was saved at CFA + 8*v (-2 after the usual `push rbp`). 0 for
+                 every kind but CFA_RSP and CFA_RBP.
+Rows with equal rules are merged; each FDE's end gets a NO_INFO row unless the next FDE starts there.
+
+.eh_frame is the source; .debug_frame fills only the addresses .eh_frame does not cover. FDEs that do not
+start inside an executable PT_LOAD segment are dropped: linkers point the FDEs of discarded functions in
+.debug_frame at 0 (plus the function's offset) or at -1, and the BPF side never looks there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from fleetprof.agent.process.rootfs import MALFORMED
+from fleetprof.agent.symbols.elf import PF_X, ElfError, ElfFile
+from fleetprof.agent.unwind.cfi import (
+    RBP,
+    RSP,
+    RULE_OFFSET,
+    RULE_SAME,
+    RULE_UNDEFINED,
+    FrameRows,
+    parse_debug_frame,
+    parse_eh_frame,
+)
+
+CFA_RSP = 0
+CFA_RBP = 1
+END = 2
+UNSUPPORTED = 3
+SIGNAL = 4
+NO_INFO = 5
+KIND_NAMES = ("CFA_RSP", "CFA_RBP", "END", "UNSUPPORTED", "SIGNAL", "NO_INFO")
+
+MAX_CFA_OFFSET = (1 << 17) - 1
+_OFF_SHIFT = 3
+_RBP_SHIFT = 20
+_RBP_MIN, _RBP_MAX = -(1 << 11), (1 << 11) - 1
+_U32_LIMIT = 1 << 32
+EM_X86_64 = 62
+
+# The one rule x86-64 code uses for its return address: pushed by `call`, right below the CFA.
+_RA_AT_CFA_MINUS_8 = (-8 << 3) | RULE_OFFSET
+
+
+@dataclass(frozen=True, eq=False)
+class UnwindTable:
+    """One ELF file's unwind rows: `pcs` and `rules`, uint32 numpy arrays of equal length (module doc)."""
+
+    pcs: np.ndarray
+    rules: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.pcs)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes both arrays hold (what the BPF map needs for this file)."""
+        return self.pcs.nbytes + self.rules.nbytes
+
+
+def kind(rule: int) -> int:
+    """The rule's kind: CFA_RSP, CFA_RBP, END, UNSUPPORTED, SIGNAL or NO_INFO."""
+    return rule & 7
+
+
+def cfa_offset(rule: int) -> int:
+    """The CFA offset in bytes (CFA_RSP and CFA_RBP rows)."""
+    return (rule >> _OFF_SHIFT) & MAX_CFA_OFFSET
+
+
+def rbp_offset(rule: int) -> int:
+    """Where the caller's rbp was saved, in bytes from the CFA; 0 when this frame leaves rbp unchanged."""
+    v = (rule >> _RBP_SHIFT) & 0xFFF
+    return (v - 0x1000 if v & 0x800 else v) * 8
+
+
+def lookup(table: UnwindTable, vaddr: int) -> int | None:
+    """The rule of the row with the largest pc <= vaddr (what the BPF side finds), None below the first."""
+    pcs = table.pcs
+    if not len(pcs) or vaddr < int(pcs[0]):
+        return None
+    i = int(np.searchsorted(pcs, min(vaddr, _U32_LIMIT - 1), side="right")) - 1
+    return int(table.rules[i])
+
+
+def encode_rule(signal: bool, cfa_reg: int, cfa_off: int, rbp: int, ra: int) -> int:
+    """The u32 rule for one CFI row: cfa_reg/cfa_off the CFA rule (cfa_reg CFA_EXPRESSION for an
+    expression); rbp and ra the register rules of agent/unwind/cfi.py (value << 3 | tag)."""
+    if signal:
+        return SIGNAL
+    if ra != _RA_AT_CFA_MINUS_8:
+        return END if ra == RULE_UNDEFINED else UNSUPPORTED
+    if rbp == RULE_SAME or rbp == RULE_UNDEFINED:
+        slot = 0
+    elif rbp & 7 == RULE_OFFSET and not (rbp >> 3) & 7 and _RBP_MIN <= rbp >> 6 <= _RBP_MAX and rbp >> 6:
+        slot = (rbp >> 6) & 0xFFF
+    else:
+        if cfa_reg == RBP:
+            return UNSUPPORTED  # the caller's rbp cannot be restored, yet this frame's CFA needs it
+        slot = 0
+    if not 0 <= cfa_off <= MAX_CFA_OFFSET:
+        return UNSUPPORTED
+    if cfa_reg == RSP:
+        return CFA_RSP | cfa_off << _OFF_SHIFT | slot << _RBP_SHIFT
+    if cfa_reg == RBP:
+        return CFA_RBP | cfa_off << _OFF_SHIFT | slot << _RBP_SHIFT
+    return UNSUPPORTED  # CFA_EXPRESSION, or another register
+
+
+def build_table(elf: ElfFile) -> UnwindTable:
+    """The unwind table of an x86-64 ELF file from its .eh_frame, with .debug_frame filling the addresses
+    .eh_frame does not cover; empty when it has neither. ElfError when the CFI is malformed or the file's
+    code lies at or above 4 GiB (the table's pcs are u32)."""
+    machine = int.from_bytes(elf.read(18, 2), "little")
+    if machine != EM_X86_64:
+        raise ElfError(f"unwind tables are built for x86-64 files only (this one is e_machine {machine})")
+    exec_ranges = [(s.vaddr, s.vaddr + s.memsz) for s in elf.load_segments if s.flags & PF_X]
+    pcs = rules = np.zeros(0, np.uint32)
+    eh = elf.section(".eh_frame")
+    if eh is not None and eh.size:
+        got = elf.section(".got.plt") or elf.section(".got")
+        frames = parse_eh_frame(elf.section_data(eh), eh.addr, got.addr if got else 0, encode_rule)
+        pcs, rules = _rows(frames, exec_ranges, ".eh_frame")
+    dbg = elf.section(".debug_frame")
+    if dbg is not None and dbg.size:
+        frames = parse_debug_frame(elf.section_data(dbg), encode_rule)
+        dpcs, drules = _rows(frames, exec_ranges, ".debug_frame")
+        pcs, rules = _overlay(pcs, rules, dpcs, drules) if len(pcs) else (dpcs, drules)
+    return UnwindTable(pcs, rules)
+
+
+def load_table(source: str | os.PathLike[str] | int) -> UnwindTable:
+    """build_table() of the file at a path (of the agent's own filesystem) or an open file descriptor,
+    which is closed afterwards (ElfFile owns it)."""
+    with ElfFile(source) as elf:
+        return build_table(elf)
+
+
+def _rows(frames: FrameRows, exec_ranges: list[tuple[int, int]], name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted, merged (pcs, rules) of one section's FDEs, with NO_INFO rows at their ends."""
+    begins = np.frombuffer(frames.begins, np.uint64)
+    sizes = np.frombuffer(frames.sizes, np.uint64)
+    progs = np.frombuffer(frames.progs, np.uint64)
+    keep = sizes > 0
+    if exec_ranges:
+        inside = np.zeros(len(begins), bool)
+        for lo, hi in exec_ranges:
+            inside |= (begins >= lo) & (begins < hi)
+        keep &= inside
+    if not keep.all():
+        begins, sizes, progs = begins[keep], sizes[keep], progs[keep]
+    if not len(begins):
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+    sizes = np.minimum(sizes, np.uint64(2**64 - 1) - begins)  # no end past 2^64 (it would wrap)
+    ends = begins + sizes
+    final_locs = np.frombuffer(frames.final_locs, np.uint32)[progs]
+    over = final_locs > sizes
+    if over.any():
+        i = int(np.argmax(over))
+        raise ElfError(
+            f"{name}: the FDE for {int(begins[i]):#x} advances {int(final_locs[i])} bytes, past its "
+            f"{int(sizes[i])}-byte range",
+            MALFORMED,
+        )
+    top = int(ends.max())
+    if top >= _U32_LIMIT:
+        raise ElfError(
+            f"{name}: code up to {top:#x}: unwind tables hold 32-bit addresses, and this file's code lies "
+            "at or above 4 GiB",
+            MALFORMED,
+        )
+    # From here every address fits in 32 bits (an FDE's rows lie below its end).
+    order = np.argsort(begins, kind="stable")
+    begins, ends, progs = begins[order].astype(np.uint32), ends[order].astype(np.uint32), progs[order]
+    # Overlapping FDEs (never written by a compiler): the later start wins.
+    ends = np.minimum(ends, np.append(begins[1:], ends[-1]))
+    keep = ends > begins
+    if not keep.all():
+        begins, ends, progs = begins[keep], ends[keep], progs[keep]
+
+    # Each FDE's rows are its program's slice of the pool, shifted to the FDE's start; 32-bit indexes (the
+    # pool is smaller than the section) keep this, the agent's peak, at ~20 bytes per row.
+    n = len(begins)
+    starts = np.frombuffer(frames.starts, np.uint64).astype(np.int64)
+    first = starts[progs]
+    counts = starts[progs + 1] - first
+    row_fde = np.repeat(np.arange(n, dtype=np.int32), counts)
+    pool_index = np.arange(len(row_fde), dtype=np.int32)
+    pool_index -= np.repeat((np.cumsum(counts) - counts - first).astype(np.int32), counts)
+    row_pcs = np.frombuffer(frames.offsets, np.uint32)[pool_index]
+    in_range = row_pcs < (ends - begins)[row_fde]
+    if not in_range.all():  # rows at or past the FDE's end (a final advance to it, an overlap cut short)
+        row_fde, pool_index, row_pcs = row_fde[in_range], pool_index[in_range], row_pcs[in_range]
+    del in_range
+    row_pcs += begins[row_fde]
+    row_rules = np.frombuffer(frames.rules, np.uint32)[pool_index]
+    del pool_index
+
+    # Interleave a NO_INFO row after each FDE that the next one does not follow directly.
+    gap = np.append(ends[:-1] != begins[1:], True)
+    markers_before = np.cumsum(gap, dtype=np.int64) - gap
+    kept = np.bincount(row_fde, minlength=n)
+    out_pcs = np.empty(len(row_pcs) + int(gap.sum()), np.uint32)
+    out_rules = np.empty(len(out_pcs), np.uint32)
+    row_pos = np.arange(len(row_pcs), dtype=np.int32)
+    row_pos += markers_before.astype(np.int32)[row_fde]
+    del row_fde
+    out_pcs[row_pos] = row_pcs
+    out_rules[row_pos] = row_rules
+    del row_pos, row_pcs, row_rules
+    marker_pos = (np.cumsum(kept) + markers_before)[gap]
+    out_pcs[marker_pos] = ends[gap]
+    out_rules[marker_pos] = NO_INFO
+    return _merge(out_pcs, out_rules)
+
+
+def _merge(pcs: np.ndarray, rules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop each row whose rule equals the row before it."""
+    if len(rules) < 2:
+        return pcs, rules
+    keep = np.empty(len(rules), bool)
+    keep[0] = True
+    np.not_equal(rules[1:], rules[:-1], out=keep[1:])
+    return pcs[keep], rules[keep]
+
+
+def _overlay(
+    top_pcs: np.ndarray, top_rules: np.ndarray, pcs: np.ndarray, rules: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of `top` where it has information (not NO_INFO, not below its first row), else the other's."""
+    if not len(pcs):
+        return top_pcs, top_rules
+    every = np.union1d(top_pcs, pcs)
+    ti = np.searchsorted(top_pcs, every, side="right") - 1
+    top = np.where(ti >= 0, top_rules[np.maximum(ti, 0)], NO_INFO).astype(np.uint32)
+    bi = np.searchsorted(pcs, every, side="right") - 1
+    bottom = np.where(bi >= 0, rules[np.maximum(bi, 0)], NO_INFO).astype(np.uint32)
+    merged = np.where(top & 7 == NO_INFO, bottom, top).astype(np.uint32)
+    known = np.flatnonzero(merged != NO_INFO)
+    if not len(known):
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+    every, merged = every[known[0] :], merged[known[0] :]
+    return _merge(every, merged)
