@@ -38,6 +38,7 @@ from fleetprof.agent.shipper import Shipper
 from fleetprof.agent.symbols.preloader import Preloader
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
+from fleetprof.agent.unwind.unwinder import Unwinder
 from fleetprof.auth import TokenFile
 from fleetprof.httpserve import HttpServer, Request, Response, json_response
 from fleetprof.tls import ClientTls, ClientTlsConfig
@@ -62,6 +63,7 @@ class AgentConfig:
     syscall_latency_sample_every: int | None = None  # None: the tracer's measured default; 0: count only
     syscall_latency_duty: LatencyDuty | None = None  # None: the tracer's measured default
     python: bool = True  # Python-aware stacks: walk CPython frames in BPF
+    unwind: str = "eh_frame"  # user stacks by call-frame information where files have it, or "fp" only
     # Off-CPU time on sched:sched_switch (agent/sampler.py; defaults measured in bench/offcpu.py).
     off_cpu: bool = SamplerConfig.off_cpu
     offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY
@@ -110,7 +112,8 @@ class Agent:
         self._events_thread: threading.Thread | None = None
         self.file_errors = FileErrors()  # tenant files refused, by reason (agent/process/rootfs.py)
         self.python = PythonStacks(enabled=config.python, file_errors=self.file_errors)
-        self.processes = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
+        self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
+        self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
         self.symbolizer = Symbolizer(file_errors=self.file_errors)
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
@@ -161,6 +164,29 @@ class Agent:
             return None
         return PodWatcher(kube, self.identity.node, self.pods)
 
+    def _on_capture(self, info: ProcessInfo) -> None:
+        self.python.on_capture(info)
+        if self.unwinder is not None:
+            self.unwinder.describe(info)
+
+    def _on_forget(self, pid: int) -> None:
+        self.python.forget(pid)
+        if self.unwinder is not None:
+            self.unwinder.forget(pid)
+
+    def _unwind_gauges(self) -> dict:
+        if self.unwinder is None:
+            return {}
+        u = self.unwinder.stats()
+        return {
+            "unwind_files_tabled": (u.files_tabled, "Files whose call-frame table is loaded in the kernel"),
+            "unwind_files_failed": (u.files_failed, "Files without a table: none in them, refused, no room"),
+            "unwind_rows": (u.rows_used, "Table rows in the kernel (8 bytes each)"),
+            "unwind_rows_capacity": (u.rows_capacity, "Table rows the kernel map holds"),
+            "unwind_processes": (u.processes, "Processes whose user stacks are walked by tables"),
+            "unwind_table_build_seconds": (round(u.build_seconds, 3), "Seconds spent building tables"),
+        }
+
     def _gauges(self) -> dict:
         sym = self.symbolizer.stats()
         return {
@@ -177,6 +203,7 @@ class Agent:
                 1 if self.pod_watcher is not None and self.pod_watcher.synced() else 0,
                 "1 when the pod list from the API server has been loaded",
             ),
+            **self._unwind_gauges(),
             "gpu_owner_lookup_enabled": (
                 1 if self.gpu_owners.enabled else 0,
                 "1 when the kubelet PodResources socket answers (GPU → pod ownership)",
@@ -258,6 +285,8 @@ class Agent:
             duty = self.syscalls.latency_duty
             window.syscall_duty = duty.fraction if duty is not None else 0.0
         self.processes.end_window()
+        if self.unwinder is not None:
+            self.unwinder.collect_wanted()
         self.gpu_owners.refresh_if_stale(time.monotonic())
         gpu = self.gpu.drain().attributed(self._labelled, self.gpu_owners.owner) if self.gpu else None
         batch = encode_window(
@@ -290,10 +319,17 @@ class Agent:
                 off_cpu=cfg.off_cpu,
                 offcpu_sample_every=cfg.offcpu_sample_every,
                 offcpu_min_block_us=cfg.offcpu_min_block_us,
+                unwind=cfg.unwind,
             ),
             on_process_event=self._on_process_event,
         )
         self.python.attach(self.sampler)
+        maps = self.sampler.unwind_maps()
+        if maps is not None:
+            # The agent walks its own stacks by frame pointer: tables for its LLVM would cost it seconds.
+            own = frozenset({os.getpid()})
+            self.unwinder = Unwinder(maps, file_errors=self.file_errors, skip_pids=own)
+            self.unwinder.start()
         if cfg.syscalls:
             self.syscalls = self._start_syscalls()
         self.symbolizer.load_kernel_symbols()
@@ -389,6 +425,8 @@ class Agent:
         if self._events_thread is not None:
             self._events_thread.join()  # before the sampler frees the ring buffers it waits on
         self.preloader.stop()
+        if self.unwinder is not None:
+            self.unwinder.stop()
         self._wake_events.close()
         self._wake_events_w.close()
         if self.pod_watcher is not None:

@@ -45,6 +45,23 @@ class AgentCounters:
         "stacks_unresolved",
     )
 
+    # The table walk of user stacks (agent/bpf/unwind.h; all 0 with --unwind=fp): walks, how each ended
+    # (end: the outermost frame, the normal end), frames stepped by frame pointer, frame-pointer fallbacks.
+    UNWIND_EVENTS = (
+        "walks",
+        "end",
+        "no_mapping",
+        "jit",
+        "no_table",
+        "fp_failed",
+        "read_fault",
+        "depth",
+        "signal",
+        "unsupported",
+        "fp_frames",
+        "fallback",
+    )
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.samples = 0
@@ -54,6 +71,7 @@ class AgentCounters:
         self.python_processes = dict.fromkeys(self.PYTHON_PROCESS_OUTCOMES, 0)
         self.python_samples = 0
         self.offcpu = dict.fromkeys(self.OFFCPU_EVENTS, 0)
+        self.unwind = dict.fromkeys(self.UNWIND_EVENTS, 0)
         self.offcpu_pending = 0
 
     def add_drain(self, stats: dict[str, int], samples: int) -> None:
@@ -67,6 +85,8 @@ class AgentCounters:
             self.python_samples += stats.get("python_merged_samples", 0)
             for k in self.OFFCPU_EVENTS:
                 self.offcpu[k] += stats.get(f"offcpu_{k}", 0)
+            for k in self.UNWIND_EVENTS:
+                self.unwind[k] += stats.get(f"unwind_{k}", 0)
 
     def set_offcpu_pending(self, pending: int) -> None:
         with self._lock:
@@ -87,6 +107,10 @@ class AgentCounters:
     def offcpu_snapshot(self) -> tuple[dict[str, int], int]:
         with self._lock:
             return dict(self.offcpu), self.offcpu_pending
+
+    def unwind_snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.unwind)
 
 
 class _AgentCollector:
@@ -143,6 +167,16 @@ class _AgentCollector:
             labels=["event"],
         )
         for k, v in offcpu.items():
+            m.add_metric([k], v)
+        yield m
+        m = CounterMetricFamily(
+            "fleetprof_agent_unwind_events",
+            "User stacks walked by call-frame information, by event: walks; how each ended (end: the"
+            " outermost frame; no_mapping, jit, no_table, fp_failed, read_fault, depth, signal,"
+            " unsupported); fp_frames stepped by frame pointer; fallback: samples walked by frame pointer",
+            labels=["event"],
+        )
+        for k, v in self._counters.unwind_snapshot().items():
             m.add_metric([k], v)
         yield m
         yield GaugeMetricFamily(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from fleetprof.agent.process.cgroups import CgroupIdentity
 from fleetprof.agent.process.table import ProcessInfo, ProcessTable
 from fleetprof.agent.python.codes import PYTHON_MODULE
+from fleetprof.agent.python.merge import PythonFrames
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
@@ -180,6 +181,11 @@ class Resolver:
         return result
 
 
+def _unnamed(groups: PythonFrames) -> bool:
+    """Some frame could not be named yet (PYTHON_MODULE marks a placeholder): try again next window."""
+    return any(f.module == PYTHON_MODULE for group in groups for f in group)
+
+
 class _PythonWindow:
     """One window's Python frames: each distinct (process, Python stack) is named once, then merged into
     native stacks. Names are kept across windows (`named`, `merged`: the resolver's bounded LRUs): a Python
@@ -218,16 +224,16 @@ class _PythonWindow:
         named = self._named.get(key)
         if named is None:
             if stack_id == STACK_LOST or stack_id not in stacks:
-                named = (LOST_PYTHON_STACK,)
+                named = ((LOST_PYTHON_STACK,),)
             else:
                 named = self._python.frames(p, stacks[stack_id])
-            if not any(f.module == PYTHON_MODULE for f in named):
+            if not _unnamed(named):
                 self._named.put(key, named)
         mkey = (*key, native_id)
         merged = self._merged.get(mkey)
         if merged is None:
             merged = self._python.merged(native, named)
-            if not any(f.module == PYTHON_MODULE for f in named):
+            if not _unnamed(named):
                 self._merged.put(mkey, merged)
         self.merged_samples += count
         return merged

@@ -31,6 +31,7 @@ from fleetprof.agent.offcpu import (
     idle_threads,
 )
 from fleetprof.agent.python.offsets import PyProc
+from fleetprof.agent.unwind.kernel_maps import UnwindMaps
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
 
 # Mirrors of cpu_sampler.c's constants and structs (keep in sync with the .c file).
 MAX_DEPTH = 127
+UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 STACK_NONE = 0
@@ -67,6 +69,19 @@ STAT_NAMES = (
     "offcpu_state_table_full",  # sampled switch-outs lost: per-task table could not take them
     "offcpu_count_table_full",  # waits lost: off-CPU count table full
     "offcpu_stacks_carried",  # stacks copied by BPF into the current set for a wait that crossed a drain
+    # user stacks walked by tables (bpf/unwind.h): walks, how each ended, frame-pointer steps, fallbacks
+    "unwind_walks",
+    "unwind_end",
+    "unwind_no_mapping",
+    "unwind_jit",
+    "unwind_no_table",
+    "unwind_fp_failed",
+    "unwind_read_fault",
+    "unwind_depth",
+    "unwind_signal",
+    "unwind_unsupported",
+    "unwind_fp_frames",
+    "unwind_fallback",
 )
 # Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
 # set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.
@@ -172,6 +187,13 @@ class SamplerConfig:
     offcpu_runnable: bool = True  # count time runnable (preempted) as well as blocked: see cpu_sampler.c
     offcpu_counts: int = 0  # (thread, stacks, GPU slot) keys per window; 0: from the node (offcpu_sizes)
     offcpu_tasks: int = 0  # sampled switch-outs pending at once (LRU beyond); 0: from the node
+    # User stacks: "eh_frame" walks them by the files' call-frame information where agent/unwind/ loaded
+    # it (frame pointers elsewhere), "fp" by frame pointers only (the kernel's walk).
+    unwind: str = "eh_frame"
+    unwind_rows: int = 1 << 21  # table rows of all files together (8 bytes each)
+    unwind_files: int = 8192  # files with a table at once
+    unwind_maps: int = 1 << 17  # executable mappings of all unwound processes (32 bytes each)
+    unwind_procs: int = 16384  # processes unwound by tables at once
 
     def table_sizes(self, ncpus: int) -> tuple[int, int]:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
@@ -202,6 +224,19 @@ class SamplerConfig:
         counts = self.offcpu_counts or min(max(_pow2(1024 * ncpus), 4096), 65536)
         tasks = self.offcpu_tasks or min(max(_pow2(2048 * ncpus), 8192), 65536)
         return counts, tasks
+
+    def unwind_flags(self) -> list[str]:
+        if self.unwind not in ("eh_frame", "fp"):
+            raise ValueError(f'unwind must be "eh_frame" or "fp", got {self.unwind!r}')
+        return [
+            f"-DUNWIND={1 if self.unwind == 'eh_frame' else 0}",
+            f"-DUNWIND_ROWS={self.unwind_rows}",
+            f"-DUNWIND_FILES={self.unwind_files}",
+            f"-DUNWIND_MAPS={self.unwind_maps}",
+            f"-DUNWIND_PROCS={self.unwind_procs}",
+            f"-DUNWIND_FRAMES_PER_PROG={UNWIND_FRAMES_PER_PROG}",
+            f"-DUNWIND_MAX_FRAMES={MAX_DEPTH}",
+        ]
 
     def offcpu_flags(self, ncpus: int) -> list[str]:
         if self.offcpu_sample_every < 1 or self.offcpu_min_block_us < 0:
@@ -273,6 +308,7 @@ class CpuSampler:
             f"-DGPU_SLOT_NS={int(config.gpu_slot_s * 1e9)}ULL",
             f"-DGPU_PROCS_SIZE={config.gpu_procs}",
             *config.offcpu_flags(os.cpu_count() or 1),
+            *config.unwind_flags(),
             f"-I{BPF_SOURCE.parent}",
         ]
         try:
@@ -290,6 +326,12 @@ class CpuSampler:
             self._offcpu_starts = self._bpf["offcpu_starts"]
         self._carry = StackCarry()
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
+        if config.unwind == "eh_frame":
+            try:
+                step = self._bpf.load_func(b"unwind_step", bcc.BPF.PERF_EVENT)
+            except Exception as exc:  # the verifier's answer
+                raise BpfUnavailable(f"the table unwinder did not load (try --unwind=fp): {exc}") from exc
+            self._bpf["unwind_progs"][ct.c_int(0)] = ct.c_int(step.fd)
         self._events_cb = on_process_event
         self._extra_callbacks: list = []
         if on_process_event is not None:
@@ -407,6 +449,15 @@ class CpuSampler:
         entries = _drain_map(self._offcpu[idle_set], SampleKey, OffcpuValue)
         idle = idle_threads((k.tid, v.ns, v.ran_ns) for k, v in entries)
         return _sample_counts([(k, v.ns) for k, v in entries], idle)
+
+    def unwind_maps(self) -> UnwindMaps | None:
+        """The table unwinder's maps (agent/unwind/), or None when stacks are walked by frame pointer."""
+        if self._config.unwind != "eh_frame":
+            return None
+        b = self._bpf
+        return UnwindMaps(
+            b["unwind_rows"], b["unwind_files"], b["unwind_maps"], b["unwind_procs"], b["unwind_wanted"]
+        )
 
     def offcpu_pending(self) -> list[tuple[int, int]]:
         """(tid, tgid) of every thread whose sampled switch-out waits for it to run again."""

@@ -60,6 +60,10 @@ baseline runs, relative to their median) is the noise floor, and a median slowdo
 told apart from zero (negative values are noise). More --pairs and longer --seconds narrow it. The agent's
 CPU also depends on what else runs: it describes every new process on the node. Quote medians.
 
+Fourth experiment (--unwind-rounds N, bench/unwind_cost.py): BPF µs per sample with --unwind=eh_frame
+against fp at each frequency on the spin workload built without frame pointers, and the time and bytes of
+the tables of the largest libraries here. Target: <= 10 µs more per sample than the frame-pointer walk.
+
 Targets: slowdown <= 1% at 19 Hz; agent CPU <= 1% of one core per 10 CPUs, i.e. <= 0.1 x ncpus % of one
 core (the same as <= 0.1% of the node at any size); agent RSS <= 150 MB on a node with 1,000 processes.
 """
@@ -100,6 +104,7 @@ from common import (
     run_workload,
     spread_pct,
 )
+from unwind_cost import format_unwind, measure_tables, measure_unwind
 
 SLOWDOWN_TARGET_PCT = 1.0  # at 19 Hz
 CPU_TARGET_CORE_PCT_PER_CPU = 0.1  # 1% of one core per 10 CPUs
@@ -691,6 +696,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rounds of the agent at defaults on the idle node, 0 to skip (default 3; quick 1)",
     )
     p.add_argument("--quiet-seconds", type=float, help="seconds per quiet round (default 120; quick 60)")
+    p.add_argument(
+        "--unwind-rounds",
+        type=int,
+        help="rounds of the eh_frame-against-fp experiment at 19 and 99 Hz, 0 to skip (default 3; quick 1)",
+    )
     p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args(argv)
     q = args.quick
@@ -707,6 +717,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quiet_rounds is None:
         args.quiet_rounds = 1 if q else 3
     args.quiet_seconds = args.quiet_seconds or (60.0 if q else 120.0)
+    if args.unwind_rounds is None:
+        args.unwind_rounds = 1 if q else 3
     unknown = set(args.anchors) - set(ANCHORS)
     if unknown:
         p.error(f"unknown anchors {sorted(unknown)}; choose from {', '.join(ANCHORS)}")
@@ -737,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[ConditionResult] = []
     rss = None
     quiet = None
+    unwind: list[str] = []
     with BpfRunTimeStats() as bpf_stats, tempfile.TemporaryDirectory(prefix="fleetprof-bench-") as tmp:
         workdir = Path(tmp)
         try:
@@ -764,6 +777,10 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 quiet = measure_quiet(children, collector, workdir, args.quiet_rounds, args.quiet_seconds)
+            if args.unwind_rounds:
+                print(f"unwinding: {args.unwind_rounds} rounds at 19 and 99 Hz", file=sys.stderr, flush=True)
+                rows = measure_unwind(workdir, ncpus, [19, 99], args.seconds, args.unwind_rounds)
+                unwind = format_unwind(rows, measure_tables())
         except KeyboardInterrupt:
             print("\ninterrupted; stopping everything this bench started", file=sys.stderr)
             return 130
@@ -774,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
             children.close()
     print(format_report(results, rss, args, ncpus, busy, bpf_stats.error, quiet))
+    if unwind:
+        print("\n".join(["", *unwind]))
     if args.json:
         raw = {
             "ncpus": ncpus,

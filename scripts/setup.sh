@@ -23,7 +23,7 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf)
 [ $WANT_TEST = 1 ] && ! command -v npm >/dev/null && APT_PKGS+=(npm)  # fetches speedscope's schema below
 # test_images: scripts/images.sh (podman, runc: crun fails on these VMs; debootstrap: the base image);
 # test_wheel: a venv of Debian's python3, as the agent image makes.
-[ $WANT_TEST = 1 ] && APT_PKGS+=(podman runc debootstrap python3-venv gcc)
+[ $WANT_TEST = 1 ] && APT_PKGS+=(podman runc debootstrap python3-venv gcc g++)  # g++: the unwinder's C++ workload
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

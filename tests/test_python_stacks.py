@@ -76,7 +76,7 @@ def test_line_table_decoding_matches_the_interpreter() -> None:
 
 def test_merge_puts_python_frames_in_place_of_the_interpreter() -> None:
     f = Frame
-    py = (f("outer (a.py:3)", "a.py"), f("middle (a.py:7)", "a.py"))
+    py = ((f("outer (a.py:3)", "a.py"), f("middle (a.py:7)", "a.py")),)  # one C call into the interpreter
     full = (
         f("_start", "python3"),
         f("main", "python3"),
@@ -92,6 +92,29 @@ def test_merge_puts_python_frames_in_place_of_the_interpreter() -> None:
         "outer (a.py:3)",
         "middle (a.py:7)",
         "ext_call",
+        "memcpy",
+    ]
+    # Whole native stacks pair each evaluation frame with its group of Python frames: the C between two
+    # (a builtin that called back into Python) stays under the Python frame that called it.
+    whole = (
+        f("_start", "python3"),
+        f("main", "python3"),
+        f("_PyEval_EvalFrameDefault", "libpython"),
+        f("builtin_sorted", "libpython"),
+        f("PyObject_CallOneArg", "libpython"),
+        f("_PyEval_Vector", "libpython"),
+        f("_PyEval_EvalFrameDefault", "libpython"),
+        f("memcpy", "libc"),
+    )
+    two = (py[0], (f("key (a.py:9)", "a.py"),))
+    assert [x.function for x in merge(whole, two)] == [
+        "_start",
+        "main",
+        "outer (a.py:3)",
+        "middle (a.py:7)",
+        "builtin_sorted",
+        "PyObject_CallOneArg",
+        "key (a.py:9)",
         "memcpy",
     ]
     # A short stack (no frame pointers) never reached the interpreter: its frames are the leaf.
@@ -135,7 +158,7 @@ def test_a_python_that_execs_another_python_gets_the_new_ones_frames(
     proc = subprocess.Popen([python("3.11"), "-c", exec_after], stdout=subprocess.PIPE, text=True)
     proc.communicate(timeout=60)
     assert proc.returncode == 0
-    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent.interval)
+    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent)
     story = sum(n for st, n in everything.items() if any(named("story")(f.function) for f in st))
     # 4 s of 3.12's CPU time at 499 Hz: ~2,000 samples under story(). Registration after the exec lags by
     # at most a drain (1 s, 499 samples) and a count varies by sqrt(2,000) = 45 (4 sigma: 180): >= 1,300.
@@ -152,7 +175,7 @@ def test_flame_graph_shows_the_python_functions_with_their_true_shares(
     proc = subprocess.Popen([python(version), str(STORY), "6", "70"], stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=60)
     truth = json.loads(out)
-    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent.interval)
+    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent)
     # The truth covers story()'s loop; samples before the agent registered the new process (its first
     # sample wakes the agent, which describes it) and interpreter start-up/exit lie outside it.
     stacks = {st: n for st, n in everything.items() if any(named("story")(f.function) for f in st)}

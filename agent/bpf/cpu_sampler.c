@@ -45,6 +45,8 @@ struct sample_key {
     char comm[16];     // thread name at sample time
 };
 
+#include "unwind.h"   // after struct stack_trace and struct sample_key, which its walk state holds
+
 // Per-CPU counters, cumulative since load; user space reads deltas. Indices mirror sampler.py STAT_*.
 #define STAT_SAMPLES             0
 #define STAT_USER_STACK_MISSING  1
@@ -69,7 +71,22 @@ struct sample_key {
 #define STAT_OFFCPU_STATE_FULL   19   // a sampled switch-out not kept: offcpu_starts could not take it
 #define STAT_OFFCPU_COUNT_FULL   20   // a wait not recorded: offcpu{0,1} full
 #define STAT_OFFCPU_CARRIED      21   // stacks copied into the current set for a wait that crossed a flip
-#define NSTATS                   22
+// User stacks unwound by tables (UNWIND; unwind.h): walks started, then how each ended (one reason a walk),
+// and frames stepped by frame pointer on the way (a file without a table, or a gap in one).
+#define STAT_UNWIND_WALKS        22
+#define STAT_UNWIND_END          23   // reached the outermost frame: the normal end
+#define STAT_UNWIND_NO_MAPPING   24   // an address outside the process's known mappings (a dlopen since?)
+#define STAT_UNWIND_JIT          25   // an address in anonymous executable memory (JIT code)
+#define STAT_UNWIND_NO_TABLE     26   // a file without a table, and no frame pointer to go on with
+#define STAT_UNWIND_FP_FAILED    27   // a gap in a table, and no frame pointer to go on with
+#define STAT_UNWIND_READ_FAULT   28   // the stack could not be read where the table said (or went down)
+#define STAT_UNWIND_DEPTH        29   // UNWIND_MAX_FRAMES reached
+#define STAT_UNWIND_SIGNAL       30   // a signal frame (its caller is in the signal context: not followed)
+#define STAT_UNWIND_UNSUPPORTED  31   // a rule the walker does not follow (CFA by expression)
+#define STAT_UNWIND_FP_FRAMES    32   // frames stepped by frame pointer (not an end)
+#define STAT_UNWIND_FALLBACK     33   // samples of a tabled process unwound by frame pointer instead:
+                                      // no user registers, or the tail call failed
+#define NSTATS                   34
 
 #define STACK_NONE 0
 #define STACK_LOST 1
@@ -296,10 +313,10 @@ static __always_inline void count_sample(u32 set, struct sample_key *key) {
         count_stat(STAT_COUNT_TABLE_FULL);
 }
 
-// The current task's user and kernel stacks into `key` (stored in `set`). `sample`: count the outcomes in
-// the CPU sampler's stats (off-CPU switch-outs leave them to the samples).
-static __always_inline void take_stacks(void *ctx, u32 set, struct sample_key *key, struct stack_trace *st,
-                                        int sample) {
+// The current task's user stack, walked by frame pointer, into `key` (stored in `set`). `sample`: count the
+// outcomes in the CPU sampler's stats (off-CPU switch-outs leave them to the samples).
+static __always_inline void take_user_stack(void *ctx, u32 set, struct sample_key *key, struct stack_trace *st,
+                                            int sample) {
     int n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), BPF_F_USER_STACK);
     if (n > 0) {
         st->len = n / sizeof(u64);
@@ -309,13 +326,23 @@ static __always_inline void take_stacks(void *ctx, u32 set, struct sample_key *k
     } else if (sample) {
         count_stat(STAT_USER_STACK_ERROR);
     }
-    n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), 0);
+}
+
+static __always_inline void take_kernel_stack(void *ctx, u32 set, struct sample_key *key,
+                                              struct stack_trace *st, int sample) {
+    int n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), 0);
     if (n > 0) {
         st->len = n / sizeof(u64);
         key->kernel_stack = store_stack(set, st, 0x6b65726e656c6b31ULL);
     } else if (sample && n < 0) {
         count_stat(STAT_KERNEL_STACK_ERROR);
     }
+}
+
+static __always_inline void take_stacks(void *ctx, u32 set, struct sample_key *key, struct stack_trace *st,
+                                        int sample) {
+    take_user_stack(ctx, set, key, st, sample);
+    take_kernel_stack(ctx, set, key, st, sample);
 }
 
 // Tell user space about a process it has not described yet (it reads /proc while the process lives).
@@ -326,6 +353,246 @@ static __always_inline void note_process(u32 tgid) {
         notify(tgid, EVENT_NEW);
     }
 }
+
+#if UNWIND
+// -- User stacks by call-frame information (the design: unwind.h) ----------------------------------------
+// unwind_rows: every loaded file's rows, each file a contiguous range. Written by user space only (a range
+// is reused only after its file's entry was cleared and a grace period passed).
+BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROWS);
+// unwind_files: file id (an index handed out by user space) -> its rows.
+BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_FILES);
+// unwind_maps: every unwound process's executable mappings, each process a contiguous range.
+BPF_ARRAY(unwind_maps, struct unwind_map, UNWIND_MAPS);
+// unwind_procs: tgid -> its mappings. A process is unwound by tables only while it has an entry here;
+// deleted by user space when it exits or execs (and re-added once it is described again).
+BPF_HASH(unwind_procs, u32, struct unwind_proc, UNWIND_PROCS);
+BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
+// unwind_wanted: file id -> 1 once a walk met the file without a table. Read and cleared by user space at
+// each drain: it builds the tables of large files (agent/unwind/unwinder.py EAGER_MAX_BYTES) on demand.
+BPF_ARRAY(unwind_wanted, u8, UNWIND_FILES);
+// unwind_progs[0]: unwind_step (user space puts its fd there after loading it).
+BPF_PROG_ARRAY(unwind_progs, 1);
+
+// The mapping of `proc` that holds `ip`, or NULL.
+static __always_inline struct unwind_map *unwind_find_map(struct unwind_proc *proc, u64 ip) {
+    u32 lo = proc->first, hi = proc->first + proc->n;   // the answer is the last start <= ip, in [lo, hi)
+    if (lo >= hi)
+        return NULL;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < 16; i++) {   // up to 65,536 mappings
+        if (hi - lo <= 1)
+            break;
+        u32 mid = lo + (hi - lo) / 2;
+        struct unwind_map *m = unwind_maps.lookup(&mid);
+        if (!m)
+            return NULL;
+        if (m->start <= ip)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    struct unwind_map *m = unwind_maps.lookup(&lo);
+    if (!m || ip < m->start || ip >= m->end)
+        return NULL;
+    return m;
+}
+
+// The rule for file address `vaddr` in `file`'s rows; UNWIND_KIND_NO_INFO outside them.
+static __always_inline u32 unwind_find_rule(struct unwind_file *file, u64 vaddr) {
+    if (vaddr > 0xffffffffULL)
+        return UNWIND_KIND_NO_INFO;
+    u32 lo = file->first, hi = file->first + file->n;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < 24; i++) {   // up to 16M rows a file
+        if (hi - lo <= 1)
+            break;
+        u32 mid = lo + (hi - lo) / 2;
+        struct unwind_row *r = unwind_rows.lookup(&mid);
+        if (!r)
+            return UNWIND_KIND_NO_INFO;
+        if (r->pc <= (u32)vaddr)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    struct unwind_row *r = unwind_rows.lookup(&lo);
+    if (!r || r->pc > (u32)vaddr)
+        return UNWIND_KIND_NO_INFO;
+    return r->rule;
+}
+
+// A frame by frame pointer: the saved rbp at [rbp], the return address above it. 0 when it cannot be.
+static __always_inline int unwind_fp_step(struct unwind_state *s) {
+    u64 bp = s->bp;
+    if (bp < s->sp || bp & 7)
+        return 0;
+    u64 saved[2];
+    if (bpf_probe_read_user(saved, sizeof(saved), (void *)bp) != 0)
+        return 0;
+    s->bp = saved[0];
+    s->sp = bp + 16;
+    s->ip = saved[1];
+    return 1;
+}
+
+// Records the current ip as a frame and unwinds one frame; sets s->done (and counts why) when the walk ends.
+static __always_inline void unwind_one(struct unwind_state *s, struct unwind_proc *proc) {
+    u32 n = s->frames.len;
+    if (n >= UNWIND_MAX_FRAMES) {
+        count_stat(STAT_UNWIND_DEPTH);
+        s->done = 1;
+        return;
+    }
+    if (s->ip == 0) {
+        count_stat(STAT_UNWIND_END);
+        s->done = 1;
+        return;
+    }
+    // n < UNWIND_MAX_FRAMES <= MAX_DEPTH (checked above), but clang may index with an unchecked copy of
+    // it: the mask bounds the register the store uses (ip[127] would land in unwind_state.guard).
+    s->frames.ip[n & 127] = s->ip;
+    s->frames.len = n + 1;
+    u64 lookup = s->leaf ? s->ip : s->ip - 1;
+    s->leaf = 0;
+    struct unwind_map *m = unwind_find_map(proc, lookup);
+    if (!m) {
+        count_stat(STAT_UNWIND_NO_MAPPING);
+        s->done = 1;
+        return;
+    }
+    if (m->file == UNWIND_FILE_JIT) {
+        count_stat(STAT_UNWIND_JIT);
+        s->done = 1;
+        return;
+    }
+    u32 fid = m->file;
+    struct unwind_file *file = unwind_files.lookup(&fid);
+    u32 rule = UNWIND_KIND_NO_INFO;
+    if (file && file->n)
+        rule = unwind_find_rule(file, lookup - m->bias + file->delta);
+    u32 kind = rule & 7;
+    if (!(file && file->n)) {
+        u8 *wanted = unwind_wanted.lookup(&fid);
+        if (wanted && !*wanted)
+            *wanted = 1;
+    }
+    if (kind == UNWIND_KIND_NO_INFO) {
+        if (!unwind_fp_step(s)) {
+            count_stat(file && file->n ? STAT_UNWIND_FP_FAILED : STAT_UNWIND_NO_TABLE);
+            s->done = 1;
+            return;
+        }
+        count_stat(STAT_UNWIND_FP_FRAMES);
+        return;
+    }
+    if (kind == UNWIND_KIND_END) {
+        count_stat(STAT_UNWIND_END);
+        s->done = 1;
+        return;
+    }
+    if (kind == UNWIND_KIND_SIGNAL) {
+        count_stat(STAT_UNWIND_SIGNAL);
+        s->done = 1;
+        return;
+    }
+    if (kind != UNWIND_KIND_CFA_RSP && kind != UNWIND_KIND_CFA_RBP) {
+        count_stat(STAT_UNWIND_UNSUPPORTED);
+        s->done = 1;
+        return;
+    }
+    u64 cfa = (kind == UNWIND_KIND_CFA_RSP ? s->sp : s->bp) + ((rule >> 3) & 0x1ffff);
+    s32 rbp_slot = ((s32)rule) >> 20;   // arithmetic shift: signed 12 bits
+    u64 ra = 0;
+    if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(cfa - 8)) != 0) {
+        count_stat(STAT_UNWIND_READ_FAULT);
+        s->done = 1;
+        return;
+    }
+    if (rbp_slot != 0) {
+        u64 bp = 0;
+        if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + (s64)rbp_slot * 8)) != 0) {
+            count_stat(STAT_UNWIND_READ_FAULT);
+            s->done = 1;
+            return;
+        }
+        s->bp = bp;
+    }
+    if (cfa <= s->sp) {   // a caller's frame lies above its callee's: anything else is a bad table or stack
+        count_stat(STAT_UNWIND_READ_FAULT);
+        s->done = 1;
+        return;
+    }
+    s->sp = cfa;
+    s->ip = ra;
+}
+
+// Starts a table walk of the current task's user stack (the sample's key filled but for user_stack) and
+// does not return when it could; returns when the sample must be unwound by frame pointer instead.
+static __always_inline void unwind_begin(struct bpf_perf_event_data *ctx, u32 set, struct sample_key *key) {
+    if (!unwind_procs.lookup(&key->tgid))
+        return;
+    u32 zero = 0;
+    struct unwind_state *s = unwind_state.lookup(&zero);
+    if (!s)
+        return;
+    if (ctx->regs.cs & 3) {   // the sample interrupted user mode: its registers are the user's
+        s->ip = ctx->regs.ip;
+        s->sp = ctx->regs.sp;
+        s->bp = ctx->regs.bp;
+    } else {   // in the kernel: the user registers saved at its entry (a syscall, a fault, an interrupt)
+        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+        if (!regs || bpf_probe_read_kernel(&s->ip, sizeof(s->ip), &regs->ip) != 0 ||
+            bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &regs->sp) != 0 ||
+            bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->bp) != 0 || s->ip == 0) {
+            count_stat(STAT_UNWIND_FALLBACK);   // a kernel thread, or no user context
+            return;
+        }
+    }
+    s->key = *key;
+    s->set = set;
+    s->calls = 0;
+    s->leaf = 1;
+    s->done = 0;
+    s->frames.len = 0;
+    count_stat(STAT_UNWIND_WALKS);
+    unwind_progs.call(ctx, 0);
+    count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed: not loaded yet
+}
+
+// Tail-called from on_cpu_sample, then from itself: unwinds UNWIND_FRAMES_PER_PROG frames a call, and
+// counts the sample once the walk ended.
+int unwind_step(struct bpf_perf_event_data *ctx) {
+    u32 zero = 0;
+    struct unwind_state *s = unwind_state.lookup(&zero);
+    if (!s)
+        return 0;
+    u32 tgid = s->key.tgid;
+    struct unwind_proc *proc = unwind_procs.lookup(&tgid);
+    if (!proc) {   // forgotten meanwhile: what was walked stands
+        s->done = 1;
+    } else {
+        // Not unrolled: clang would hoist the helpers' addresses out of many copies into registers, and
+        // an indirect call is no BPF instruction ("unknown opcode 8d").
+#pragma clang loop unroll(disable)
+        for (int i = 0; i < UNWIND_FRAMES_PER_PROG; i++) {
+            if (!s->done)
+                unwind_one(s, proc);
+        }
+    }
+    if (!s->done && s->calls < 32) {
+        s->calls++;
+        unwind_progs.call(ctx, 0);
+    }
+    if (!s->done)
+        count_stat(STAT_UNWIND_DEPTH);   // out of tail calls
+    struct sample_key key = s->key;
+    if (s->frames.len > 0)
+        key.user_stack = store_stack(s->set, &s->frames, 0x7573657273746b31ULL);
+    count_sample(s->set, &key);
+    note_process(key.tgid);
+    return 0;
+}
+#endif
 
 int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -351,7 +618,6 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
 
     u32 set = *active;
-    take_stacks(ctx, set, &key, st, 1);
 #if PYTHON_STACKS
     struct py_proc *py = python_procs.lookup(&tgid);
     if (py)
@@ -359,6 +625,13 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
 #endif
     if (gpu_procs.lookup(&tgid))
         key.gpu_slot = bpf_ktime_get_ns() / GPU_SLOT_NS + 1;
+#if UNWIND
+    take_kernel_stack(ctx, set, &key, st, 1);
+    unwind_begin(ctx, set, &key);   // returns only if the user stack is to be walked by frame pointer
+    take_user_stack(ctx, set, &key, st, 1);
+#else
+    take_stacks(ctx, set, &key, st, 1);
+#endif
     count_sample(set, &key);
     note_process(tgid);
     return 0;
@@ -563,6 +836,9 @@ TRACEPOINT_PROBE(sched, sched_switch) {
 TRACEPOINT_PROBE(sched, sched_process_exec) {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     python_procs.delete(&tgid);   // the new image is described (and detected) again
+#if UNWIND
+    unwind_procs.delete(&tgid);   // its mappings are gone: walked by frame pointer until described again
+#endif
     if (seen.lookup(&tgid)) {
         seen.delete(&tgid);
         notify(tgid, EVENT_EXEC);
@@ -582,6 +858,9 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     if ((u32)pid_tgid != tgid)   // a thread, not the whole process
         return 0;
     python_procs.delete(&tgid);
+#if UNWIND
+    unwind_procs.delete(&tgid);   // before the pid can be reused (user space frees its range later)
+#endif
     if (seen.lookup(&tgid)) {
         seen.delete(&tgid);
         notify(tgid, EVENT_EXIT);

@@ -27,14 +27,19 @@ struct py_proc {
     u32 frame_owner;        // _PyInterpreterFrame.owner (one byte, < 72)
     u32 version;            // 0x030b, 0x030c, ... (for user space; the walker does not branch on it)
     u32 code_qualname;      // PyCodeObject.co_qualname: its pointer fingerprints the code object
+    u32 frame_entry;        // 3.11's _PyInterpreterFrame.is_entry (one byte, < 72), or PY_NO_FIELD (3.12+
+                            // mark entries with shim frames instead)
 };
+
+#define PY_NO_FIELD 0xffffffff
 
 #define PY_DIRECT_FRAME 0xffffffff
 #define PY_FRAME_READ   72   // bytes of _PyInterpreterFrame header read per frame: covers every field above
 
 // One recorded frame. `instr` is the instruction pointer minus the code object's address (bytes);
 // user space turns it into a line with co_code_adaptive's offset and co_linetable. `tag` is the frame's
-// owner (bits 24-31) and bits 4-27 of the code object's co_qualname pointer (bits 0-23): code objects are
+// owner (bits 24-30; bit 31: 3.11's is_entry, set on the first frame each C call into the interpreter
+// evaluates) and bits 4-27 of the code object's co_qualname pointer (bits 0-23): code objects are
 // freed and their memory reused, and user space reads names only at the drain, so it checks this
 // fingerprint against the object it finds there rather than naming a sample after a newer function.
 struct py_frame {
@@ -87,6 +92,8 @@ static __always_inline u32 py_walk(struct py_proc *p, u64 ts, struct py_stack *o
     u32 code_w = (p->frame_code >> 3) & 15, prev_w = (p->frame_previous >> 3) & 15;
     u32 instr_w = (p->frame_instr >> 3) & 15, owner_w = (p->frame_owner >> 3) & 15;
     u32 owner_shift = (p->frame_owner & 7) * 8;
+    int has_entry = p->frame_entry != PY_NO_FIELD;
+    u32 entry_w = (p->frame_entry >> 3) & 15, entry_shift = (p->frame_entry & 7) * 8;
     u64 buf[16] = {};
     u32 n = 0;
     out->len = 0;
@@ -98,7 +105,9 @@ static __always_inline u32 py_walk(struct py_proc *p, u64 ts, struct py_stack *o
         struct py_frame *f = &out->frames[i];
         f->code = code;
         f->instr = (u32)(buf[instr_w] - code);
-        u32 owner = (u32)(buf[owner_w] >> owner_shift) & 0xff;
+        u32 owner = (u32)(buf[owner_w] >> owner_shift) & 0x7f;
+        if (has_entry && ((buf[entry_w] >> entry_shift) & 0xff))
+            owner |= 0x80;
         f->tag = (owner << 24) | (u32)((py_read_u64(code + p->code_qualname) >> 4) & 0xffffff);
         n = i + 1;
         frame = buf[prev_w];

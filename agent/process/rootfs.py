@@ -198,6 +198,26 @@ def _check_path(path: str) -> None:
         raise OSError(errno.EINVAL, f"{path!r}: a NUL byte in a path")
 
 
+def mapped_file_openers(proc_root: str, pid: int, path: str, start: int, end: int, inode: int) -> list:
+    """Ways to open the file a process maps at [start, end) from `path` (as /proc/PID/maps names it), best
+    first; each returns a read-only fd of a regular file or raises OSError (UnsafeFile when refused).
+
+    The process's own root first (containers see their own filesystem; resolved inside it), then the exact
+    mapped file via map_files (works for deleted files, only while the process lives), then the host path.
+    Path-based opens may find a different file now, so they must match the inode; only the inode, because
+    on overlayfs the device in maps names the underlying layer, not what stat() reports.
+    """
+    proc = f"{proc_root}/{pid}"
+    map_files = f"{proc}/map_files/{start:x}-{end:x}"
+    if not path.startswith("/"):
+        return [lambda: open_file(map_files)]
+    return [
+        lambda: open_in_root(f"{proc}/root", path, inode),
+        lambda: open_file(map_files),
+        lambda: open_file(path, inode),
+    ]
+
+
 class FileErrors:
     """Tenant files refused, by reason (REASONS); cumulative and thread-safe.
 

@@ -1,19 +1,19 @@
 """Put a thread's Python frames where the interpreter's own C frames stood in its native stack.
 
-The native stack (root first) of a CPython thread looks like
-    _start; main; Py_RunMain; ... _PyEval_EvalFrameDefault; ... _PyEval_EvalFrameDefault; ext_func; memcpy
-The span from the first to the last evaluation frame is the interpreter running Python code: it is replaced
-by the Python frames, so native frames below it (process start-up) stay at the root and native frames above
-it (a C extension, a libpython builtin, libc) stay at the leaf, under the Python function that called them.
+A whole native stack (root first) of a CPython thread looks like
+    _start; main; Py_RunMain; ... _PyEval_EvalFrameDefault; builtin_sorted; ... _PyEval_EvalFrameDefault; free
+Each _PyEval_EvalFrameDefault is one C call into the interpreter, and it ran one group of Python frames
+(3.11+ evaluate Python-to-Python calls without a new C frame; the walker marks where each group starts).
+When the groups and the evaluation frames pair up, each evaluation frame is replaced by its group, and the C
+between two of them (a builtin or an extension that called back into Python) stays between the Python
+frame that called it and the frames it called; interpreter call machinery (EVAL_FUNCTIONS) is dropped.
 
-Without frame pointers (Debian's and pyenv's CPython, glibc) the kernel's unwind stops after 1-3 frames, and
-what lies beyond the first frame is often a stray return address read through a register that was not a
-frame pointer. Such a stack does not end in an entry point (_start, __libc_start_main, start_thread,
-clone): it is truncated, and only its leaf-most frames up to the last evaluation frame are trusted. Then
-the Python frames become the root and those native frames stay above them as the leaf:
-`outer; middle; list_append` (the leaf was a libpython builtin) or `outer; middle` (the leaf was the
-evaluation loop itself). What is lost is only native frames between Python frames (C calling back into
-Python), which such a stack never had.
+Otherwise -- the native walk was truncated (frame pointers only: Debian's and pyenv's CPython and glibc have
+none, and the kernel's walk stops after 1-3 frames), or the Python walk was cut at its depth limit -- the span
+from the first to the last evaluation frame is replaced by all Python frames, native frames below it (process
+start-up) stay at the root and native frames above it at the leaf. A native stack that does not start at an
+entry point (_start, __libc_start_main, start_thread, clone) is truncated: only its leaf-most frames up to the
+last evaluation frame are trusted, and the Python frames become the root: `outer; middle; list_append`.
 """
 
 from __future__ import annotations
@@ -45,19 +45,37 @@ ENTRY_FUNCTIONS = frozenset(
 )
 
 
-def merge(native: Sequence[Frame], python: Sequence[Frame]) -> tuple[Frame, ...]:
+PythonFrames = tuple[tuple[Frame, ...], ...]
+"""A thread's Python frames, root first, in groups: one per C call into the interpreter, root-most first."""
+
+# The C frame of one call into the interpreter (the hot path, or its split-off cold part: never both).
+_EVALUATOR = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.cold"})
+
+
+def merge(native: Sequence[Frame], python: PythonFrames) -> tuple[Frame, ...]:
     """One user stack, root first, from native frames (root first) and the thread's Python frames."""
-    if not python:
+    flat = tuple(f for group in python for f in group)
+    if not flat:
         return tuple(native)
+    complete = bool(native) and native[0].function in ENTRY_FUNCTIONS
+    evaluators = [i for i, f in enumerate(native) if f.function in _EVALUATOR]
+    if complete and evaluators and len(evaluators) == len(python):
+        out: list[Frame] = []
+        done = 0
+        for i, group in zip(evaluators, python, strict=True):
+            out.extend(f for f in native[done:i] if not is_eval_frame(f))
+            out.extend(group)
+            done = i + 1
+        out.extend(native[done:])
+        return tuple(out)
     first = last = -1
     for i, f in enumerate(native):
         if is_eval_frame(f):
             if first < 0:
                 first = i
             last = i
-    complete = bool(native) and native[0].function in ENTRY_FUNCTIONS
     if first < 0:
-        return (*python, *native)
+        return (*flat, *native)
     if not complete:
-        return (*python, *native[last + 1 :])
-    return (*native[:first], *python, *native[last + 1 :])
+        return (*flat, *native[last + 1 :])
+    return (*native[:first], *flat, *native[last + 1 :])

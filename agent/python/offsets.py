@@ -14,6 +14,8 @@ from dataclasses import dataclass
 DIRECT_FRAME = 0xFFFFFFFF  # PY_DIRECT_FRAME: the thread state points at the frame itself (3.13+)
 FRAME_OWNED_BY_CSTACK = 3  # 3.12+ entry shim frames (`<interpreter trampoline>`): not user code
 FRAME_READ = 72  # PY_FRAME_READ: the walker reads this many bytes of each frame header
+NO_FIELD = 0xFFFFFFFF  # PY_NO_FIELD
+ENTRY_TAG = 1 << 31  # set in a frame's tag by the walker: the first frame a C call into the interpreter ran
 
 
 class PyProc(ct.Structure):
@@ -33,6 +35,7 @@ class PyProc(ct.Structure):
         ("frame_owner", ct.c_uint32),
         ("version", ct.c_uint32),
         ("code_qualname", ct.c_uint32),
+        ("frame_entry", ct.c_uint32),
     ]
 
 
@@ -57,6 +60,7 @@ class Offsets:
     code_adaptive: int  # co_code_adaptive: where the bytecode (and instruction offsets) start
     ascii_data: int  # sizeof(PyASCIIObject): where a compact ASCII string's bytes start
     compact_data: int  # sizeof(PyCompactUnicodeObject): the same for other compact strings
+    frame_entry: int = NO_FIELD  # 3.11's _PyInterpreterFrame.is_entry; later versions push shim frames
 
     def check(self) -> None:
         """The walker's buffer tricks need frame fields inside the first FRAME_READ bytes."""
@@ -64,12 +68,14 @@ class Offsets:
             v = getattr(self, name)
             if v % 8 or v + 8 > FRAME_READ:
                 raise ValueError(f"{name}={v}: the BPF walker needs an aligned field below {FRAME_READ}")
-        if self.frame_owner >= FRAME_READ:
-            raise ValueError(f"frame_owner={self.frame_owner} lies beyond the {FRAME_READ} bytes read")
+        for name in ("frame_owner", "frame_entry"):
+            v = getattr(self, name)
+            if v != NO_FIELD and v >= FRAME_READ:
+                raise ValueError(f"{name}={v} lies beyond the {FRAME_READ} bytes read")
 
 
 TABLE: dict[tuple[int, int], Offsets] = {
-    (3, 11): Offsets(40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 112, 128, 72, 136, 184, 48, 72),
+    (3, 11): Offsets(40, 16, 8, 160, 56, 8, 32, 48, 56, 69, 112, 128, 72, 136, 184, 48, 72, frame_entry=68),
     (3, 12): Offsets(40, 72, 8, 144, 56, 0, 0, 8, 56, 70, 112, 128, 68, 136, 192, 40, 56),
 }
 FIRST_DEBUG_OFFSETS = (3, 13)  # from here on, _Py_DebugOffsets
@@ -135,4 +141,5 @@ def to_bpf(offsets: Offsets, runtime: int, pidns: tuple[int, int], version: tupl
         frame_owner=offsets.frame_owner,
         version=(version[0] << 8) | version[1],
         code_qualname=offsets.code_qualname,
+        frame_entry=offsets.frame_entry,
     )

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.python.codes import CodeNames
 from fleetprof.agent.python.detect import Detector, PythonProcess
-from fleetprof.agent.python.merge import merge
-from fleetprof.agent.python.offsets import FRAME_OWNED_BY_CSTACK, PyProc, to_bpf
+from fleetprof.agent.python.merge import PythonFrames, merge
+from fleetprof.agent.python.offsets import ENTRY_TAG, FRAME_OWNED_BY_CSTACK, PyProc, to_bpf
 
 if TYPE_CHECKING:
     from fleetprof.agent.process.table import ProcessInfo
@@ -103,13 +103,21 @@ class PythonStacks:
             out, self._outcomes = dict(self._outcomes), Counter()
         return out
 
-    def frames(self, p: PythonProcess, walked: Sequence[tuple[int, int, int]]) -> tuple[Frame, ...]:
-        """Named Python frames, root first, from the walker's frames (leaf first); entry shims dropped."""
-        return tuple(
-            self.codes.frame(p, code, instr, tag & 0xFFFFFF)
-            for code, instr, tag in reversed(walked)
-            if tag >> 24 != FRAME_OWNED_BY_CSTACK
-        )
+    def frames(self, p: PythonProcess, walked: Sequence[tuple[int, int, int]]) -> PythonFrames:
+        """Named Python frames, root first, from the walker's frames (leaf first), in groups: one per C call
+        into the interpreter (3.12+ mark each with a shim frame, dropped here; 3.11 flags its first frame)."""
+        groups: list[list[Frame]] = []
+        opened = False  # a shim just opened the last group
+        for code, instr, tag in reversed(walked):
+            if (tag >> 24) & 0x7F == FRAME_OWNED_BY_CSTACK:
+                groups.append([])
+                opened = True
+                continue
+            if not groups or (tag & ENTRY_TAG and not opened):
+                groups.append([])
+            opened = False
+            groups[-1].append(self.codes.frame(p, code, instr, tag & 0xFFFFFF))
+        return tuple(tuple(g) for g in groups if g)
 
-    def merged(self, native: tuple[Frame, ...], python: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    def merged(self, native: tuple[Frame, ...], python: PythonFrames) -> tuple[Frame, ...]:
         return merge(native, python)

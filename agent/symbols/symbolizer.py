@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, open_file, open_in_root
+from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
 from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
 from fleetprof.agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
 from fleetprof.agent.symbols.maps import Mapping, find
@@ -251,23 +251,8 @@ class Symbolizer:
         return _CachedFile(name, None, (), self._clock() + self._retry_after_s)
 
     def _candidates(self, pid: int, mapping: Mapping) -> list[Callable[[], int]]:
-        """Ways to open the mapped file, best first; each returns a read-only fd of a regular file.
-
-        The process's own root first (containers see their own filesystem; resolved inside it), then the
-        exact mapped file via map_files (works for deleted files, only while the process lives), then the
-        host path. Path-based opens may find a different file now, so they must match the inode; only the
-        inode, because on overlayfs the device in maps names the underlying layer, not what stat() reports.
-        """
-        path = mapping.file_path
-        proc = f"{self._proc_root}/{pid}"
-        map_files = f"{proc}/map_files/{mapping.start:x}-{mapping.end:x}"
-        if not path.startswith("/"):
-            return [lambda: open_file(map_files)]
-        return [
-            lambda: open_in_root(f"{proc}/root", path, mapping.inode),
-            lambda: open_file(map_files),
-            lambda: open_file(path, mapping.inode),
-        ]
+        m = mapping
+        return mapped_file_openers(self._proc_root, pid, m.file_path, m.start, m.end, m.inode)
 
     def _drop(self, key: FileKey) -> None:
         cached = self._files.pop(key)

@@ -112,6 +112,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         syscall_latency_sample_every=args.syscall_latency_sample,
         syscall_latency_duty=args.syscall_latency_duty,
         python=args.python,
+        unwind=args.unwind,
         **{
             k: v
             for k, v in (

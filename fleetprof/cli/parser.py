@@ -321,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Python-aware stacks: show CPython 3.11-3.13 functions in place of the interpreter (default on)",
     )
     a.add_argument(
+        "--unwind",
+        choices=("eh_frame", "fp"),
+        default="eh_frame",
+        help="how user stacks are walked: eh_frame (by the files' call-frame information, for code built "
+        "without frame pointers; frame pointers where a file has none) or fp (frame pointers only)",
+    )
+    a.add_argument(
         "--kubeconfig",
         default=None,
         help="kubeconfig for pod metadata (default: in-cluster service account, else $KUBECONFIG, else off)",

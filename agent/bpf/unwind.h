@@ -1,0 +1,74 @@
+// User-stack unwinding by call-frame information (.eh_frame / .debug_frame), for code built without frame
+// pointers: the layouts and the walk's design. The maps and the walk itself are in cpu_sampler.c (BCC
+// rewrites map calls in the main source file only). agent/unwind/ builds the tables and fills the maps.
+//
+// Defined with -D flags by agent/sampler.py: UNWIND_ROWS, UNWIND_FILES, UNWIND_MAPS, UNWIND_PROCS,
+// UNWIND_FRAMES_PER_PROG, UNWIND_MAX_FRAMES.
+//
+// A walk is a chain of tail calls of unwind_step (each unwinds UNWIND_FRAMES_PER_PROG frames; the kernel
+// allows 33 tail calls), state in the per-CPU unwind_state. Per frame:
+//   1. the mapping that holds ip: binary search of the process's range of unwind_maps (sorted by start);
+//   2. the row for ip's file address: binary search of its file's range of unwind_rows (the last row whose
+//      pc <= vaddr; for a return address, vaddr - 1: the call may be the last instruction of a function);
+//   3. CFA = rsp or rbp + offset; the return address is at CFA - 8 (x86-64); rbp is restored from CFA + off
+//      when the row says it was saved; the caller's rsp is the CFA.
+// Where a file has no table (not built yet, or none) or a row says NO_INFO, the frame is stepped by frame
+// pointer instead (rbp -> saved rbp, return address above it). Every walk ends exactly once, counted by
+// reason in stats (STAT_UNWIND_*).
+//
+// The rule encoding mirrors agent/unwind/table.py: bits 0-2 kind, bits 3-19 CFA offset in bytes, bits
+// 20-31 the rbp save slot as a signed count of 8 bytes from the CFA (0: rbp unchanged).
+
+#define UNWIND_KIND_CFA_RSP     0
+#define UNWIND_KIND_CFA_RBP     1
+#define UNWIND_KIND_END         2
+#define UNWIND_KIND_UNSUPPORTED 3
+#define UNWIND_KIND_SIGNAL      4
+#define UNWIND_KIND_NO_INFO     5
+
+// A file id in unwind_maps for an executable mapping of no file (JIT code, anonymous memory).
+#define UNWIND_FILE_JIT 0xffffffff
+
+// One row of a file's table: from this file address until the next row's, recover the caller so.
+struct unwind_row {
+    u32 pc;
+    u32 rule;
+};
+
+// A file's rows: unwind_rows[first, first + n), sorted by pc; n = 0: no table loaded for it. `delta`: its
+// executable segment's p_vaddr - p_offset, so that file address = ip - unwind_map.bias + delta.
+struct unwind_file {
+    u32 first;
+    u32 n;
+    s64 delta;
+};
+
+// One executable mapping of a process: addresses [start, end) hold file `file`'s bytes at file offset
+// ip - bias (bias = start - the mapping's file offset).
+struct unwind_map {
+    u64 start;
+    u64 end;
+    u64 bias;
+    u32 file;
+    u32 pad;
+};
+
+// A process's mappings: unwind_maps[first, first + n), sorted by start.
+struct unwind_proc {
+    u32 first;
+    u32 n;
+};
+
+// The walk in progress on this CPU, across tail calls.
+struct unwind_state {
+    struct sample_key key;   // everything but user_stack: taken before the walk
+    u64 ip;
+    u64 sp;
+    u64 bp;
+    u32 set;                 // the map set this sample goes into (control[0] when it was taken)
+    u32 calls;               // tail calls made
+    u32 leaf;                // 1 while ip is the interrupted instruction (not a return address)
+    u32 done;
+    struct stack_trace frames;   // leaf first, as bpf_get_stack gives them
+    u64 guard;                   // what a masked index one past frames.ip may touch (never written)
+};

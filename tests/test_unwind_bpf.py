@@ -1,0 +1,292 @@
+"""User stacks of code built without frame pointers, walked in BPF by the files' call-frame information
+(--unwind=eh_frame), against workloads with known call chains; the frame-pointer walk of the same code as
+the control; perf's own DWARF unwinder on the same run as the anchor."""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from fleetprof.agent.process.table import ProcessTable
+from fleetprof.agent.python.unwinder import PythonStacks
+from fleetprof.agent.resolver import ResolvedSample, Resolver
+from fleetprof.agent.sampler import CpuSampler, SamplerConfig
+from fleetprof.agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.unwind.unwinder import Unwinder
+from tests.conftest import WORKLOADS, require_bpf, wait_until
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+FREQUENCY = 499
+CHAIN = ["main", "chain_a", "chain_b", "chain_c", "leaf_spin"]
+ENTRY = ("_start", "__libc_start_main", "__libc_start_call_main")
+
+
+@dataclass
+class Run:
+    pid: int
+    rows: list[ResolvedSample]
+    stats: collections.Counter
+
+    def stacks(self) -> collections.Counter:
+        """Root-first user function names -> samples (kernel frames left out)."""
+        out: collections.Counter = collections.Counter()
+        for r in self.rows:
+            out[tuple(_base(f.function) for f in r.frames[: r.kernel_start])] += r.count
+        return out
+
+
+def _base(name: str) -> str:
+    """A symbol without its version (`__libc_start_main@@GLIBC_2.34`)."""
+    return name.split("@", 1)[0]
+
+
+class Pipeline:
+    """Sampler, process table, table unwinder, symbolizer and resolver in this process, as the agent wires
+    them; tables are built on the test's thread (build_pending) before a workload is let go."""
+
+    def __init__(self, unwind: str):
+        require_bpf()
+        self.sampler = CpuSampler(
+            SamplerConfig(frequency_hz=FREQUENCY, interval_s=1.0, unwind=unwind, off_cpu=False)
+        )
+        maps = self.sampler.unwind_maps()
+        self.unwinder = Unwinder(maps) if maps is not None else None
+        self.python = PythonStacks(enabled=True)
+        self.python.attach(self.sampler)
+        self.table = ProcessTable(on_capture=self._captured, on_forget=self.python.forget)
+        symbolizer = Symbolizer()
+        symbolizer.load_kernel_symbols()
+        self.resolver = Resolver(self.table, symbolizer, python=self.python)
+
+    def _captured(self, info) -> None:  # noqa: ANN001
+        self.python.on_capture(info)
+        if self.unwinder is not None:
+            self.unwinder.describe(info)
+
+    def run(self, argv: list[str], during: Callable[[int], None] | None = None) -> Run:
+        """Start a gated workload (it waits for a line on stdin), describe it and build its files'
+        tables as an always-on agent has them, let it go, and drain until it exits."""
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        wait_until(lambda: _maps_libc(proc.pid), 30, f"pid {proc.pid} to map libc", every=0.005)
+        self.table.refresh(proc.pid)
+        if self.unwinder is not None:
+            self.unwinder.build_pending()
+        self.sampler.drain()  # what came before the gate
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        if during is not None:
+            during(proc.pid)
+        run = Run(proc.pid, [], collections.Counter())
+        while proc.poll() is None:
+            time.sleep(0.5)
+            self._collect(run)
+        self._collect(run)
+        assert proc.returncode == 0, argv
+        return run
+
+    def _collect(self, run: Run) -> None:
+        window = self.resolver.resolve(self.sampler.drain())
+        run.rows += [r for r in window.samples if r.process.pid == run.pid]
+        run.stats.update(window.stats)
+
+    def close(self) -> None:
+        if self.unwinder is not None:
+            self.unwinder.stop()
+        self.sampler.close()
+
+
+def _maps_libc(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "/libc.so" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def eh() -> Iterator[Pipeline]:
+    p = Pipeline("eh_frame")
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def no_fp(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Compile a workload with -O2 -fomit-frame-pointer (g++ for .cpp): only call-frame information can
+    walk it."""
+    out = tmp_path_factory.mktemp("no-fp")
+
+    def build(name: str) -> Path:
+        source = next(WORKLOADS.glob(f"{name}.c*"))
+        compiler = "g++" if source.suffix == ".cpp" else "gcc"
+        exe = out / name
+        if not exe.exists():
+            cmd = [compiler, "-O2", "-fomit-frame-pointer", "-g", "-o", str(exe), str(source)]
+            subprocess.run(cmd, check=True)
+        return exe
+
+    return build
+
+
+def whole_chain(stack: tuple[str, ...]) -> bool:
+    """main -> chain_a -> chain_b -> chain_c -> leaf_spin, at the leaf, under the process's entry point."""
+    return stack[: len(ENTRY)] == ENTRY and list(stack[len(ENTRY) :]) == CHAIN
+
+
+def whole_sort(stack: tuple[str, ...]) -> bool:
+    """main -> sort_round -> (glibc's qsort machinery) -> compare_slow, under the entry point."""
+    if stack[: len(ENTRY)] != ENTRY or stack[-1] != "compare_slow" or "qsort" not in " ".join(stack):
+        return False
+    rest = list(stack[len(ENTRY) :])
+    return rest[:2] == ["main", "sort_round"] and "compare_slow" not in rest[:-1]
+
+
+def judged(run: Run) -> tuple[int, int, int, int]:
+    """(chain samples, whole ones, comparator samples, whole ones): samples whose leaf is the hot loop or
+    the comparator, and how many of them carry the whole stack."""
+    chain = whole_c = sort = whole_s = 0
+    for stack, n in run.stacks().items():
+        if stack and stack[-1] == "leaf_spin":
+            chain += n
+            whole_c += n if whole_chain(stack) else 0
+        elif stack and stack[-1] == "compare_slow":
+            sort += n
+            whole_s += n if whole_sort(stack) else 0
+    return chain, whole_c, sort, whole_s
+
+
+def test_stacks_without_frame_pointers_are_whole(eh: Pipeline, no_fp: Callable[[str], Path]) -> None:
+    run = eh.run([str(no_fp("unwind_chain")), "6000", "gate"])
+    chain, whole_c, sort, whole_s = judged(run)
+    top = run.stacks().most_common(3)
+    print(f"chain {whole_c}/{chain} whole, comparator {whole_s}/{sort} whole; top: {top}")
+    print({k: v for k, v in run.stats.items() if k.startswith("unwind")})
+    # 6,000 rounds, ~3 s x 499 Hz = ~1,500 samples, about half in each part. A walk that never fails
+    # reads 1.0; at a true 0.99 over n = 600, sigma = 0.004: 0.95 is 10 sigma below. The frame-pointer
+    # walk of the same binary reads ~0 (the next test).
+    assert chain > 300 and sort > 300, (chain, sort)
+    assert whole_c >= 0.95 * chain and whole_s >= 0.95 * sort, (whole_c, chain, whole_s, sort)
+    assert run.stats["unwind_walks"] > 0
+
+
+def test_the_frame_pointer_walk_of_the_same_code_is_not(no_fp: Callable[[str], Path]) -> None:
+    """The control: the kernel's frame-pointer walk of the same binary loses the chain (so the test above
+    measures the table walk, not the workload)."""
+    fp = Pipeline("fp")
+    try:
+        run = fp.run([str(no_fp("unwind_chain")), "4000", "gate"])
+    finally:
+        fp.close()
+    chain, whole_c, sort, whole_s = judged(run)
+    print(f"frame pointers: chain {whole_c}/{chain} whole, comparator {whole_s}/{sort} whole")
+    assert chain + sort > 300
+    assert whole_c + whole_s < 0.2 * (chain + sort)
+
+
+def test_cpython_native_frames_are_whole_between_python_frames(eh: Pipeline) -> None:
+    """Debian's python3.11 (no frame pointers): a Python function calls sorted(), a C builtin, whose key
+    is a Python lambda. The native frames between the two Python frames are there, in order."""
+    code = (
+        "import sys\n"
+        "sys.stdin.readline()\n"
+        "def ranked(n):\n"
+        "    return sorted(range(n), key=lambda x: -x)\n"
+        "def batch():\n"
+        "    return [ranked(20000) for _ in range(3)]\n"
+        "import time\n"
+        "end = time.time() + 3\n"
+        "while time.time() < end:\n"
+        "    batch()\n"
+    )
+    run = eh.run(["/usr/bin/python3.11", "-c", code])
+    total = sum(run.stacks().values())
+    keyed = whole = 0
+    for stack, n in run.stacks().items():
+        names = list(stack)
+        if not any(s.startswith("ranked.<locals>.<lambda>") for s in names):
+            continue
+        keyed += n
+        outer = next(i for i, s in enumerate(names) if s.startswith("ranked ("))
+        inner = next(i for i, s in enumerate(names) if s.startswith("ranked.<locals>.<lambda>"))
+        between = names[outer + 1 : inner]
+        under_entry = names[: len(ENTRY)] == list(ENTRY)
+        callers = [s for s in names[:outer] if "(<string>:" in s]
+        if under_entry and between and not any("(<string>:" in s for s in between) and len(callers) >= 2:
+            whole += n
+    print(f"{keyed} of {total} samples in the key lambda; {whole} whole: {run.stacks().most_common(2)}")
+    # ~1,500 samples, a large part inside the lambda (each comparison calls it). Whole: the lambda under
+    # sorted's C frames under ranked() under batch's comprehension under <module>, at the entry point.
+    assert keyed > 150, keyed
+    assert whole >= 0.9 * keyed, (whole, keyed)
+
+
+def test_the_hottest_stacks_match_perfs_dwarf_unwinding(eh: Pipeline, no_fp: Callable[[str], Path]) -> None:
+    """perf record --call-graph dwarf samples the same run: both see the same hottest stacks (the
+    workload's own functions, root first) and the same split between the chain and the comparator."""
+    if shutil.which("perf") is None:
+        pytest.fail("perf is not installed (Debian linux-perf; `make test` installs it)")
+    data = Path("/tmp") / f"fleetprof-perf-{time.monotonic_ns()}.data"
+    perf: list[subprocess.Popen] = []
+
+    def record(pid: int) -> None:
+        cmd = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(FREQUENCY), "--call-graph", "dwarf,65528"]
+        perf.append(subprocess.Popen([*cmd, "-o", str(data), "-p", str(pid)], stderr=subprocess.DEVNULL))
+
+    try:
+        run = eh.run([str(no_fp("unwind_chain")), "8000", "gate"], during=record)
+        perf[0].wait(timeout=60)
+        script = subprocess.run(
+            ["perf", "script", "-i", str(data), "-F", "ip,sym"], capture_output=True, text=True, check=True
+        ).stdout
+    finally:
+        data.unlink(missing_ok=True)
+    ours = _own(run.stacks())
+    theirs = _own(_perf_stacks(script))
+    n1, n2 = sum(ours.values()), sum(theirs.values())
+    top_ours = {s for s, _ in ours.most_common(2)}
+    top_theirs = {s for s, _ in theirs.most_common(2)}
+    p1 = sum(n for s, n in ours.items() if s and s[-1] == "leaf_spin") / n1
+    p2 = sum(n for s, n in theirs.items() if s and s[-1] == "leaf_spin") / n2
+    sigma = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+    print(f"ours {n1}: {ours.most_common(3)}\nperf {n2}: {theirs.most_common(3)}\nshare {p1:.3f} vs {p2:.3f}")
+    assert n1 > 500 and n2 > 500, (n1, n2)
+    assert top_ours == top_theirs, (top_ours, top_theirs)
+    # Two samplings of one run: their shares differ by noise alone, sigma ~ 0.02 at n ~ 2,000 each.
+    assert abs(p1 - p2) <= 4.5 * sigma + 0.01, (p1, p2, sigma)
+
+
+OWN = frozenset({"main", "chain_a", "chain_b", "chain_c", "leaf_spin", "sort_round", "compare_slow"})
+
+
+def _own(stacks: collections.Counter) -> collections.Counter:
+    """The workload's own functions of each stack, root first (libc's frames, named differently by perf's
+    inline-aware symbolizer and ours, left out)."""
+    out: collections.Counter = collections.Counter()
+    for stack, n in stacks.items():
+        out[tuple(s for s in stack if s in OWN)] += n
+    return out
+
+
+def _perf_stacks(script: str) -> collections.Counter:
+    """perf script output (blocks of "ip sym" lines, leaf first) as root-first name tuples."""
+    out: collections.Counter = collections.Counter()
+    for block in script.split("\n\n"):
+        names = []
+        for line in block.splitlines():
+            m = re.match(r"\s+[0-9a-f]+\s+(\S+)", line)
+            if m:
+                names.append(m.group(1).split("+", 1)[0])
+        if names:
+            out[tuple(reversed(names))] += 1
+    return out
