@@ -6,7 +6,14 @@ from dataclasses import dataclass, field
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
 from fleetprof.collector.render.svg import render_tree_svg
-from fleetprof.collector.render.tree import OTHER, Node, function_counts, truncate, truncate_onto
+from fleetprof.collector.render.tree import (
+    OTHER,
+    Node,
+    function_counts,
+    function_fields,
+    truncate,
+    truncate_onto,
+)
 
 SORTS = ("self", "total")
 GROWTH_RGB = (224, 48, 32)  # red: a larger share in the comparison
@@ -22,7 +29,8 @@ def function_diff(baseline: Stacks, comparison: Stacks, limit: int = 50, sort: s
     """Per function: its share of each profile (self and total %), and comparison − baseline in points.
 
     Shares, not sample counts, are compared, so selections of different lengths or sizes compare fairly.
-    Rows are sorted by |delta| of `sort` ("self" or "total"), largest first.
+    Rows are sorted by |delta| of `sort` ("self" or "total"), largest first. A row per frame (raw name,
+    module, kernel), named by function_fields() (the shown name, and the raw one where it differs).
     """
     if sort not in SORTS:
         raise ValueError(f'sort must be "self" or "total", got {sort!r}')
@@ -30,7 +38,7 @@ def function_diff(baseline: Stacks, comparison: Stacks, limit: int = 50, sort: s
     c_self, c_total, c_all = function_counts(comparison)
     rows = []
     for frame in b_total.keys() | c_total.keys():
-        row = {"function": frame.function, "module": frame.module, "kernel": frame.kernel}
+        row: dict = {**function_fields(frame), "module": frame.module, "kernel": frame.kernel}
         for kind, b_counts, c_counts in (("self", b_self, c_self), ("total", b_total, c_total)):
             b, c = b_counts.get(frame, 0), c_counts.get(frame, 0)
             b_pct, c_pct = _pct(b, b_all), _pct(c, c_all)
@@ -46,6 +54,7 @@ def function_diff(baseline: Stacks, comparison: Stacks, limit: int = 50, sort: s
             -abs(r[f"{sort}_delta_pct"]),
             -abs(r[f"{other}_delta_pct"]),
             r["function"],
+            r.get("system_name", r["function"]),
             r["module"],
             r["kernel"],
         )
@@ -151,7 +160,7 @@ def render_diff_svg(
         module = node.module or ("kernel" if node.kernel else "")
         if node.key == OTHER:
             module = "merged small frames"
-        head = f"{node.name} ({module})" if module else node.name
+        head = f"{node.display} ({module})" if module else node.display
         b_pct, c_pct = _pct(node.base_total, b_all), _pct(node.comp_total, c_all)
         u = f" {unit}" if unit else ""
         return (

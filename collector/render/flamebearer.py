@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetprof.collector.model.profile import Stacks
-from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree, truncate
+from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree, by_weight, truncate
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,8 @@ class Flamebearer:
 
 
 def _label(node: Node) -> str:
-    return node.name + KERNEL_SUFFIX if node.kernel else node.name
+    """The shown (demangled) name, with folded's "_[k]" for a kernel frame."""
+    return node.display + KERNEL_SUFFIX if node.kernel else node.display
 
 
 def to_flamebearer(stacks: Stacks, max_nodes: int, scale: int = 1) -> Flamebearer:
@@ -52,7 +53,7 @@ def to_flamebearer(stacks: Stacks, max_nodes: int, scale: int = 1) -> Flamebeare
             end = x + node.total
             max_self = max(max_self, node.self_count)
             cx = x + node.self_count
-            for child in sorted(node.children.values(), key=lambda c: (-c.total, c.name, c.module, c.kernel)):
+            for child in sorted(node.children.values(), key=by_weight):
                 below.append((child, cx))
                 cx += child.total
         levels.append(values)

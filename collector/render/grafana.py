@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from fleetprof.collector.model.profile import Stacks
 from fleetprof.collector.render.diff import DiffNode, build_diff_tree
-from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree
+from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree, by_name, by_weight
 
 
 def _label(node: Node) -> str:
-    return node.name + KERNEL_SUFFIX if node.kernel else node.name
+    """The shown (demangled) name, with folded's "_[k]" for a kernel frame."""
+    return node.display + KERNEL_SUFFIX if node.kernel else node.display
 
 
-def _preorder(root: Node, by_name: bool) -> list[tuple[Node, int]]:
+def _preorder(root: Node, name_order: bool) -> list[tuple[Node, int]]:
     """(node, level) depth first, one root row. Children heaviest first, or by name for a diff so a
     function keeps its place between the two sides."""
     out: list[tuple[Node, int]] = []
@@ -20,10 +21,7 @@ def _preorder(root: Node, by_name: bool) -> list[tuple[Node, int]]:
     while pending:
         node, level = pending.pop()
         out.append((node, level))
-        if by_name:
-            children = sorted(node.children.values(), key=lambda n: (n.name, n.module, n.kernel))
-        else:
-            children = sorted(node.children.values(), key=lambda n: (-n.total, n.name, n.module, n.kernel))
+        children = sorted(node.children.values(), key=by_name if name_order else by_weight)
         pending.extend((child, level + 1) for child in reversed(children))
     return out
 
@@ -47,7 +45,7 @@ def _frame(name: str, columns: dict[str, list]) -> dict:
 
 def flamegraph_frame(stacks: Stacks, name: str = "cpu") -> dict:
     """A flame graph data frame: level, value (samples in the subtree), self, label."""
-    rows = _preorder(build_tree(stacks), by_name=False)
+    rows = _preorder(build_tree(stacks), name_order=False)
     columns = {
         "level": [level for _, level in rows],
         "value": [n.total for n, _ in rows],
@@ -61,7 +59,7 @@ def diff_flamegraph_frame(baseline: Stacks, comparison: Stacks, name: str = "cpu
     """A diff flame graph data frame: value/self are the baseline's samples, valueRight/selfRight the
     comparison's (Grafana adds the two for widths and colours by the change in share)."""
     tree: DiffNode = build_diff_tree(baseline, comparison)
-    rows = _preorder(tree, by_name=True)
+    rows = _preorder(tree, name_order=True)
     diff_rows = [(n, level) for n, level in rows if isinstance(n, DiffNode)]
     columns = {
         "level": [level for _, level in diff_rows],

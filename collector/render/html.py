@@ -7,7 +7,7 @@ import json
 
 from fleetprof.collector.model.profile import Stacks
 from fleetprof.collector.render.svg import frame_colour
-from fleetprof.collector.render.tree import OTHER, Node, build_tree
+from fleetprof.collector.render.tree import OTHER, Node, build_tree, by_name
 
 FRAME_H = 18
 
@@ -143,7 +143,8 @@ def render_html(
     unit: str = "samples",
     frequency_hz: int | None = None,
 ) -> str:
-    """One HTML document holding the flame graph of `stacks`: click to zoom, regex search, hover details."""
+    """One HTML document holding the flame graph of `stacks`: click to zoom, regex search, hover details;
+    frames named by their shown (demangled) names."""
     tree = build_tree(stacks)
     names: dict[str, int] = {"": 0}
     nodes: list[list] = []
@@ -152,19 +153,20 @@ def render_html(
         while pending:
             node, level = pending.pop()
             grey = level == 0 or node.key == OTHER
+            shown = node.display
             nodes.append(
                 [
-                    names.setdefault(node.name, len(names)),
+                    names.setdefault(shown, len(names)),
                     names.setdefault(node.module, len(names)),
                     level,
                     node.total,
                     node.self_count,
                     1 if node.kernel else 0,
-                    "#c8c8c8" if grey else frame_colour(node.name, node.kernel),
+                    "#c8c8c8" if grey else frame_colour(shown, node.kernel),
                 ]
             )
             # Children by name, as in the SVG, so a function keeps its place between two profiles.
-            children = sorted(node.children.values(), key=lambda n: (n.name, n.module, n.kernel))
+            children = sorted(node.children.values(), key=by_name)
             pending.extend((child, level + 1) for child in reversed(children))
     data = {"names": list(names), "nodes": nodes, "unit": unit, "hz": frequency_hz, "fh": FRAME_H}
     return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.names import display_name
 from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 KERNEL_FILE = "[kernel.kallsyms]"
@@ -86,7 +87,8 @@ def to_pprof(
     """A gzipped profile.proto Profile: one sample per stack, values [samples, cpu nanoseconds].
 
     The period is one sampling interval (1e9 / frequency ns), so cpu = samples × period. Without a known
-    frequency only the sample count is written. Kernel frames get the file "[kernel.kallsyms]".
+    frequency only the sample count is written. Kernel frames get the file "[kernel.kallsyms]". A function's
+    name is the shown (demangled) one and its system_name the raw one, as the agent sent it.
     With `nanoseconds` (a sample type's name: "offcpu", "wall"), the counts are nanoseconds already and
     are written as the one sample type (`nanoseconds`, nanoseconds).
     """
@@ -108,11 +110,15 @@ def to_pprof(
         loc = location_ids.get(frame)
         if loc is None:
             loc = location_ids[frame] = len(location_ids) + 1
-            name = string(frame.function or UNKNOWN_FRAME)
+            name = string(display_name(frame.function) or UNKNOWN_FRAME)
+            system_name = string(frame.function or UNKNOWN_FRAME)
             filename = string(frame.module or (KERNEL_FILE if frame.kernel else ""))
             # Function and location ids are the same number: one function per distinct frame.
             function = (
-                _int_field(1, loc) + _int_field(2, name) + _int_field(3, name) + _int_field(4, filename)
+                _int_field(1, loc)
+                + _int_field(2, name)
+                + _int_field(3, system_name)
+                + _int_field(4, filename)
             )
             functions.extend(_bytes_field(_FUNCTION, function))
             line = _bytes_field(4, _int_field(1, loc))

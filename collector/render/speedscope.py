@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.names import display_name
 from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
@@ -14,6 +15,7 @@ def to_speedscope(stacks: Stacks, frequency_hz: int | None, name: str = "fleetpr
 
     Weights are nanoseconds (samples × 1e9 / frequency) when the frequency is known, else plain sample
     counts with unit "none". Stacks are sorted by their frames' names so the output is deterministic.
+    Frames are named by their shown (demangled) names; two raw names that demangle alike stay two frames.
     """
     frames: list[dict] = []
     index: dict[FrameKey, int] = {}
@@ -22,7 +24,7 @@ def to_speedscope(stacks: Stacks, frequency_hz: int | None, name: str = "fleetpr
         i = index.get(frame)
         if i is None:
             i = index[frame] = len(frames)
-            entry = {"name": frame.function or UNKNOWN_FRAME}
+            entry = {"name": display_name(frame.function) or UNKNOWN_FRAME}
             file = frame.module or (KERNEL_FILE if frame.kernel else "")
             if file:
                 entry["file"] = file

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from fleetprof.collector.model.profile import Stacks
-from fleetprof.collector.render.tree import OTHER, Node, build_tree
+from fleetprof.collector.render.tree import OTHER, Node, build_tree, by_name
 
 FRAME_H = 16  # px per stack level; rects are one px shorter so levels stay visually apart
 PAD = 10
@@ -62,7 +62,7 @@ def fit_label(name: str, width_px: float) -> str:
 
 def _tooltip(node: Node, total: int, unit: str, frequency_hz: int | None) -> str:
     module = node.module or ("kernel" if node.kernel else "")
-    head = f"{node.name} ({module})" if module else node.name
+    head = f"{node.display} ({module})" if module else node.display
     text = f"{head} — {node.total} {unit}, {100.0 * node.total / total:.2f}%"
     if frequency_hz:
         text += f", {node.total / frequency_hz:.2f} s"
@@ -79,7 +79,7 @@ def _layout(root: Node, avail: float, min_width_px: float) -> list[tuple[Node, i
         out.append((node, depth, x, node.total * scale))
         # Children by name, not weight, as in classic flame graphs: a function keeps its place between
         # two profiles of the same program, which makes them comparable by eye.
-        children = sorted(node.children.values(), key=lambda n: (n.name, n.module, n.kernel))
+        children = sorted(node.children.values(), key=by_name)
         placed = []
         cx = x
         for child in children:
@@ -217,7 +217,7 @@ def render_svg(
     tree = build_tree(stacks)
 
     def fill(node: Node, depth: int) -> str:
-        return "#c8c8c8" if depth == 0 or node.key == OTHER else frame_colour(node.name, node.kernel)
+        return "#c8c8c8" if depth == 0 or node.key == OTHER else frame_colour(node.display, node.kernel)
 
     return render_tree_svg(
         tree,
@@ -242,7 +242,8 @@ def render_tree_svg(
     icicle: bool = False,
 ) -> str:
     """The SVG for any call tree whose nodes are sized by `total`; fill(node, depth) and tooltip(node)
-    give each frame's colour and hover text (the diff flame graph brings its own)."""
+    give each frame's colour and hover text (the diff flame graph brings its own). Frames are labelled
+    with their shown (demangled) names."""
     if width < 4 * PAD:
         raise ValueError(f"width {width}px is too small for a flame graph")
     avail = width - 2 * PAD
@@ -268,9 +269,10 @@ def render_tree_svg(
     for node, depth, x, w in laid:
         level = depth if icicle else max_depth - depth
         y = top + level * FRAME_H
-        label = fit_label(node.name, w)
+        shown = node.display
+        label = fit_label(shown, w)
         colour = fill(node, depth)
-        full_name = "" if label == node.name else f' data-n="{_xml(node.name)}"'
+        full_name = "" if label == shown else f' data-n="{_xml(shown)}"'
         text = (
             f'<text x="{_num(x + LABEL_INSET)}" y="{y + FRAME_H - 5}">{_xml(label)}</text>' if label else ""
         )

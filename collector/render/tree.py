@@ -5,8 +5,10 @@ from __future__ import annotations
 import heapq
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.names import display_name
 
 KERNEL_SUFFIX = "_[k]"
 # The frame that truncate() folds a parent's light children into. The module marks it as ours, so a real
@@ -18,7 +20,8 @@ UNKNOWN_FRAME = "[unknown]"
 
 @dataclass
 class Node:
-    """A call-tree node: total = samples in its subtree, self_count = samples where it was the leaf."""
+    """A call-tree node: total = samples in its subtree, self_count = samples where it was the leaf.
+    `name` is the frame's raw name (its identity, with module and kernel); renderers show `display`."""
 
     name: str
     module: str
@@ -30,6 +33,17 @@ class Node:
     @property
     def key(self) -> FrameKey:
         return FrameKey(self.name, self.module, self.kernel)
+
+    @cached_property
+    def display(self) -> str:
+        """The name as shown: demangled where it is a C++ or Rust linker name (names.py)."""
+        return display_name(self.name)
+
+
+def by_name(node: Node) -> tuple[str, str, str, bool]:
+    """Sort key of siblings in name order: the shown name, then the rest of the frame's identity (two raw
+    names can demangle alike)."""
+    return (node.display, node.name, node.module, node.kernel)
 
 
 def _checked_count(stack: tuple[FrameKey, ...], count: int) -> int:
@@ -58,24 +72,33 @@ def build_tree(stacks: Stacks, root_name: str = "all") -> Node:
 
 
 def folded_frame(frame: FrameKey) -> str:
-    """One frame as folded text.
+    """One frame as folded text: its shown (demangled) name, "_[k]" appended for a kernel frame.
 
     ';' separates frames and '\\n' separates lines, so inside a name ';' becomes ',' and CR/LF become a
     space; the count is split off at the last space, so other spaces are safe. An empty name becomes
     "[unknown]" (an empty field would read as a missing frame). The module is not written: folded text
-    has no place for it, so frames that differ only by module merge.
+    has no place for it, so frames that differ only by module, or by raw names that demangle alike, merge.
     """
-    name = frame.function.replace(";", ",").replace("\r", " ").replace("\n", " ") or UNKNOWN_FRAME
+    name = (
+        display_name(frame.function).replace(";", ",").replace("\r", " ").replace("\n", " ") or UNKNOWN_FRAME
+    )
     return name + KERNEL_SUFFIX if frame.kernel else name
 
 
 def to_folded(stacks: Stacks) -> str:
     """Brendan Gregg's folded format, "a;b;c 42" per line, root first, sorted by stack text."""
     lines: dict[str, int] = {}
+    frames: dict[FrameKey, str] = {}  # each distinct frame written once: stacks share most of theirs
     for stack, count in stacks.items():
         if not _checked_count(stack, count):
             continue
-        text = ";".join(folded_frame(f) for f in stack) if stack else UNKNOWN_FRAME
+        parts = []
+        for f in stack:
+            part = frames.get(f)
+            if part is None:
+                part = frames[f] = folded_frame(f)
+            parts.append(part)
+        text = ";".join(parts) if stack else UNKNOWN_FRAME
         # Distinct stacks can fold to the same text (module dropped, names escaped): their counts add up.
         lines[text] = lines.get(text, 0) + count
     return "".join(f"{text} {lines[text]}\n" for text in sorted(lines))
@@ -109,8 +132,18 @@ def parse_folded(text: str) -> dict[tuple[FrameKey, ...], int]:
     return stacks
 
 
-def _sort_key(node: Node) -> tuple[int, str, str, bool]:
-    return (-node.total, node.name, node.module, node.kernel)
+def by_weight(node: Node) -> tuple[int, str, str, str, bool]:
+    """Sort key of siblings heaviest first, then in name order."""
+    return (-node.total, *by_name(node))
+
+
+def function_fields(frame: FrameKey) -> dict[str, str]:
+    """A function's name in a JSON row: "function" as shown, and "system_name" the raw name (as the agent
+    sent it) where the two differ."""
+    shown = display_name(frame.function)
+    return (
+        {"function": shown} if shown == frame.function else {"function": shown, "system_name": frame.function}
+    )
 
 
 def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int | None = None) -> dict:
@@ -118,19 +151,17 @@ def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int 
 
     "total" is total_samples when given (the caller may know of samples not in these stacks), otherwise the
     sum of the stacks; the root's "value" is always the sum of the stacks. Children are sorted by value
-    descending, then name.
+    descending, then name. "name" is the shown (demangled) name; a node whose raw name differs has it as
+    "system_name".
     """
     tree = build_tree(stacks)
 
     def as_dict(node: Node) -> dict:
-        return {
-            "name": node.name,
-            "module": node.module,
-            "kernel": node.kernel,
-            "value": node.total,
-            "self": node.self_count,
-            "children": [],
-        }
+        shown = node.display
+        out = {"name": shown, "module": node.module, "kernel": node.kernel}
+        if shown != node.name:
+            out["system_name"] = node.name
+        return {**out, "value": node.total, "self": node.self_count, "children": []}
 
     root = as_dict(tree)
     # Iterative on purpose: deep stacks (long Python or recursive call chains) must not hit the recursion
@@ -138,7 +169,7 @@ def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int 
     pending = [(tree, root)]
     while pending:
         node, out = pending.pop()
-        for child in sorted(node.children.values(), key=_sort_key):
+        for child in sorted(node.children.values(), key=by_weight):
             child_out = as_dict(child)
             out["children"].append(child_out)
             pending.append((child, child_out))
@@ -198,7 +229,8 @@ def function_counts(stacks: Stacks) -> tuple[dict[FrameKey, int], dict[FrameKey,
 
 
 def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self") -> list[dict]:
-    """The heaviest functions by self samples (or by total samples with sort="total")."""
+    """The heaviest functions by self samples (or by total samples with sort="total"): one row per frame
+    (raw name, module, kernel), named by function_fields()."""
     if sort not in ("self", "total"):
         raise ValueError(f'sort must be "self" or "total", got {sort!r}')
     self_counts, totals, all_samples = function_counts(stacks)
@@ -206,6 +238,7 @@ def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self") -> list[d
         totals,
         key=lambda f: (
             (-self_counts.get(f, 0), -totals[f]) if sort == "self" else (-totals[f], -self_counts.get(f, 0)),
+            display_name(f.function),
             f.function,
             f.module,
             f.kernel,
@@ -216,7 +249,7 @@ def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self") -> list[d
         own = self_counts.get(frame, 0)
         rows.append(
             {
-                "function": frame.function,
+                **function_fields(frame),
                 "module": frame.module,
                 "kernel": frame.kernel,
                 "self": own,

@@ -28,6 +28,18 @@ def _seconds_text(v: float | None) -> str:
     return f"{v * 1e9:.0f}ns"
 
 
+def _where(fn: dict) -> str:
+    """A function row's module slot: "[module]", and for a kernel frame "[kernel]" (the agent's kernel
+    modules read "[kernel]" or "[kernel] nvidia" already): kernel frames are marked here, not by the
+    folded format's "_[k]" on the name."""
+    module = fn.get("module") or ""
+    if fn.get("kernel"):
+        where = module if module.startswith("[kernel]") else f"[kernel] {module}".rstrip()
+    else:
+        where = f"[{module}]" if module else ""
+    return f"  {where}" if where else ""
+
+
 def format_top(data: dict) -> str:
     total = data["total"]
     freq = data.get("frequency_hz")
@@ -51,11 +63,9 @@ def format_top(data: dict) -> str:
 
     lines.append(f"{'SELF%':>7} {'SELF':>8} {'TOTAL%':>7} {'TOTAL':>8}  FUNCTION")
     for fn in data["functions"]:
-        name = fn["function"] + ("_[k]" if fn.get("kernel") else "")
-        module = f"  [{fn['module']}]" if fn.get("module") else ""
         lines.append(
             f"{fn['self_pct']:6.1f}% {amount(fn['self']):>8} {fn['total_pct']:6.1f}% "
-            f"{amount(fn['total']):>8}  {name}{module}"
+            f"{amount(fn['total']):>8}  {fn['function']}{_where(fn)}"
         )
     return "\n".join(lines)
 
@@ -191,15 +201,13 @@ def format_diff(data: dict) -> str:
     header = (f"BASE {kind.upper()}%", f"COMP {kind.upper()}%", "DELTA", f"{other.upper()} DELTA", "FUNCTION")
     rows = []
     for fn in data["functions"]:
-        name = fn["function"] + ("_[k]" if fn.get("kernel") else "")
-        module = f"  [{fn['module']}]" if fn.get("module") else ""
         rows.append(
             (
                 f"{fn[f'baseline_{kind}_pct']:.2f}%",
                 f"{fn[f'comparison_{kind}_pct']:.2f}%",
                 f"{fn[f'{kind}_delta_pct']:+.2f}",
                 f"{fn[f'{other}_delta_pct']:+.2f}",
-                name + module,
+                fn["function"] + _where(fn),
             )
         )
     return "\n".join(lines + _table(header, rows, align="rrrrl"))
