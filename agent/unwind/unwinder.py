@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 FileKey = tuple[int, int, int]  # (dev major, dev minor, inode), as the symbolizer keys its tables
 GRACE_S = 0.05  # BPF walks last microseconds; a range is reused this long after it was let go
 MAX_PENDING_FDS = 256  # files opened and waiting for their table to be built
-EAGER_MAX_BYTES = 32 << 20  # files up to this size are tabled when first mapped, larger ones when walked
+WORKER_IDLE_S = 30.0  # the table worker process exits when no file came for this long
+EAGER_MAX_BYTES = 8 << 20  # files up to this size are tabled when first mapped, larger ones when walked
 
 
 @dataclass
@@ -262,7 +263,11 @@ class Unwinder:
         while True:
             with self._lock:
                 while not self._queue and not self._stopping:
-                    self._wake.wait()
+                    # Idle: the worker process goes (its ~35 MB with it) until the next file comes; with
+                    # none running, this thread sleeps until woken.
+                    worker = self._worker if self._worker is not None and self._worker.running else None
+                    if not self._wake.wait(WORKER_IDLE_S if worker else None) and worker is not None:
+                        worker.close()
                 if self._stopping:
                     return
             try:

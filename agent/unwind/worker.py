@@ -111,6 +111,10 @@ class TableWorker:
             self._proc.wait()
             self._proc = None
 
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
     def close(self) -> None:
         with self._lock:
             self._stop()
