@@ -82,6 +82,36 @@ def workload_bin(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pa
     return build
 
 
+@pytest.fixture(scope="session")
+def no_fp_bin(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Compile tests/workloads/NAME.c (g++ for NAME.cpp) with -O2 -fomit-frame-pointer, cached per session:
+    code only call-frame information can walk."""
+    out = tmp_path_factory.mktemp("no-fp")
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in built:
+            source = next(WORKLOADS.glob(f"{name}.c*"))
+            compiler = "g++" if source.suffix == ".cpp" else "gcc"
+            exe = out / name
+            subprocess.run(
+                [compiler, "-O2", "-fomit-frame-pointer", "-g", "-o", str(exe), str(source)], check=True
+            )
+            built[name] = exe
+        return built[name]
+
+    return build
+
+
+def maps_libc(pid: int) -> bool:
+    """The process has mapped libc (its loader is done with it): describe it now, as the agent does."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "/libc.so" in f.read()
+    except OSError:  # gone already: a wait on this times out, naming the pid
+        return False
+
+
 @dataclass
 class RunningCollector:
     collector: Collector

@@ -18,7 +18,7 @@ from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import ResolvedSample, Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
-from tests.conftest import require_bpf, wait_until
+from tests.conftest import maps_libc, require_bpf, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -81,14 +81,6 @@ class Pipeline:
 
     def close(self) -> None:
         self.sampler.close()
-
-
-def maps_libc(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return "/libc.so" in f.read()
-    except OSError:  # gone already: the wait times out, naming the pid
-        return False
 
 
 @pytest.fixture(scope="module")

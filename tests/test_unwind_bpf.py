@@ -22,7 +22,7 @@ from fleetprof.agent.resolver import ResolvedSample, Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.unwind.unwinder import Unwinder
-from tests.conftest import WORKLOADS, require_bpf, wait_until
+from tests.conftest import maps_libc, require_bpf, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -77,7 +77,7 @@ class Pipeline:
         """Start a gated workload (it waits for a line on stdin), describe it and build its files'
         tables as an always-on agent has them, let it go, and drain until it exits."""
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        wait_until(lambda: _maps_libc(proc.pid), 30, f"pid {proc.pid} to map libc", every=0.005)
+        wait_until(lambda: maps_libc(proc.pid), 30, f"pid {proc.pid} to map libc", every=0.005)
         self.table.refresh(proc.pid)
         if self.unwinder is not None:
             self.unwinder.build_pending()
@@ -106,37 +106,11 @@ class Pipeline:
         self.sampler.close()
 
 
-def _maps_libc(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            return "/libc.so" in f.read()
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def eh() -> Iterator[Pipeline]:
     p = Pipeline("eh_frame")
     yield p
     p.close()
-
-
-@pytest.fixture(scope="module")
-def no_fp(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """Compile a workload with -O2 -fomit-frame-pointer (g++ for .cpp): only call-frame information can
-    walk it."""
-    out = tmp_path_factory.mktemp("no-fp")
-
-    def build(name: str) -> Path:
-        source = next(WORKLOADS.glob(f"{name}.c*"))
-        compiler = "g++" if source.suffix == ".cpp" else "gcc"
-        exe = out / name
-        if not exe.exists():
-            cmd = [compiler, "-O2", "-fomit-frame-pointer", "-g", "-o", str(exe), str(source)]
-            subprocess.run(cmd, check=True)
-        return exe
-
-    return build
 
 
 def whole_chain(stack: tuple[str, ...]) -> bool:
@@ -166,8 +140,8 @@ def judged(run: Run) -> tuple[int, int, int, int]:
     return chain, whole_c, sort, whole_s
 
 
-def test_stacks_without_frame_pointers_are_whole(eh: Pipeline, no_fp: Callable[[str], Path]) -> None:
-    run = eh.run([str(no_fp("unwind_chain")), "6000", "gate"])
+def test_stacks_without_frame_pointers_are_whole(eh: Pipeline, no_fp_bin: Callable[[str], Path]) -> None:
+    run = eh.run([str(no_fp_bin("unwind_chain")), "6000", "gate"])
     chain, whole_c, sort, whole_s = judged(run)
     top = run.stacks().most_common(3)
     print(f"chain {whole_c}/{chain} whole, comparator {whole_s}/{sort} whole; top: {top}")
@@ -180,12 +154,12 @@ def test_stacks_without_frame_pointers_are_whole(eh: Pipeline, no_fp: Callable[[
     assert run.stats["unwind_walks"] > 0
 
 
-def test_the_frame_pointer_walk_of_the_same_code_is_not(no_fp: Callable[[str], Path]) -> None:
+def test_the_frame_pointer_walk_of_the_same_code_is_not(no_fp_bin: Callable[[str], Path]) -> None:
     """The control: the kernel's frame-pointer walk of the same binary loses the chain (so the test above
     measures the table walk, not the workload)."""
     fp = Pipeline("fp")
     try:
-        run = fp.run([str(no_fp("unwind_chain")), "4000", "gate"])
+        run = fp.run([str(no_fp_bin("unwind_chain")), "4000", "gate"])
     finally:
         fp.close()
     chain, whole_c, sort, whole_s = judged(run)
@@ -231,7 +205,9 @@ def test_cpython_native_frames_are_whole_between_python_frames(eh: Pipeline) -> 
     assert whole >= 0.9 * keyed, (whole, keyed)
 
 
-def test_the_hottest_stacks_match_perfs_dwarf_unwinding(eh: Pipeline, no_fp: Callable[[str], Path]) -> None:
+def test_the_hottest_stacks_match_perfs_dwarf_unwinding(
+    eh: Pipeline, no_fp_bin: Callable[[str], Path]
+) -> None:
     """perf record --call-graph dwarf samples the same run: both see the same hottest stacks (the
     workload's own functions, root first) and the same split between the chain and the comparator."""
     if shutil.which("perf") is None:
@@ -244,7 +220,7 @@ def test_the_hottest_stacks_match_perfs_dwarf_unwinding(eh: Pipeline, no_fp: Cal
         perf.append(subprocess.Popen([*cmd, "-o", str(data), "-p", str(pid)], stderr=subprocess.DEVNULL))
 
     try:
-        run = eh.run([str(no_fp("unwind_chain")), "8000", "gate"], during=record)
+        run = eh.run([str(no_fp_bin("unwind_chain")), "8000", "gate"], during=record)
         perf[0].wait(timeout=60)
         script = subprocess.run(
             ["perf", "script", "-i", str(data), "-F", "ip,sym"], capture_output=True, text=True, check=True

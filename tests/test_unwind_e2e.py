@@ -43,22 +43,6 @@ def agent(module_collector: RunningCollector) -> Iterator[RunningAgent]:
     stop_agent(a)
 
 
-@pytest.fixture(scope="module")
-def no_fp(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    out = tmp_path_factory.mktemp("no-fp-e2e")
-
-    def build(name: str) -> Path:
-        source = next(Path(__file__).parent.joinpath("workloads").glob(f"{name}.c*"))
-        compiler = "g++" if source.suffix == ".cpp" else "gcc"
-        exe = out / name
-        if not exe.exists():
-            cmd = [compiler, "-O2", "-fomit-frame-pointer", "-g", "-o", str(exe), str(source)]
-            subprocess.run(cmd, check=True)
-        return exe
-
-    return build
-
-
 def run(argv: list[str]) -> int:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     assert proc.wait(timeout=120) == 0, argv
@@ -66,9 +50,9 @@ def run(argv: list[str]) -> int:
 
 
 def test_a_cpp_template_method_shows_up_demangled_under_its_callers(
-    agent: RunningAgent, module_collector: RunningCollector, no_fp: Callable[[str], Path], tmp_path: Path
+    agent: RunningAgent, module_collector: RunningCollector, no_fp_bin: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    exe = str(no_fp("unwind_template"))
+    exe = str(no_fp_bin("unwind_template"))
     run([exe, "0.5"])  # an always-on agent has met the binary before: its tables are built by now
     pid = run([exe, "3"])
     query = f'{{pid="{pid}"}}'
@@ -114,13 +98,13 @@ def test_a_cpp_template_method_shows_up_demangled_under_its_callers(
 
 
 def test_a_process_in_its_own_mount_namespace_that_exits_before_the_drain_is_whole(
-    agent: RunningAgent, module_collector: RunningCollector, no_fp: Callable[[str], Path]
+    agent: RunningAgent, module_collector: RunningCollector, no_fp_bin: Callable[[str], Path]
 ) -> None:
     """The binary lives on a tmpfs mounted in the workload's own mount namespace (the host never sees the
     file), and the process runs ~1.5 s, ending before the agent's next drain: its tables must be built
     while it lives, through its own root, and its symbols loaded then too."""
     target = "/mnt/ctr_unwind_chain"
-    script = f"mount -t tmpfs tmpfs /mnt && cp {no_fp('unwind_chain')} {target} && exec {target} 3000"
+    script = f"mount -t tmpfs tmpfs /mnt && cp {no_fp_bin('unwind_chain')} {target} && exec {target} 3000"
     first = acked_batches(agent)
     wait_until(lambda: acked_batches(agent) > first, 30, "a drain to have just happened")
     proc = subprocess.Popen(
