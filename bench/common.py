@@ -258,6 +258,55 @@ class BpfRunTimeStats:
             os.close(self.fd)
 
 
+# -- tracers in A/B benches (bench/syscalls.py, bench/offcpu.py) ------------------------------------
+class Tracer:
+    """Started before a traced run, stopped after it. `pid` holds its BPF programs."""
+
+    pid = os.getpid()
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class BccTool(Tracer):
+    """A bcc tool (Debian's `*-bpfcc`), ready once it prints its "Tracing" banner, after attaching; stopped
+    with SIGINT, as a user's Ctrl-C (it may print what it gathered on the way out)."""
+
+    def __init__(self, tool: str, *args: str, start_timeout_s: float = 60.0, stop_timeout_s: float = 120.0):
+        self.argv = [tool, *args]
+        self._start_timeout_s, self._stop_timeout_s = start_timeout_s, stop_timeout_s
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")  # the banner must reach us before it exits
+        self._proc = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.pid = self._proc.pid
+        deadline = time.monotonic() + self._start_timeout_s
+        assert self._proc.stdout is not None
+        lines = []
+        for line in self._proc.stdout:
+            if line.startswith("Tracing"):
+                return
+            lines.append(line)
+            if time.monotonic() > deadline:
+                break
+        self._proc.kill()
+        last = lines[-1].strip() if lines else "no output"
+        raise BenchError(f"{' '.join(self.argv)} did not start (exit {self._proc.wait()}: {last})")
+
+    def stop(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGINT)
+        try:
+            self._proc.communicate(timeout=self._stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 # -- numbers --------------------------------------------------------------------------------------
 def spread_pct(values: list[float]) -> float:
     """(max - min) / median, in %: how far apart repeated runs of one thing landed (the noise floor)."""

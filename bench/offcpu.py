@@ -46,22 +46,22 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (
     SPIN_SOURCE,
+    BccTool,
     BenchError,
     BpfProgram,
     BpfRunTimeStats,
     Children,
+    Tracer,
     bpf_programs,
     build,
     run_workload,
@@ -76,7 +76,6 @@ from fleetprof.agent.sampler import CpuSampler, SamplerConfig  # noqa: E402
 
 STORM_SOURCE = REPO / "tests" / "workloads" / "switch_storm.c"
 OFFCPUTIME = "offcputime-bpfcc"
-START_TIMEOUT_S = 60.0
 BPF_PROG_TYPE_TRACEPOINT = "5"
 
 # The floor: an empty program (not fleetprof code; loaded from this string only to measure the machinery).
@@ -176,17 +175,6 @@ def run_workloads(bins: Binaries, seconds: float) -> dict[str, float]:
 
 
 # -- tracers --------------------------------------------------------------------------------------
-class Tracer:
-    """Started before a traced run, stopped after it. `pid` holds its BPF programs."""
-
-    pid = os.getpid()
-    note = ""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
 class Fleetprof(Tracer):
     def __init__(self, config: SamplerConfig):
         self.config = config
@@ -227,47 +215,12 @@ class Program(Tracer):
         self._bpf = None
 
 
-class Offcputime(Tracer):
-    """bcc's offcputime-bpfcc, ready once it prints its banner (after attaching); stopped with SIGINT."""
-
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # the banner must reach us before it exits
-        self._proc = subprocess.Popen(
-            [OFFCPUTIME], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        self.pid = self._proc.pid
-        deadline = time.monotonic() + START_TIMEOUT_S
-        assert self._proc.stdout is not None
-        lines = []
-        for line in self._proc.stdout:
-            if line.startswith("Tracing"):
-                return
-            lines.append(line)
-            if time.monotonic() > deadline:
-                break
-        self._proc.kill()
-        last = lines[-1].strip() if lines else "no output"
-        raise BenchError(f"{OFFCPUTIME} did not start (exit {self._proc.wait()}: {last})")
-
-    def stop(self) -> None:
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGINT)
-        try:
-            self._proc.communicate(timeout=120)  # it symbolizes every stack on the way out
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-
 def offcputime_runs() -> str:
     """'' if offcputime-bpfcc starts here, else why not."""
     if shutil.which(OFFCPUTIME) is None:
         return f"{OFFCPUTIME} is not installed (Debian bpfcc-tools)"
     try:
-        tracer = Offcputime()
+        tracer = BccTool(OFFCPUTIME)
         tracer.start()
         tracer.stop()
     except BenchError as exc:
@@ -294,7 +247,7 @@ def conditions(anchor: str, everies: list[int]) -> list[tuple[str, Callable[[], 
     # to the row at the default minimum is what recording a wait costs.
     out.append(("fleetprof off-CPU 1/1, min 1000 us", fleetprof(1, 1000)))
     if anchor == "tool":
-        out.append((f"bcc {OFFCPUTIME}", Offcputime))
+        out.append((f"bcc {OFFCPUTIME}", lambda: BccTool(OFFCPUTIME)))
     elif anchor == "port":
         out.append((f"bcc {OFFCPUTIME} program on sched_switch (port)", lambda: Program(PORT)))
     return out

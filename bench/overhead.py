@@ -323,6 +323,10 @@ class RssResult:
     table_after: float = 0.0
     symbol_files: float = 0.0
     symbol_bytes: float = 0.0
+    worker_rss_kb: int = 0  # the agent's table worker (agent/unwind/worker.py), a process of its own
+    worker_hwm_kb: int = 0
+    tables: float = 0.0  # files with an unwind table
+    table_rows: float = 0.0
     samples: float = 0.0  # drained during the experiment
     agent_cpu_s: float = 0.0
 
@@ -372,6 +376,12 @@ def measure_rss(
         res.table_after = last.get("fleetprof_agent_processes", 0)
         res.symbol_files = last.get("fleetprof_agent_symbol_files", 0)
         res.symbol_bytes = last.get("fleetprof_agent_symbol_bytes", 0)
+        res.tables = last.get("fleetprof_agent_unwind_files_tabled", 0)
+        res.table_rows = last.get("fleetprof_agent_unwind_rows", 0)
+        for child in _children(agent.pid):
+            usage = read_usage(child)
+            res.worker_rss_kb += usage.rss_kb
+            res.worker_hwm_kb += usage.hwm_kb
         res.samples = last.get("fleetprof_agent_samples_total", 0) - first.get(
             "fleetprof_agent_samples_total", 0
         )
@@ -561,6 +571,9 @@ def format_rss(r: RssResult) -> list[str]:
         f"| {r.table_after:.0f} (max seen {r.table_max:.0f}) |",
         f"| fleetprof_agent_symbol_files | | {r.symbol_files:.0f} |",
         f"| fleetprof_agent_symbol_bytes | | {r.symbol_bytes / 1e6:.2f} MB |",
+        f"| unwind tables (files, rows) | | {r.tables:.0f}, {r.table_rows:,.0f} "
+        f"({r.table_rows * 8 / 1e6:.1f} MB in the kernel) |",
+        f"| table worker VmRSS / VmHWM MB | | {mb(r.worker_rss_kb)} / {mb(r.worker_hwm_kb)} |",
         "",
         f"Budget: RSS ≤ {RSS_BUDGET_MB:g} MB on a node with 1,000 processes. "
         f"Steady VmRSS {r.rss_after_kb / 1024:.0f} MB → {verdict(r.rss_after_kb / 1024 <= RSS_BUDGET_MB)}; "
@@ -569,6 +582,17 @@ def format_rss(r: RssResult) -> list[str]:
     if r.processes < 1000:
         lines.append(f"(Measured with {r.processes} processes, not 1,000: run with --rss-processes 1000.)")
     return lines
+
+
+def _children(pid: int) -> list[int]:
+    """Processes `pid` started and that still run (the agent's table worker)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(c) for c in task.read_text().split()]
+        except OSError:
+            continue
+    return out
 
 
 def node_ticks() -> tuple[int, int]:

@@ -42,22 +42,22 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (
     SPIN_SOURCE,
+    BccTool,
     BenchError,
     BpfProgram,
     BpfRunTimeStats,
     Children,
+    Tracer,
     bpf_programs,
     build,
     run_workload,
@@ -71,7 +71,6 @@ from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer  
 
 STORM_SOURCE = REPO / "tests" / "workloads" / "syscall_storm.c"
 SYSCOUNT = "syscount-bpfcc"
-START_TIMEOUT_S = 60.0
 STORMS = ("getppid", "pipe")
 # The floor: empty programs (not fleetprof code; loaded from this string only to measure the machinery).
 EMPTY_PROGRAMS = b"int on_sys_enter(void *ctx) { return 0; }\nint on_sys_exit(void *ctx) { return 0; }\n"
@@ -108,16 +107,6 @@ def run_workloads(bins: Binaries, seconds: float) -> dict[str, float]:
 
 
 # -- tracers --------------------------------------------------------------------------------------
-class Tracer:
-    """Started before a traced run, stopped after it. `pid` holds its BPF programs."""
-
-    pid = os.getpid()
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-
 class Fleetprof(Tracer):
     def __init__(self, config: SyscallConfig):
         self.config = config
@@ -154,39 +143,6 @@ class EmptyPrograms(Tracer):
         self._bpf = None
 
 
-class Syscount(Tracer):
-    """bcc's syscount, ready once it prints its banner (after attaching); stopped with SIGINT."""
-
-    def __init__(self, *args: str):
-        self.args = args
-        self._proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # the banner must reach us before it exits
-        self._proc = subprocess.Popen(
-            [SYSCOUNT, *self.args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        self.pid = self._proc.pid
-        deadline = time.monotonic() + START_TIMEOUT_S
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            if line.startswith("Tracing"):
-                return
-            if time.monotonic() > deadline:
-                break
-        self._proc.kill()
-        raise BenchError(f"{SYSCOUNT} {' '.join(self.args)} did not start (exit {self._proc.wait()})")
-
-    def stop(self) -> None:
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGINT)
-        try:
-            self._proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-
 ALWAYS = LatencyDuty(window_s=1.0, period_s=1.0)
 
 
@@ -216,7 +172,10 @@ def conditions(anchors: bool, seconds: float) -> list[tuple[str, Callable[[], Tr
         (f"fleetprof timing 1/1 during {share}", fleetprof(1, duty=duty)),
     ]
     if anchors:
-        out += [(f"bcc {SYSCOUNT}", lambda: Syscount()), (f"bcc {SYSCOUNT} -L", lambda: Syscount("-L"))]
+        out += [
+            (f"bcc {SYSCOUNT}", lambda: BccTool(SYSCOUNT)),
+            (f"bcc {SYSCOUNT} -L", lambda: BccTool(SYSCOUNT, "-L")),
+        ]
     return out
 
 
