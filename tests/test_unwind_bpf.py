@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -266,3 +267,46 @@ def _perf_stacks(script: str) -> collections.Counter:
         if names:
             out[tuple(reversed(names))] += 1
     return out
+
+
+def test_file_ids_of_files_no_process_maps_are_reused() -> None:
+    """Containers come and go, each image's files new inodes: with 4 file ids, a second process's files
+    get the ids the first one's held once it is forgotten, and their tables are built."""
+    require_bpf()
+    from fleetprof.agent.process.cgroups import CgroupIdentity
+    from fleetprof.agent.process.table import ProcessInfo
+    from fleetprof.agent.symbols.maps import Mapping
+
+    sampler = CpuSampler(SamplerConfig(interval_s=1.0, off_cpu=False, unwind_files=4))
+    maps = sampler.unwind_maps()
+    assert maps is not None
+    unwinder = Unwinder(maps)
+    libs = sorted(Path("/usr/lib/x86_64-linux-gnu").glob("lib*.so.*"), key=lambda p: p.stat().st_size)
+    small = [p for p in libs if p.is_file() and not p.is_symlink() and 20_000 < p.stat().st_size < 500_000]
+
+    def process(pid: int, files: list[Path]) -> ProcessInfo:
+        mappings = tuple(
+            Mapping(
+                0x10000000 * (i + 1), 0x10000000 * (i + 1) + 0x1000, 0, 0, 0, f.stat().st_ino, str(f), "r-xp"
+            )
+            for i, f in enumerate(files)
+        )
+        return ProcessInfo(pid, 1, "fake", str(files[0]), CgroupIdentity(path=""), mappings)
+
+    try:
+        me = os.getpid()  # its root holds the files; the pids only name the processes
+        unwinder.describe(process(me, small[:3]))
+        unwinder.build_pending()
+        first = unwinder.stats()
+        unwinder.forget(me)
+        unwinder.describe(process(me, small[3:6]))
+        unwinder.build_pending()
+        second = unwinder.stats()
+    finally:
+        unwinder.stop()
+        sampler.close()
+    print(first, second)
+    assert first.files_tabled == 3
+    # 4 ids: the free one and two of the first three files' (least recently mapped first) go to the new
+    # files; one of the first three keeps its table.
+    assert second.files_tabled == 4 and second.evictions == 2

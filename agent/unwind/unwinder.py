@@ -166,7 +166,7 @@ class Unwinder:
             self._unpublish(pid)
 
     def _publish(self, pid: int, entries: list[MapEntry], ids: list[int]) -> None:
-        self._unpublish(pid, keep_users=set(ids))
+        self._unpublish(pid, still_mapped=set(ids))
         if not entries:
             return
         self._reclaim()
@@ -178,7 +178,9 @@ class Unwinder:
         self._procs[pid] = (first, len(entries), tuple(ids))
         self._stats.processes = len(self._procs)
 
-    def _unpublish(self, pid: int, keep_users: set[int] = frozenset()) -> None:
+    def _unpublish(self, pid: int, still_mapped: set[int] = frozenset()) -> None:
+        """Take the process off BPF; files it no longer maps (all of them, unless `still_mapped` names file
+        ids its new mappings hold) lose it as a user."""
         old = self._procs.pop(pid, None)
         if old is None:
             return
@@ -187,7 +189,7 @@ class Unwinder:
         self._retire(self._map_slots, first, n)
         for fid in ids:
             f = self._by_id.get(fid)
-            if f is not None and fid not in keep_users:
+            if f is not None and fid not in still_mapped:
                 f.users.discard(pid)
         self._stats.processes = len(self._procs)
 
@@ -195,12 +197,31 @@ class Unwinder:
     def _file(self, key: FileKey, name: str) -> _File | None:
         f = self._files.get(key)
         if f is None:
-            if not self._free_ids:
+            if not self._free_ids and not self._forget_a_file():
                 return None
             f = _File(self._free_ids.pop(), key, name)
             self._files[key] = f
             self._by_id[f.id] = f
         return f
+
+    def _forget_a_file(self) -> bool:
+        """Free the id of the least recently mapped file no live process maps (containers come and go, and
+        each image's files are new inodes: ids would run out in weeks); False when every file is mapped."""
+        idle = [f for f in self._files.values() if not f.users and f.fd < 0 and f.id not in self._opening]
+        if not idle:
+            return False
+        self._drop_file(min(idle, key=lambda f: f.last_used))
+        return True
+
+    def _drop_file(self, f: _File) -> None:
+        """Let go of a file no live process maps: its table's rows (after their grace) and its id."""
+        if f.rows is not None:
+            self._maps.set_file(f.id, 0, 0, 0)
+            self._retire(self._rows, *f.rows)
+            self._stats.files_tabled -= 1
+            self._stats.evictions += 1
+        del self._files[f.key], self._by_id[f.id]
+        self._free_ids.append(f.id)
 
     def _open(self, f: _File, eager: bool) -> None:
         """Open the file now, while a process maps it, and queue its table (`eager`: unless it is large);
@@ -331,13 +352,7 @@ class Unwinder:
         for f in idle:
             if self._rows.largest_free + self._retired_rows() >= n:
                 break
-            self._maps.set_file(f.id, 0, 0, 0)
-            self._retire(self._rows, *f.rows)
-            f.rows = None
-            del self._files[f.key], self._by_id[f.id]
-            self._free_ids.append(f.id)
-            self._stats.evictions += 1
-            self._stats.files_tabled -= 1
+            self._drop_file(f)
             evicted = True
         return evicted
 
