@@ -206,9 +206,9 @@ class SamplerConfig:
         counts = min(max(_pow2(per_window), 4096), 65536)
         stacks = min(max(_pow2(2 * per_window), 4096), 65536)
         if self.off_cpu:
-            # Sampled switch-outs store their stacks here too: room for half the off-CPU keys' worth (a
-            # thread waits in few places, and its waits repeat its stacks).
-            stacks = min(_pow2(stacks + self.offcpu_sizes(ncpus)[0] // 2), 65536)
+            # Sampled switch-outs store their stacks here too: room for a quarter of the off-CPU keys' worth
+            # (a thread waits in few places, and its waits repeat its stacks; a full table is counted).
+            stacks = min(stacks + self.offcpu_sizes(ncpus)[0] // 4, 65536)
         return counts, stacks
 
     def offcpu_sizes(self, ncpus: int) -> tuple[int, int]:
