@@ -641,10 +641,11 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
 // -- Off-CPU time -----------------------------------------------------------------------------------------
 // sched_switch fires on every context switch of the node, so the common path is one per-CPU counter, one
 // per-CPU timestamp (switched_in), one hash lookup (is the incoming task's switch-out pending?) and one
-// random draw. Only a switch-out sampled
-// with probability 1/OFFCPU_SAMPLE_EVERY takes stacks (the expensive part, ~as much as a CPU sample); when
-// that task runs again, its wait is recorded scaled by OFFCPU_SAMPLE_EVERY: an unbiased estimate of the
-// total, whose noise user space can state ((N - 1) x the sum of squared waits).
+// random draw. Only a switch-out sampled with probability 1/OFFCPU_SAMPLE_EVERY takes stacks (the
+// expensive part, ~as much as a CPU sample); when that task runs again, its wait is recorded scaled by
+// OFFCPU_SAMPLE_EVERY: an unbiased estimate of the total, whose noise user space can state ((N - 1) x the
+// sum of squared waits). The run that ended in the sampled switch-out is recorded beside it (scaled
+// alike): user space tells idle threads from working ones by the two (agent/offcpu.py).
 //
 // Runnable waits count: a task switched out while runnable (prev_state R, or R+ when preempted in the
 // kernel) waits for a CPU, and a wall-clock profile must show that time too, or a thread throttled by its
