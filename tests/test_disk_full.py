@@ -100,18 +100,32 @@ def test_a_disk_filled_and_freed_while_an_agent_streams_loses_and_doubles_nothin
             run_alone([workload_bin("two_funcs"), WORKLOAD_S, "50"]), stdout=subprocess.PIPE
         )
         wait_until(lambda: pid_samples(url, work.pid) > 0, 30, "the workload's first samples")
+        # Fill it while rows wait for their flush (each second one does), so that a flush meets the full
+        # disk too, not only the WAL.
+        wait_until(lambda: metrics(url)["fleetprof_store_pending_rows"] > 0, 30, "rows waiting for a flush")
         fill(filler)
         full = metrics(url)
         assert full["fleetprof_store_data_dir_free_bytes"] < 64 * 1024
-        # Batches are refused (the WAL cannot take them) or flushes fail, and queries are still answered.
-        wait_until(
-            lambda: (
-                (m := metrics(url))["fleetprof_ingest_deferred_batches_total"] >= 3
-                and m["fleetprof_store_flush_errors"] >= 1
-            ),
-            30,
-            "the collector to refuse batches and fail flushes on the full disk",
-        )
+        # Batches are refused (the WAL cannot take them), and queries are still answered. Rows the WAL took
+        # before the disk filled cannot be flushed now: a flush fails. (Those rows may have been flushed
+        # in the milliseconds the fill took; then no flush is left to fail, which is no fault to wait for.)
+        unflushed = full["fleetprof_store_pending_rows"]
+        seen: dict[str, float] = {}
+
+        def refused_and_failed() -> bool:
+            seen.update(metrics(url))
+            return seen["fleetprof_ingest_deferred_batches_total"] >= 3 and (
+                seen["fleetprof_store_flush_errors"] >= 1 or not unflushed
+            )
+
+        try:
+            wait_until(
+                refused_and_failed, 30, "the collector to refuse batches and fail flushes on the full disk"
+            )
+        except AssertionError as e:
+            keys = ("deferred_batches", "flush_errors", "wal_append_errors", "pending_rows", "backlog_rows")
+            shown = {k: v for k, v in seen.items() if any(x in k for x in keys)}
+            raise AssertionError(f"{e}; {unflushed:.0f} rows unflushed at the fill; now {shown}") from None
         assert pid_samples(url, work.pid) > 0
         filler.unlink()  # space is back: the agent resends, the flusher catches up by itself
         _, status, usage = os.wait4(work.pid, 0)
