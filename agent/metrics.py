@@ -113,6 +113,14 @@ class AgentCounters:
             return dict(self.unwind)
 
 
+def _labelled(name: str, help_: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+    """A counter family with one series per key of `values`, the key as `label`."""
+    m = CounterMetricFamily(name, help_, labels=[label])
+    for k, v in values.items():
+        m.add_metric([k], v)
+    return m
+
+
 class _AgentCollector:
     def __init__(
         self,
@@ -136,65 +144,55 @@ class _AgentCollector:
         )
         yield CounterMetricFamily("fleetprof_agent_drains", "Drains of the BPF maps", value=drains)
         yield CounterMetricFamily("fleetprof_agent_drain_failures", "Drains that failed", value=failures)
-        m = CounterMetricFamily(
+        yield _labelled(
             "fleetprof_agent_stack_outcomes",
             "Samples whose stack was missing, failed or lost, by reason (user_stack_missing is normal for"
             " kernel threads)",
-            labels=["reason"],
+            "reason",
+            outcomes,
         )
-        for k, v in outcomes.items():
-            m.add_metric([k], v)
-        yield m
         py_samples, py_procs = self._counters.python_snapshot()
         yield CounterMetricFamily(
             "fleetprof_agent_python_samples", "Samples whose stack carries CPython frames", value=py_samples
         )
-        m = CounterMetricFamily(
+        yield _labelled(
             "fleetprof_agent_python_processes",
             "CPython processes detected, by outcome (only 'supported' ones get Python frames)",
-            labels=["outcome"],
+            "outcome",
+            py_procs,
         )
-        for k, v in py_procs.items():
-            m.add_metric([k], v)
-        yield m
         offcpu, pending = self._counters.offcpu_snapshot()
-        m = CounterMetricFamily(
+        yield _labelled(
             "fleetprof_agent_offcpu_events",
             "Off-CPU recorder (sched_switch), by event: switches seen on the node; switch-outs sampled"
             " (of them runnable: preempted); waits recorded, or dropped as below_min; waits lost to a"
             " full state_table or count_table, or with their stacks unresolved; stacks carried across"
             " drains",
-            labels=["event"],
+            "event",
+            offcpu,
         )
-        for k, v in offcpu.items():
-            m.add_metric([k], v)
-        yield m
-        m = CounterMetricFamily(
+        yield _labelled(
             "fleetprof_agent_unwind_events",
             "User stacks walked by call-frame information, by event: walks; how each ended (end: the"
             " outermost frame; no_mapping, jit, no_table, fp_failed, read_fault, depth, signal,"
             " unsupported); fp_frames stepped by frame pointer; fallback: samples walked by frame pointer",
-            labels=["event"],
+            "event",
+            self._counters.unwind_snapshot(),
         )
-        for k, v in self._counters.unwind_snapshot().items():
-            m.add_metric([k], v)
-        yield m
         yield GaugeMetricFamily(
             "fleetprof_agent_offcpu_pending",
             "Sampled switch-outs waiting for their threads to run again at the last drain",
             value=pending,
         )
         if self._file_errors is not None:
-            m = CounterMetricFamily(
+            yield _labelled(
                 "fleetprof_agent_symbol_file_errors",
                 "ELF files of processes (tenants' files included) refused while loading symbols or detecting"
                 " CPython, by reason (agent/process/rootfs.py): truncated, too_large, decompression_bomb,"
                 " unsupported_compression, malformed, not_regular, escapes_root",
-                labels=["reason"],
+                "reason",
+                self._file_errors(),
             )
-            for k, v in self._file_errors().items():
-                m.add_metric([k], v)
-            yield m
         s = self._shipper()
         for name, value, help_ in (
             ("batches_sent", s.batches_sent, "Batches written to the collector stream (resends included)"),
