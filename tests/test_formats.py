@@ -168,7 +168,7 @@ def test_html_flame_graph_draws_zooms_and_searches_offline(
     page.type_into("#search", "cold_path")
     text = page.wait_for("document.getElementById('matched').textContent")
     assert text == "matched: 25.00%"  # 60 + 40 of 400
-    assert page.evaluate("document.querySelectorAll('#flame .frame.hit').length") >= 1
+    assert page.evaluate("document.querySelectorAll('#flame .frame.match').length") >= 1
 
     page.click("#reset")
     page.wait_for("document.getElementById('reset').hidden")

@@ -14,6 +14,7 @@ from fleetprof.collector.render.tree import (
     truncate,
     truncate_onto,
 )
+from fleetprof.collector.render.webflame import look
 
 SORTS = ("self", "total")
 GROWTH_RGB = (224, 48, 32)  # red: a larger share in the comparison
@@ -152,7 +153,7 @@ def render_diff_svg(
     def fill(node: Node, depth: int) -> str:
         assert isinstance(node, DiffNode)
         if depth == 0:
-            return "#c8c8c8"
+            return look()["plain"]
         return diff_colour(node.delta(b_all, c_all), max_delta)
 
     def tooltip(node: Node) -> str:
