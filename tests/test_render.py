@@ -1,11 +1,10 @@
-"""Tests for the rendering layer: tree model, folded/JSON/top views, truncation, the SVG and the web page."""
+"""Tests for the rendering layer: tree model, folded/JSON/top views, truncation and the SVG (the web UI's
+files: tests/test_web_assets.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,6 @@ from fleetprof.collector.render.tree import (
 )
 
 SVG = "{http://www.w3.org/2000/svg}"
-WEB = Path(__file__).resolve().parent.parent / "collector" / "web"
 
 
 def F(name: str, module: str = "app", kernel: bool = False) -> FrameKey:
@@ -288,27 +286,3 @@ def test_svg_size_stays_near_200_bytes_per_rect():
 def test_svg_empty_profile_is_still_valid():
     svg = render_svg({})
     assert svg_frames(svg) == [] and "no samples" in svg
-
-
-# ---- web page --------------------------------------------------------------------------------------
-
-
-def test_index_html_uses_only_local_assets_and_has_test_ids():
-    html = (WEB / "index.html").read_text()
-    assert not re.search(r"https?://", html, re.I)
-    assert not re.search(r"""(?:src|href)\s*=\s*["']?//""", html, re.I)
-    for ref in re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html):
-        if ref.startswith("data:"):  # inline (the empty favicon): fetches nothing
-            continue
-        assert not ref.startswith("/") and (WEB / ref).is_file(), ref
-    for element_id in ("selector", "range", "refresh", "flamegraph", "top-table", "error", "total"):
-        assert re.search(rf'\bid="{element_id}"', html), element_id
-    assert 'value="{}"' in html
-    assert "{namespace=&quot;ml&quot;, pod=~&quot;trainer-.*&quot;}" in html
-
-
-def test_web_assets_fetch_nothing_external():
-    for name in ("app.js", "app.chart.js", "app.css"):
-        text = (WEB / name).read_text()
-        assert not re.search(r"https?://", text), name
-        assert "@import" not in text and "url(" not in text, name

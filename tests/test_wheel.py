@@ -101,6 +101,8 @@ def test_wheel_carries_every_file_the_code_reads_at_run_time(installed: Installe
         "fleetprof/agent/bpf/cpu_sampler.c",
         "fleetprof/agent/bpf/process_event.h",
         "fleetprof/collector/web/index.html",
+        "fleetprof/collector/web/app.flame.js",  # html.py and svg.py inline it: flame graphs need it too
+        "fleetprof/collector/web/app.flame.css",
     } <= expected
     with zipfile.ZipFile(installed.wheel) as whl:
         names = set(whl.namelist())
@@ -184,5 +186,13 @@ def test_installed_agent_profiles_a_workload_into_the_installed_collector(
 
 @pytest.mark.bpf  # shares the running pair with the test above
 def test_installed_collector_serves_the_web_ui(running: Running) -> None:
-    for path, name in (("/", "index.html"), ("/app.js", "app.js"), ("/app.css", "app.css")):
-        assert http_get(f"{running.col.url}{path}") == (REPO / "collector" / "web" / name).read_bytes(), path
+    """Every web file, as the page asks for it at "/" (the index loads the rest by relative name)."""
+    web = REPO / "collector" / "web"
+    assert http_get(f"{running.col.url}/") == (web / "index.html").read_bytes()
+    for path in sorted(p for p in web.iterdir() if p.name != "index.html"):
+        assert http_get(f"{running.col.url}/{path.name}") == path.read_bytes(), path.name
+    # The HTML and SVG flame graphs inline the installed app.flame.js.
+    script = (web / "app.flame.js").read_text()
+    for fmt in ("html", "svg"):
+        body = http_get(f"{running.col.url}/api/v1/profile?format={fmt}&since=1m").decode()
+        assert script in body, fmt
