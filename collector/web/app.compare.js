@@ -9,7 +9,7 @@ window.FleetprofCompare = (function () {
   const FIELDS = ['query', 'from', 'until'];
 
   // el: the comparison's elements and el.side.{a,b}.{query,from,until,total}; page: {chart, selector(),
-  // timeRange(), typeParams() (the type, as the page's views count), saveHash()}.
+  // timeRange(), typeParams() (type and threads, as the page's views count), saveHash()}.
   function create(el, page) {
     const compared = { a: null, b: null };  // each side's resolved {from, until}, for the chart's bands
     let controller = null;
@@ -134,7 +134,7 @@ window.FleetprofCompare = (function () {
       show(body, params);
     }
 
-    // The type changed: redo the comparison shown, or drop the one a closed view holds.
+    // The type (or its threads) changed: redo the comparison shown, or drop the one a closed view holds.
     function retype() {
       if (!isOpen()) el.result.hidden = true;
       else if (!el.result.hidden) run();

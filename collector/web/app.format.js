@@ -4,11 +4,26 @@
 
 window.FleetprofFormat = (function () {
   // The profile types (the API's `type`) in the page's words. cpu counts samples; offcpu and wall count
-  // nanoseconds (unit "nanoseconds", frequency_hz 1e9), which the page shows as seconds.
+  // nanoseconds (unit "nanoseconds", frequency_hz 1e9), which the page shows as seconds. `threads`: the
+  // API's default for `threads` (which threads' off-CPU time counts), and what each choice counts.
   const TYPES = {
-    cpu: { word: 'CPU', chart: 'CPU over time' },
-    offcpu: { word: 'off-CPU', chart: 'Off-CPU over time' },
-    wall: { word: 'wall', chart: 'Wall time over time' },
+    cpu: { word: 'CPU', chart: 'CPU over time', threads: null },
+    offcpu: {
+      word: 'off-CPU', chart: 'Off-CPU over time', threads: 'all',
+      counts: {
+        all: 'Off-CPU counts every thread\'s waits, idle pools included; wall counts active threads only, ' +
+          'so it can read smaller.',
+        active: 'Off-CPU of active threads only, as wall counts by default: pools waiting for work are left out.',
+      },
+    },
+    wall: {
+      word: 'wall', chart: 'Wall time over time', threads: 'active',
+      counts: {
+        active: 'Wall counts active threads only (their CPU and waits): pools waiting for work are left out, ' +
+          'so it can read smaller than off-CPU, which counts every thread.',
+        all: 'Wall of every thread (CPU and all waits), idle pools included, as off-CPU counts by default.',
+      },
+    },
   };
 
   function isType(type) {

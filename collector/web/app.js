@@ -1,4 +1,4 @@
-// fleetprof collector UI, the page: the query form (selector, range and type), the URL hash
+// fleetprof collector UI, the page: the query form (selector, range, type and threads), the URL hash
 // that holds the view, and one refresh that asks /api/v1 for the profile, the top functions and the
 // series, and hands each answer to its part: the flame graph (app.profile.js), the top table
 // (app.top.js), the chart (app.chart.js). The label chips (app.labels.js) and the A/B comparison
@@ -12,7 +12,8 @@
   const $ = (id) => document.getElementById(id);
   const el = {
     form: $('query-form'), selector: $('selector'), range: $('range'), customRange: $('custom-range'),
-    from: $('from'), until: $('until'), typeSwitch: $('type-switch'), refresh: $('refresh'), auto: $('auto-refresh'),
+    from: $('from'), until: $('until'), typeSwitch: $('type-switch'), threadsField: $('threads-field'),
+    threadsSwitch: $('threads-switch'), typeNote: $('type-note'), refresh: $('refresh'), auto: $('auto-refresh'),
     error: $('error'), status: $('status'), chartTitle: $('chart-title'), chartUnit: $('chart-unit'),
     zoomOut: $('zoom-out'),
   };
@@ -35,7 +36,7 @@
     el.error.hidden = true;
   }
 
-  // ---- the query: selector, range and type --------------------------------------------------------
+  // ---- the query: selector, range, type and threads ----------------------------------------------
 
   function timeRange() {
     if (el.range.value === 'custom') {
@@ -64,9 +65,33 @@
     el.typeSwitch.querySelector('input[name="type"][value="' + type + '"]').checked = true;
   }
 
-  // What every request of the page counts.
+  // Which threads the off-CPU and wall views count (the API's `threads`): null for CPU, which counts
+  // every running thread.
+  function threads() {
+    if (!F.TYPES[profileType()].threads) return null;
+    const checked = el.threadsSwitch.querySelector('input[name="threads"]:checked');
+    return checked ? checked.value : F.TYPES[profileType()].threads;
+  }
+
+  function setThreads(value) {
+    const input = el.threadsSwitch.querySelector('input[name="threads"][value="' + value + '"]');
+    if (input) input.checked = true;
+  }
+
+  // The threads switch shows for the types it applies to, with a line on what the view counts.
+  function syncThreads() {
+    const type = F.TYPES[profileType()];
+    el.threadsField.hidden = !type.threads;
+    el.typeNote.hidden = !type.threads;
+    el.typeNote.textContent = type.threads ? type.counts[threads()] : '';
+  }
+
+  // type, and threads where the type tells threads apart: what every request of the page counts.
   function typeParams() {
-    return { type: profileType() };
+    const params = { type: profileType() };
+    const which = threads();
+    if (which) params.threads = which;
+    return params;
   }
 
   function queryParams() {
@@ -75,7 +100,7 @@
     return Object.assign({ query, from: range.from, until: range.until }, typeParams());
   }
 
-  // ---- the URL hash: the query, range and type, and the comparison's sides while it is open ---------
+  // ---- the URL hash: the query, range, type and threads, and the comparison's sides while it is open ----
 
   function saveHash() {
     try {
@@ -87,6 +112,8 @@
     const params = new URLSearchParams(location.hash.replace(/^#/, ''));
     if (params.has('query')) el.selector.value = params.get('query');
     if (F.isType(params.get('type'))) setProfileType(params.get('type'));
+    const type = F.TYPES[profileType()];
+    setThreads(type.threads && type.counts[params.get('threads')] ? params.get('threads') : type.threads);
     compare.loadHashParams(params);
     const from = params.get('from'), until = params.get('until');
     if (!from) return;
@@ -227,14 +254,22 @@
     if (el.range.value !== 'custom') refresh();
   });
   el.typeSwitch.addEventListener('change', () => {
+    setThreads(F.TYPES[profileType()].threads);  // each type opens on its own default
+    syncThreads();
     refresh();
     compare.retype();  // a comparison counts in one type too
+  });
+  el.threadsSwitch.addEventListener('change', () => {
+    syncThreads();
+    refresh();
+    compare.retype();
   });
   el.zoomOut.addEventListener('click', zoomOutTime);
   el.auto.addEventListener('change', () => setAutoRefresh(el.auto.checked));
 
   loadHash();
   syncCustomRange();
+  syncThreads();
   compare.open(compare.isOpen());
   labels.load();
   refresh();
