@@ -30,11 +30,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from fleetprof.agent.gpu.activity import Gap, ProcessActivity
+from fleetprof.agent.gpu.cupti_ring import RingError, RingReader
 
-from fleetprof.agent.gpu.activity import Gap, ProcessActivity  # noqa: E402
-from fleetprof.agent.gpu.cupti_ring import RingError, RingReader  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 JOB = REPO / "bench" / "workloads" / "gpu_job.py"
 DEFAULT_LIBRARY = REPO / ".venv" / "lib" / "fleetprof" / "libfleetprof_cupti.so"
