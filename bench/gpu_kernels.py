@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from fleetprof.agent.gpu.activity import Gap, ProcessActivity
-from fleetprof.agent.gpu.cupti_ring import RingError, RingReader
+from fleetprof.agent.gpu.cupti_ring import CopyRecord, RingError, RingReader
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -100,6 +100,7 @@ def read_while_running(proc: subprocess.Popen, timeout_s: float) -> tuple[Proces
             if batch is not None:
                 activity.add(batch)
                 kernels.extend(batch.kernels())
+                kernels.extend(batch.copies())
                 launches.extend(batch.launch_records())
                 if holding.is_set() and batch.header.flushed_ns > holding_at[0]:
                     header = batch.header
@@ -190,15 +191,27 @@ def gap_report(activity: ProcessActivity, phases: list[dict]) -> dict:
     }
 
 
-def kernel_table(kernels: list, phases: list[dict], show) -> dict[str, list[int]]:  # noqa: ANN001
+# CUpti_ActivityMemcpyKind
+COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
+              9: "HtoH", 10: "PtoP"}  # fmt: skip
+
+
+def row_name(record, show) -> str:  # noqa: ANN001
+    """Kernels by their demangled names; copies as torch.profiler names them, without the memory kinds."""
+    if isinstance(record, CopyRecord):
+        return "Memset" if record.kind == "memset" else f"Memcpy {COPY_KINDS.get(record.copy_kind, '?')}"
+    return show(record.name or f"[{record.name_hash:08x}]")
+
+
+def kernel_table(records: list, phases: list[dict], show) -> dict[str, list[int]]:  # noqa: ANN001
     loads = [p for p in phases if p["phase"] == "load"]
     t0, t1 = loads[0]["start"], phases[-1]["end"]
     table: dict[str, list[int]] = {}
-    for k in kernels:
-        if t0 <= k.start_ns < t1:
-            entry = table.setdefault(show(k.name or f"[{k.name_hash:08x}]"), [0, 0])
+    for r in records:
+        if t0 <= r.start_ns < t1:
+            entry = table.setdefault(row_name(r, show), [0, 0])
             entry[0] += 1
-            entry[1] += k.end_ns - k.start_ns
+            entry[1] += r.end_ns - r.start_ns
     return table
 
 
@@ -258,7 +271,9 @@ def main() -> int:
         prof = profiled_run(args)
         theirs = {}
         for name, (n, ns) in prof["kernels"].items():
-            entry = theirs.setdefault(show(name), [0, 0])
+            # "Memcpy HtoD (Pageable -> Device)" -> "Memcpy HtoD": our records carry the direction only.
+            plain = name.split(" (")[0] if name.startswith(("Memcpy", "Memset")) else show(name)
+            entry = theirs.setdefault(plain, [0, 0])
             entry[0] += n
             entry[1] += ns
     result["kernels"] = {"ours": ours, "torch_profiler": theirs}

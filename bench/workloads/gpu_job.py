@@ -71,7 +71,9 @@ class TorchBackend:
             run()
         kernels: dict[str, list[int]] = {}
         for evt in prof.events():
-            if evt.device_type != DeviceType.CUDA:
+            # GPU-side user annotations (Optimizer.step#Adam.step) are ranges, not kernels or copies.
+            annotation = getattr(evt, "is_user_annotation", False) or "#" in evt.name
+            if evt.device_type != DeviceType.CUDA or annotation:
                 continue
             entry = kernels.setdefault(evt.name, [0, 0])
             entry[0] += 1
