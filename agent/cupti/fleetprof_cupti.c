@@ -530,6 +530,7 @@ static void launch_exit(struct fp_thread *t, CUpti_CallbackDomain domain, CUpti_
     r.u.launch.result = d->functionReturnValue ? (uint32_t) * (const int *)d->functionReturnValue : 0;
     ring_put(&r);
     count(FP_C_SAMPLED, 1);
+    count(FP_C_SAMPLED_WEIGHT, t->weight);
     fleetprof_cupti_launch(t->outer_cid, t->weight);
 }
 
@@ -568,7 +569,7 @@ static void *flusher(void *arg) {
 static void at_exit(void) {
     if (state_now() != FP_STATE_RUNNING) return;
     uint32_t open = me.depth;
-    if (open) count(FP_C_RECORDS_LOST_AT_EXIT, open);
+    if (open) count(FP_C_LAUNCHES_OPEN_AT_EXIT, open);
     flush(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     set_state(FP_STATE_STOPPED, 0, "the process is exiting");
 }

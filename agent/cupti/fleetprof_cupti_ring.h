@@ -60,7 +60,9 @@ enum fp_cupti_counter {
     FP_C_FLUSHES = 9,         // flushes done (periodic and final)
     FP_C_OTHER_RECORDS = 10,  // activity records of kinds not asked for (skipped)
     FP_C_NESTING_REPAIRS = 11,// a launch callback's enter/exit did not pair up; the thread's depth was reset
-    FP_C_RECORDS_LOST_AT_EXIT = 12, // launches still open when the process exited (no record written)
+    FP_C_LAUNCHES_OPEN_AT_EXIT = 12, // launches still open when the process exited (no record written)
+    FP_C_SAMPLED_WEIGHT = 13, // the sum of the sampled launches' weights: an unbiased estimate of
+                              // FP_C_LAUNCHES, which lets the agent check its own accounting
     FP_C_COUNT = 16,
 };
 

@@ -70,13 +70,32 @@ COUNTERS = (
     "other_records",
     "nesting_repairs",
     "launches_open_at_exit",
+    "sampled_weight",
 )
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_LAUNCH = 1, 2, 3, 4
 DOMAINS = {0: None, 1: "driver", 2: "runtime"}
 
 # struct fp_cupti_header up to state_message; write_seq and names_used sit on their own cache lines.
-_HEADER = struct.Struct("<Q7IIi5IQQ16Q256s192s")
+HEADER_FIELDS = (
+    ("magic", "Q"), ("layout", "I"), ("header_size", "I"), ("record_size", "I"), ("capacity", "I"),
+    ("records_offset", "I"), ("names_offset", "I"), ("names_size", "I"), ("state", "I"),
+    ("state_detail", "i"), ("cupti_version", "I"), ("sample_every", "I"), ("sample_cap", "I"),
+    ("flush_ms", "I"), ("clock_id", "I"), ("init_ns", "Q"), ("flushed_ns", "Q"), ("counters", "16Q"),
+    ("cupti_path", "256s"), ("state_message", "192s"),
+)  # fmt: skip
+_HEADER = struct.Struct("<" + "".join(f for _, f in HEADER_FIELDS))
 assert _HEADER.size == 656
+
+
+def header_offsets() -> dict[str, int]:
+    """Each header field's offset as this module reads it (tests compare them with the C header's)."""
+    out, fmt = {}, "<"
+    for name, f in HEADER_FIELDS:
+        out[name] = struct.calcsize(fmt)
+        fmt += f
+    return out | {"write_seq": WRITE_SEQ_OFFSET, "names_used": NAMES_USED_OFFSET}
+
+
 _U64 = struct.Struct("<Q")
 
 # struct fp_cupti_record, both bodies as overlapping fields.
@@ -401,6 +420,11 @@ class RingReader:
     def close(self) -> None:
         self.memory.close()
 
+    @property
+    def position(self) -> int | None:
+        """The index of the next record this reader will read (None before its first poll)."""
+        return self._next
+
     def header(self) -> RingHeader:
         return parse_header(self.memory.read(self.location.address, HEADER_SIZE))
 
@@ -417,6 +441,9 @@ class RingReader:
                 "bad_header", f"the header describes {end_bytes} B in a {self.location.size} B symbol"
             )
         cap, w = h.capacity, h.write_seq
+        if h.state == "forked":  # the parent's records, copied by fork(): the parent's reader has them
+            empty = np.empty(0, dtype=RECORD_DTYPE)
+            return RingBatch(self.location.pid, h, empty, empty, self._names, 0, 0)
         if self._next is None or w < self._next:
             self._next = max(0, w - cap)  # first poll, or the ring started over (a new process image)
         lost = torn = 0
@@ -464,7 +491,8 @@ class RingReader:
             self._next = first + take
             if take < n:
                 break
-        records = np.concatenate(parts) if parts else np.empty(0, dtype=RECORD_DTYPE)
+        # Joined as bytes: np.concatenate would repack the dtype without its overlapping fields.
+        records = np.frombuffer(b"".join(p.tobytes() for p in parts), dtype=RECORD_DTYPE)
         is_launch = records["kind"] == KIND_LAUNCH
         activities = records[~is_launch & (records["kind"] >= KIND_KERNEL) & (records["kind"] <= KIND_MEMSET)]
         if len(activities) and int(activities["name_ref"].max()) > self._names_read:

@@ -7,8 +7,10 @@ library itself is the real build (scripts/build_cupti.sh). bench/ scripts use th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +100,83 @@ def build_standins(out: Path) -> CudaStandins:
     cudart_real = out / "cudart_real"
     _cc(["-O0", *_COMMON, *inc, "-o", str(cudart_real), str(HERE / "cudart_real.c"), "-ldl"])
     return CudaStandins(lib, library, launcher, cudart_real, include)
+
+
+# ---- running a workload and reading its ring -------------------------------------------------------------
+
+
+@dataclass
+class HeldRun:
+    """A workload run to its end with HOLD=1, its ring read while it waited (agent/gpu/cupti_ring.py)."""
+
+    events: list[dict]  # the workload's own log (tests/cuda_standin/launcher.c)
+    batches: list  # RingBatch per poll
+    returncode: int
+    stderr: str
+
+    @property
+    def header(self):  # noqa: ANN201 - RingHeader
+        return self.batches[-1].header
+
+    def kernels(self) -> list:
+        return [k for b in self.batches for k in b.kernels()]
+
+    def copies(self) -> list:
+        return [c for b in self.batches for c in b.copies()]
+
+    def launches(self) -> list:
+        return [launch for b in self.batches for launch in b.launch_records()]
+
+    def logged(self, ev: str) -> list[dict]:
+        return [e for e in self.events if e["ev"] == ev]
+
+
+def run_held(
+    cuda: CudaStandins, argv: list[str], timeout: float = 120, inject: bool = True, **env: str
+) -> HeldRun:
+    """Run the launcher with HOLD=1; once it holds, poll its ring until a flush that began after it held
+    (every record is in), then let it exit. Without the library (no injection) there is nothing to read."""
+    from fleetprof.agent.gpu.cupti_ring import RingError, RingReader
+
+    proc = subprocess.Popen(
+        [str(cuda.launcher), *argv],
+        env=cuda.env(inject=inject, HOLD="1", **env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    events, batches = [], []
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        for line in proc.stdout:
+            events.append(json.loads(line))
+            if events[-1]["ev"] == "holding":
+                break
+        else:
+            raise AssertionError(f"the workload exited ({proc.wait()}) early:\n{proc.stderr.read()}")
+        held_at = time.monotonic_ns()
+        deadline = time.monotonic() + timeout
+        try:
+            reader = RingReader.open(proc.pid)
+        except RingError as e:
+            if e.reason != "no_ring":
+                raise
+            reader = None
+        while reader is not None:
+            batches.append(reader.poll())
+            header = batches[-1].header
+            if header.state != "running" or header.flushed_ns > held_at:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no flush after the workload held in {timeout} s: {header}")
+            time.sleep(0.02)
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        rc = proc.wait(timeout=timeout)
+        stderr = proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return HeldRun(events, batches, rc, stderr)
