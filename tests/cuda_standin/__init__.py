@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,10 +133,16 @@ class HeldRun:
 
 
 def run_held(
-    cuda: CudaStandins, argv: list[str], timeout: float = 120, inject: bool = True, **env: str
+    cuda: CudaStandins,
+    argv: list[str],
+    timeout: float = 120,
+    inject: bool = True,
+    on_hold: Callable[[int], None] | None = None,
+    **env: str,
 ) -> HeldRun:
     """Run the launcher with HOLD=1; once it holds, poll its ring until a flush that began after it held
-    (every record is in), then let it exit. Without the library (no injection) there is nothing to read."""
+    (every record is in), call `on_hold(pid)`, then let it exit. Without the library (no injection) there
+    is nothing to read."""
     from fleetprof.agent.gpu.cupti_ring import RingError, RingReader
 
     proc = subprocess.Popen(
@@ -171,6 +178,8 @@ def run_held(
             if time.monotonic() > deadline:
                 raise AssertionError(f"no flush after the workload held in {timeout} s: {header}")
             time.sleep(0.02)
+        if on_hold is not None:
+            on_hold(proc.pid)
         proc.stdin.write("\n")
         proc.stdin.close()
         rc = proc.wait(timeout=timeout)
