@@ -39,12 +39,16 @@ State = str  # "busy" or "idle"
 def merge_intervals(
     starts: np.ndarray, ends: np.ndarray, min_gap: int = MIN_GAP_NS
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The union of [start, end) intervals as sorted, disjoint intervals at least `min_gap` apart."""
+    """The union of [start, end) intervals as sorted, disjoint intervals at least `min_gap` apart. Empty
+    intervals are left out: an instant is not busy time, and must not bridge a gap."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
     if len(starts) == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     order = np.argsort(starts, kind="stable")
-    s = np.asarray(starts, np.int64)[order]
-    e = np.maximum.accumulate(np.asarray(ends, np.int64)[order])
+    s = starts[order]
+    e = np.maximum.accumulate(ends[order])
     new = np.empty(len(s), dtype=bool)
     new[0] = True
     new[1:] = s[1:] - e[:-1] >= min_gap
@@ -90,9 +94,9 @@ class BusyTimeline:
         self.dropped_before = 0  # intervals that ended before this were dropped (bounds)
 
     def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
-        if len(starts) == 0:
-            return
         s, e = merge_intervals(starts, ends)
+        if len(s) == 0:
+            return
         # Records arrive out of order (streams, buffers): only the tail that could touch them is re-merged.
         i = int(np.searchsorted(self.ends, s[0] - MIN_GAP_NS, side="left"))
         ms, me = merge_intervals(np.concatenate([self.starts[i:], s]), np.concatenate([self.ends[i:], e]))
