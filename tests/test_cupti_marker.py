@@ -47,7 +47,7 @@ def run_with_marker_probe(cuda: CudaStandins, every: int, seconds: str) -> tuple
     require_bpf()
     from bcc import BPF
 
-    bpf = BPF(text=PROGRAM)
+    bpf = BPF(text=PROGRAM.encode())
     try:
         bpf.attach_uprobe(name=bytes(cuda.library), sym=MARKER_SYMBOL.encode(), fn_name=b"on_launch")
         marks: dict[int, tuple[int, int, str | None]] = {}
