@@ -120,6 +120,11 @@ def test_our_library_exports_the_injection_entry_the_marker_and_the_ring_only(cu
     stt_func, stt_object = 2, 1
     assert symbols["InitializeInjection"][2] == symbols[MARKER_SYMBOL][2] == stt_func
     assert symbols[RING_SYMBOL][2] == stt_object and symbols[RING_SYMBOL][1] == 4096 + 65536 * 64 + (1 << 20)
+    # The marker starts with a 5-byte NOP, where Linux can turn a uprobe into a call instead of a trap.
+    with ElfFile(str(cuda.library)) as elf:
+        text = elf.section(".text")
+        at = symbols[MARKER_SYMBOL][0] - text.addr + text.offset
+        assert elf.read(at, 5) == bytes.fromhex("0f1f440000")
     # No CUPTI or CUDA library is needed to load it: the process's own libcupti is found at run time.
     with ElfFile(str(cuda.library)) as elf:
         dynstr = elf.section_data(elf.section(".dynstr"))
