@@ -2,7 +2,7 @@
 torch.profiler (the check the "Real GPU II" session runs; bench/README.md has what it printed).
 
     .venv/bin/python bench/gpu_kernels.py [--backend torch|standin] [--steps 40] [--library PATH]
-                                          [--cost-seconds 5] [--json OUT]
+                                          [--cost-seconds 5 [--cost-rounds 3]] [--json OUT]
 
 1. The job (bench/workloads/gpu_job.py: a 5-50 ms CPU-busy loader alternating with training steps) runs
    with CUDA_INJECTION64_PATH=<our library> and FLEETPROF_CUPTI_SAMPLE_EVERY=1; this script reads its ring
@@ -11,7 +11,8 @@ torch.profiler (the check the "Real GPU II" session runs; bench/README.md has wh
 2. The same deterministic steps run again, without our library, under torch.profiler (one CUPTI client per
    process: the two cannot share a run), and its per-kernel counts and CUDA time are set beside ours.
 3. With --cost-seconds S: a launch-bound loop (x.add_ on 16 floats) for S seconds without the library,
-   with it at the default sampling and at 1/1; launches per second and µs per launch.
+   with it at the default sampling and at 1/1, --cost-rounds interleaved rounds; medians of launches per
+   second and µs per launch.
 
 Exit status: 0 done, 1 something failed (the library did not record, the job died), 2 no GPU or no torch
 (one sentence says which). --backend standin runs steps 1 and 3 on the CUDA stand-ins (tests only).
@@ -239,6 +240,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--library", type=Path, default=DEFAULT_LIBRARY)
     ap.add_argument("--cost-seconds", type=float, default=0.0)
+    ap.add_argument("--cost-rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     result: dict = {"backend": args.backend}
@@ -290,13 +292,21 @@ def main() -> int:
     print(f"gaps >= 1 ms the log does not explain: {len(gaps['unexplained_gaps_over_1ms'])}")
 
     if args.cost_seconds:
-        rates = {"plain": loop_rate(args, None, None), "default": loop_rate(args, args.library, None),
-                 "every_1": loop_rate(args, args.library, "1")}  # fmt: skip
-        result["cost"] = rates
-        print(f"\nlaunch-bound loop ({args.cost_seconds:g} s each): launches/s and added us per launch")
+        # Interleaved rounds (order rotated each round), medians: single runs vary by ±15% on a GPU VM.
+        configs = {"plain": (None, None), "default": (args.library, None), "every_1": (args.library, "1")}
+        runs: dict[str, list[float]] = {name: [] for name in configs}
+        names = list(configs)
+        for r in range(args.cost_rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                runs[name].append(loop_rate(args, *configs[name]))
+        rates = {name: statistics.median(v) for name, v in runs.items()}
+        result["cost"] = {"median": rates, "runs": runs}
+        each = f"{args.cost_rounds} x {args.cost_seconds:g} s"
+        print(f"\nlaunch-bound loop ({each}): launches/s, added us per launch")
         for label, rate in rates.items():
             added = 1e6 / rate - 1e6 / rates["plain"]
-            print(f"  {label:8} {rate:12,.0f}/s  {added:+.3f} us")
+            spread = (max(runs[label]) - min(runs[label])) / rate * 100
+            print(f"  {label:8} {rate:12,.0f}/s  {added:+.3f} us  (spread {spread:.0f}%)")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
