@@ -4,6 +4,7 @@ gaps and their histogram, what is known and what is not, bounds, and kernel time
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import numpy as np
 
@@ -37,13 +38,13 @@ def header(flushed_ns: int) -> RingHeader:
     return RingHeader("running", 0, "", 130001, "", 1, 0, 100, 0, flushed_ns, {}, 65536, 4096, 0, 0, 0, 0)
 
 
-def batch(rows: list[tuple[int, int, int, int, int]], flushed_ns: int) -> RingBatch:
+def batch(rows: list[tuple[int, int, int, int, int]], flushed_ns: int, lost: int = 0) -> RingBatch:
     """Records as (kind, device, start, end, name_ref)."""
     acts = np.zeros(len(rows), dtype=RECORD_DTYPE)
     for i, (kind, device, start, end, ref) in enumerate(rows):
         acts[i]["kind"], acts[i]["device_id"], acts[i]["name_ref"] = kind, device, ref
         acts[i]["start_ns"], acts[i]["end_ns"] = start, end
-    return RingBatch(1, header(flushed_ns), acts, np.zeros(0, dtype=RECORD_DTYPE), NAMES, 0, 0)
+    return RingBatch(1, header(flushed_ns), acts, np.zeros(0, dtype=RECORD_DTYPE), NAMES, lost, 0)
 
 
 def brute_busy(intervals: list[tuple[int, int]], horizon: int) -> np.ndarray:
@@ -131,6 +132,21 @@ def test_bounds_drop_the_oldest_intervals_and_what_is_known_moves_with_them() ->
     assert act.state(5_000) is None  # dropped: no longer known
     assert act.state(245_000) == "idle" and act.state(240_500) == "busy"
     assert act.kernels["gemm"] == KernelTotal(25, 25_000)  # totals are not bounded by the timeline
+
+
+def test_records_lost_leave_a_span_where_nothing_is_claimed_idle() -> None:
+    act = ProcessActivity()
+    act.add(batch([(KIND_KERNEL, 0, 0, 1_000_000, 1)], flushed_ns=2_000_000))
+    # The next poll found records lost: somewhere after 2 ms (complete then) and before its flush at 9 ms.
+    act.add(batch([(KIND_KERNEL, 0, 7_000_000, 8_000_000, 1)], flushed_ns=9_000_000, lost=5))
+    act.add(batch([(KIND_KERNEL, 0, 10_000_000, 11_000_000, 1)], flushed_ns=12_000_000))
+    assert act.holes == deque([(2_000_000, 9_000_000)])
+    assert act.state(1_500_000) == "idle" and act.state(5_000_000) is None and act.state(9_500_000) == "idle"
+    assert act.state(7_500_000) is None  # even the surviving record's time: the span is unknown as a whole
+    assert act.gaps(0, 12_000_000) == [Gap(1_000_000, 2_000_000, True), Gap(9_000_000, 10_000_000, True),
+                                       Gap(11_000_000, 12_000_000, True)]  # fmt: skip
+    assert act.idle_ns(0, 12_000_000) == 3_000_000
+    assert act.kernels["gemm"] == KernelTotal(3, 3_000_000)  # what survived still counts
 
 
 def kernel(cid: int, name: str | None, ns: int, name_hash: int = 0) -> KernelRecord:

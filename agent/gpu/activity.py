@@ -8,8 +8,8 @@ Definitions kept here:
     the records' own resolution, and what "µs resolution" promises.
   * What is known: from the first record's start (or the start of what the bounds below kept) to the
     header's `flushed_ns`, the time up to which the library has handed over every record CUPTI had
-    complete. Past it a kernel may still be running or waiting in CUPTI's buffers, so `state()` answers
-    None there rather than "idle".
+    complete, less the spans where the reader lost records. Past `flushed_ns` a kernel may still be
+    running or waiting in CUPTI's buffers, so `state()` answers None there rather than "idle".
   * Kernel time under a stack is apportioned per kernel name, so each name's total stays exact when only
     some launches are sampled: ns(K, S) = sampled ns of K under S x (total ns of K / sampled ns of K).
     A name none of whose launches was sampled stays whole under the stack key None.
@@ -18,7 +18,7 @@ Definitions kept here:
 from __future__ import annotations
 
 import bisect
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -32,6 +32,7 @@ GAP_BUCKETS_NS = (10_000, 100_000, 1_000_000, 10_000_000, 100_000_000, 1_000_000
 MAX_INTERVALS = 1_000_000  # per device: 16 MB; older intervals are dropped first
 HORIZON_NS = 300 * 1_000_000_000  # intervals that ended longer ago than this before the newest are dropped
 MAX_LAUNCHES = 1_000_000  # sampled launches remembered for joining kernels that arrive later
+MAX_HOLES = 1024  # spans left unknown by lost records; past that, what is known starts after the oldest
 
 State = str  # "busy" or "idle"
 
@@ -152,19 +153,25 @@ class KernelTotal:
 
 
 class ProcessActivity:
-    """The GPU activity of one process, fed batch after batch by its ring reader."""
+    """The GPU activity of one process, fed batch after batch by its ring reader.
+
+    A batch that comes with records lost or torn leaves a hole: from where the records were complete
+    before it to the newest end it holds, nothing is claimed idle (state None, no gaps, no idle time). The
+    surviving records still count as busy time and kernel time: what they say is true, only incomplete."""
 
     def __init__(self, max_intervals: int = MAX_INTERVALS, horizon_ns: int = HORIZON_NS) -> None:
         self.devices: dict[int, BusyTimeline] = {}
         self.known_from: int | None = None
         self.complete_until = 0
         self.kernels: dict[str, KernelTotal] = {}  # cumulative, by name ("" for unnamed)
+        self.holes: deque[tuple[int, int]] = deque()  # [start, end), oldest first, at most MAX_HOLES
         self._max_intervals = max_intervals
         self._horizon = horizon_ns
         self._latest = 0
 
     def add(self, batch: RingBatch) -> None:
         acts = batch.activities
+        before = self.complete_until
         if len(acts):
             start = acts["start_ns"].astype(np.int64)
             end = np.maximum(acts["end_ns"].astype(np.int64), start)
@@ -184,29 +191,47 @@ class ProcessActivity:
                 old = self.kernels.get(name, KernelTotal(0, 0))
                 self.kernels[name] = KernelTotal(old.count + c, old.ns + int(n))
         self.complete_until = max(self.complete_until, batch.header.flushed_ns)
+        if (batch.lost or batch.torn) and self.known_from is not None:
+            # The missing records ended before the flush that delivered this batch, and (written in order)
+            # after what an earlier poll saw complete: somewhere in this span.
+            lo = before if before else self.known_from
+            self.holes.append((lo, max(self.complete_until, self._latest)))
+            if len(self.holes) > MAX_HOLES:
+                self.known_from = max(self.known_from, self.holes.popleft()[1])
         if self._latest and self._horizon:
             cutoff = self._latest - self._horizon
             for line in self.devices.values():
                 line.drop_before(cutoff)
+            while self.holes and self.holes[0][1] < cutoff:
+                self.holes.popleft()
         if self.known_from is not None:
             dropped = max((line.dropped_before for line in self.devices.values()), default=0)
             self.known_from = max(self.known_from, dropped)
 
-    def _known(self, t0: int, t1: int) -> tuple[int, int]:
-        lo = self.known_from if self.known_from is not None else t1
-        return max(t0, lo), min(t1, self.complete_until)
+    def _known(self, t0: int, t1: int) -> list[tuple[int, int]]:
+        """[t0, t1) ∩ what the records cover: after known_from, before complete_until, outside holes."""
+        lo = max(t0, self.known_from if self.known_from is not None else t1)
+        hi = min(t1, self.complete_until)
+        spans = []
+        for h0, h1 in self.holes:
+            if h1 <= lo or h0 >= hi:
+                continue
+            if h0 > lo:
+                spans.append((lo, h0))
+            lo = max(lo, h1)
+        if lo < hi:
+            spans.append((lo, hi))
+        return spans
 
     def device_state(self, device: int, t: int) -> State | None:
-        lo, hi = self._known(t, t + 1)
-        if hi <= lo or device not in self.devices:
+        if not self._known(t, t + 1) or device not in self.devices:
             return None
         return "busy" if self.devices[device].busy_at(t) else "idle"
 
     def state(self, t: int) -> State | None:
         """ "busy" if a kernel or copy of the process ran on any of its GPUs at CLOCK_MONOTONIC time t,
         "idle" if none did, None where the records do not cover t."""
-        lo, hi = self._known(t, t + 1)
-        if hi <= lo or not self.devices:
+        if not self._known(t, t + 1) or not self.devices:
             return None
         return "busy" if any(line.busy_at(t) for line in self.devices.values()) else "idle"
 
@@ -226,24 +251,25 @@ class ProcessActivity:
 
     def gaps(self, t0: int, t1: int, device: int | None = None) -> list[Gap]:
         """Idle stretches within [t0, t1) ∩ what is known: of `device`, or when no device of the process
-        was busy (device None). A gap cut by either edge is `clipped`."""
-        lo, hi = self._known(t0, t1)
+        was busy (device None). A gap cut by an edge of the window or of what is known is `clipped`."""
         line = self._timeline(device)
-        if line is None or hi <= lo:
+        if line is None:
             return []
-        gaps = line.gaps(lo, hi)
-        return [Gap(g.start_ns, g.end_ns, g.clipped or g.start_ns == lo or g.end_ns == hi) for g in gaps]
+        out = []
+        for lo, hi in self._known(t0, t1):
+            for g in line.gaps(lo, hi):
+                out.append(Gap(g.start_ns, g.end_ns, g.clipped or g.start_ns == lo or g.end_ns == hi))
+        return out
 
     def gap_stats(self, t0: int, t1: int, device: int | None = None) -> GapStats:
         return GapStats.of(self.gaps(t0, t1, device))
 
     def idle_ns(self, t0: int, t1: int, device: int | None = None) -> int:
         """Idle nanoseconds within [t0, t1) ∩ what is known."""
-        lo, hi = self._known(t0, t1)
         line = self._timeline(device)
-        if line is None or hi <= lo:
+        if line is None:
             return 0
-        return (hi - lo) - line.busy_ns(lo, hi)
+        return sum((hi - lo) - line.busy_ns(lo, hi) for lo, hi in self._known(t0, t1))
 
 
 # ---- kernel time under launching stacks -------------------------------------------------------------------

@@ -38,9 +38,12 @@ WRITE_SEQ_OFFSET = 704
 NAMES_USED_OFFSET = 768
 HEADER_SIZE = 832
 NAME_HEADER = 8
-# Caps on what a header may claim (the build's values are 65,536 records and 1 MiB of names).
-MAX_CAPACITY = 1 << 22
-MAX_NAMES_BYTES = 64 << 20
+# Caps on what a header may claim: the build's values are 65,536 records (4 MiB) and 1 MiB of names. A
+# hostile process could claim more to make the agent read and hold more per poll; these bound it to 16 MiB
+# of records and 4 MiB of names (names are read NAMES_CHUNK at a time).
+MAX_CAPACITY = 1 << 18
+MAX_NAMES_BYTES = 4 << 20
+NAMES_CHUNK = 1 << 20
 
 READ_CHUNK_RECORDS = 8192  # 512 KiB per pread
 PENDING_GIVE_UP = 20
@@ -495,24 +498,26 @@ class RingReader:
         records = np.frombuffer(b"".join(p.tobytes() for p in parts), dtype=RECORD_DTYPE)
         is_launch = records["kind"] == KIND_LAUNCH
         activities = records[~is_launch & (records["kind"] >= KIND_KERNEL) & (records["kind"] <= KIND_MEMSET)]
-        if len(activities) and int(activities["name_ref"].max()) > self._names_read:
-            self._read_names(h)
+        wanted = int(activities["name_ref"].max()) if len(activities) else 0
+        while wanted > self._names_read and self._read_names(h):
+            pass
         self.stats.read += len(records)
         self.stats.lost += lost
         self.stats.torn += torn
         self.stats.polls += 1
         return RingBatch(self.location.pid, h, activities, records[is_launch], self._names, lost, torn)
 
-    def _read_names(self, h: RingHeader) -> None:
-        """Parse the names area up to names_used (re-read now: it covers every name a record we hold
-        refers to, since names are published before their records)."""
+    def _read_names(self, h: RingHeader) -> bool:
+        """Parse the next NAMES_CHUNK of the names area, up to names_used (re-read now: it covers every
+        name a record we hold refers to, since names are published before their records). Whether it got
+        further."""
         used = min(
             _U64.unpack(self.memory.read(self.location.address + NAMES_USED_OFFSET, 8))[0], h.names_size
         )
         if used <= self._names_read:
-            return
+            return False
         base = self.location.address + h.names_offset
-        data = self.memory.read(base + self._names_read, used - self._names_read)
+        data = self.memory.read(base + self._names_read, min(used - self._names_read, NAMES_CHUNK))
         off = 0
         while off + NAME_HEADER <= len(data):
             length, _hash = struct.unpack_from("<II", data, off)
@@ -523,6 +528,7 @@ class RingReader:
             self._names[ref] = data[off + NAME_HEADER : off + NAME_HEADER + length].decode("utf-8", "replace")
             off += entry
         self._names_read += off
+        return off > 0
 
 
 __all__ = [
