@@ -146,7 +146,8 @@ def test_sampled_launches_estimate_each_kernels_launch_count_within_4_sigma(cuda
         # Each launch is sampled with p = 1/N and weighs N: Var = N^2 * n p (1 - p) = n (N - 1).
         sigma = math.sqrt(n * (every - 1))
         assert abs(estimate[name] - n) <= 4 * sigma, (name, estimate[name], n, sigma)
-    assert n > 300  # relu: enough launches for the bound above to mean something (4 sigma < 45%)
+    # Enough launches for the bound to mean something: relu's 4 sigma is under 40% of its count at 200.
+    assert truth["relu_kernel"] >= 200
 
 
 def test_the_rate_cap_bounds_samples_and_keeps_the_launch_total_unbiased(cuda: CudaStandins) -> None:
