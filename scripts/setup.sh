@@ -18,7 +18,7 @@ need_root() {
 }
 
 # --- Debian packages ------------------------------------------------------------------------------
-APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf)
+APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # gcc, unzip: scripts/build_cupti.sh
 [ $WANT_TEST = 1 ] && APT_PKGS+=(chromium golang-go prometheus)  # go tool pprof reads our pprof; prometheus: test_prometheus_e2e (own free port, never :9090)
 [ $WANT_TEST = 1 ] && ! command -v npm >/dev/null && APT_PKGS+=(npm)  # fetches speedscope's schema below
 # test_images: scripts/images.sh (podman, runc: crun fails on these VMs; debootstrap: the base image);
@@ -92,6 +92,9 @@ if [ -z "$bcc_src" ]; then
 fi
 ln -sfn "$bcc_src" "$site/bcc"
 "$VENV/bin/python" -c 'import bcc' || { say "bcc does not import in $VENV"; exit 1; }
+
+# --- the CUPTI library that CUDA workloads load (agent/cupti/); rebuilt only when its sources changed ----
+bash scripts/build_cupti.sh
 
 # --- speedscope's published file-format schema (tests validate our speedscope output against it) ---
 SPEEDSCOPE_SCHEMA="$VENV/share/speedscope/file-format-schema.json"
