@@ -19,8 +19,16 @@ def flag_names(message: str) -> str:
     return _PARAMETER.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
+# What the long-running commands are called in top, ps and profiles (fleetprof/procname.py).
+PROCESS_NAMES = {"agent": "fleetprof-agent", "collector": "fleetprof-collector", "demo": "fleetprof-demo"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(dash_values(sys.argv[1:] if argv is None else argv))
+    if args.command in PROCESS_NAMES and argv is None:  # a process of its own, not a caller's main(argv)
+        from fleetprof.procname import name_process
+
+        name_process(PROCESS_NAMES[args.command])
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
