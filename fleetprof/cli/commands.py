@@ -276,16 +276,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Collector and agent as child processes of this one; Ctrl-C stops both."""
+    """Collector and agent as child processes of this one; Ctrl-C stops the agent, which sends its last
+    window, then the collector."""
     exe = [sys.executable, "-m", "fleetprof.cli"]
-    collector = subprocess.Popen(exe + ["collector"])
+    collector = _demo_child(exe + ["collector"])
     time.sleep(1.0)
     if collector.poll() is not None:
         print("fleetprof demo: the collector did not start (see above)", file=sys.stderr)
         return 1
-    agent = subprocess.Popen(
-        exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)]
-    )
+    agent = _demo_child(exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)])
     children = [agent, collector]
     stopping = False
 
@@ -324,16 +323,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(format_top(data), flush=True)
                 print(f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | {url}/", flush=True)
         time.sleep(0.2)
-    for p in children:
+    # One at a time, the agent first: it drains its last window and waits (up to 5 s) for the collector
+    # to acknowledge what it has sent, so nothing is left unacknowledged.
+    for p, timeout_s in ((agent, 30), (collector, 15)):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-    for p in children:
         try:
-            p.wait(timeout=15)
+            p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
     print("fleetprof demo: stopped")
     return rc
+
+
+def _demo_child(argv: list[str]) -> subprocess.Popen:
+    """A child in a process group of its own: Ctrl-C at the terminal signals the whole foreground group,
+    and the collector would stop while the agent still sends ("collector unreachable", "1 unacknowledged
+    at exit"). The demo alone gets it and stops its children in order; they die with it if it is killed."""
+    from fleetprof.procname import die_with_parent
+
+    return subprocess.Popen(argv, process_group=0, preexec_fn=die_with_parent)
 
 
 COMMANDS = {
