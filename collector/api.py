@@ -138,24 +138,14 @@ class QueryApi:
     def _labels_known(self, start: float, end: float) -> list[str]:
         return [n for n in self._store.label_names(start, end) if not internal_label(n)]
 
-    def _warnings(
-        self, start: float, end: float, selectors: tuple[Selector, ...], by: tuple[str, ...] = ()
-    ) -> list[str]:
-        """What a user should hear about a query that ran: label names its selectors or `by` use that no
-        series in the range has (a typo, or a label this fleet does not have: no Kubernetes metadata),
-        naming the labels there are. Nothing when the range holds no data at all (empty_reason says so)."""
-        names = dict.fromkeys(
-            [m.name for s in selectors for m in s.matchers if not internal_label(m.name)] + list(by)
-        )
-        if not names:
-            return []
-        known = self._labels_known(start, end)
-        if not known:
-            return []
+    @staticmethod
+    def _label_warnings(names: list[str], by: tuple[str, ...], known: list[str]) -> list[str]:
+        """Warnings for the label names a query uses (its selectors', then `by`) that no series in the range
+        has, naming the labels there are (`known`: empty when the range holds nothing, then none)."""
         there = f"the labels in this range: {', '.join(known)}"
         out = []
-        for name in names:
-            if name in known:
+        for name in dict.fromkeys(names):
+            if not known or name in known:
                 continue
             if name == GPU_STATE_NAME:
                 out.append(f"no series in this range has a GPU state (gpu= needs processes on GPUs); {there}")
@@ -168,20 +158,21 @@ class QueryApi:
                 out.append(f'no series in this range has the label "{name}"; {there}')
         return out
 
-    def _empty_reason(self, total: int, selector: Selector, start: float, end: float) -> str | None:
-        """Why an answer is empty: "no_match" (the range holds data, the selector matched none of it) or
-        "no_data" (nothing stored in the range); None when it is not empty."""
-        if total:
-            return None
-        user_matchers = [m for m in selector.matchers if not internal_label(m.name)]
-        return "no_match" if user_matchers and self._labels_known(start, end) else "no_data"
-
     def _answer_notes(
         self, total: int, selector: Selector, start: float, end: float, by: tuple[str, ...] = ()
     ) -> dict:
-        """The "warnings" and "empty_reason" fields of a JSON answer."""
-        warnings = self._warnings(start, end, (selector,), by)
-        reason = self._empty_reason(total, selector, start, end)
+        """The "warnings" and "empty_reason" fields of a JSON answer: label names the selector or `by` use
+        that no series in the range has (a typo, or a label this fleet lacks: no Kubernetes metadata), and
+        why an empty answer is empty: "no_match" (the range holds data, the selector matched none of it)
+        or "no_data" (nothing stored in the range). The range's labels are read only when the answer is
+        empty or grouped: a selector that matched something needs no check (a missing label can match
+        only with `!=`, `!~` or an empty value), and most queries pay nothing."""
+        names = [m.name for m in selector.matchers if not internal_label(m.name)]
+        if not by and (total or not names):
+            return {"warnings": [], "empty_reason": None if total else "no_data"}
+        known = self._labels_known(start, end)
+        warnings = self._label_warnings(names + list(by), by, known)
+        reason = None if total else "no_match" if names and known else "no_data"
         if reason == "no_match":
             warnings.append(f"the selector {selector} matched nothing in this range, which holds other data")
         return {"warnings": warnings, "empty_reason": reason}
@@ -273,16 +264,19 @@ class QueryApi:
                     "until": e_,
                     "total": picked.total,
                     "frequency_hz": picked.frequency_hz,
-                    "empty_reason": self._empty_reason(picked.total, sel_, s_, e_),
                 }
                 for name, (sel_, s_, e_, picked) in sides.items()
             }
             body["sort"], body["lines"] = sort, lines
             body["type"], body["unit"] = typed.kind, typed.unit
-            body["warnings"] = self._warnings(min(start, start2), max(end, end2), (selector, selector2))
-            for name, (sel_, *_rest) in sides.items():
-                if body[name]["empty_reason"] == "no_match":
-                    body["warnings"].append(f"the {name} selector {sel_} matched nothing in its range")
+            body["warnings"] = []
+            for name, (sel_, s_, e_, picked) in sides.items():
+                notes = self._answer_notes(picked.total, sel_, s_, e_)
+                body[name]["empty_reason"] = notes["empty_reason"]
+                for warning in notes["warnings"]:
+                    text = warning.replace("the selector", f"the {name} selector", 1)
+                    if text not in body["warnings"]:
+                        body["warnings"].append(text)
             body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort, lines)
             return json_response(body)
         base_stacks, comp_stacks = limit_pair(base.stacks, comp.stacks, max_nodes)

@@ -130,6 +130,27 @@ def test_by_pod_groups_processes_outside_pods_by_comm(fed: RunningCollector) -> 
     assert "comm:sha256sum" in pods.stdout and "comm:bash" in pods.stdout
 
 
+def test_without_kubernetes_by_pod_groups_by_comm_and_says_why() -> None:
+    """A node without pod metadata: every process is a host process. `--by pod` printed one row "-" at
+    100% and nothing else; now each process name is a row, and stderr says why."""
+    col = start_collector()
+    try:
+        running = RunningCollector(col)
+        push_profile(running.grpc_target, [r for r in ROWS if not r[2]])  # sha256sum 25, bash 15
+        r = fleetprof("top", "--collector", running.url, "--since", "10m", "--by", "pod")
+        assert r.returncode == 0, r.stderr
+        assert [line.split() for line in r.stdout.splitlines()[2:]] == [
+            ["comm:sha256sum", "62.5%", "0.2", "25"],
+            ["comm:bash", "37.5%", "0.1", "15"],
+        ]
+        assert r.stderr.splitlines() == [
+            'fleetprof top: warning: no series in this range has the label "pod" (no Kubernetes metadata?):'
+            " processes without a pod are grouped as comm:NAME; the labels in this range: comm, node, pid"
+        ]
+    finally:
+        col.stop()
+
+
 def test_a_label_no_series_has_is_named_with_the_labels_there_are(fed: RunningCollector) -> None:
     r = fleetprof("top", "--collector", fed.url, "--since", "10m", "--by", "nosuchlabel")
     assert r.returncode == 0, r.stderr
