@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(
 
 PY = "/srv/hot.py"
 PYTHON = "/usr/bin/python3.11"
-# checksum_rows: lines 7 (31) and 6 (9) in api-0; parse_rows line 12 (20) in api-0, 50 in api-1.
+# checksum_rows: lines 7 (31) and 6 (9) in api-0; parse_rows line 12 (20) in api-0, 50 in api-1; emit 50
+# in api-1. So checksum_rows's share changes most (66.67% of A, none of B; parse_rows 33.33% -> 50%).
 ROWS: list[Row] = [
     (300, "python3", {"namespace": "shop", "pod": "api-0"},
      [("main", PYTHON), ("run (hot.py:20)", PY), ("checksum_rows (hot.py:7)", PY)], 3, 31),
@@ -31,6 +32,8 @@ ROWS: list[Row] = [
      [("main", PYTHON), ("run (hot.py:21)", PY), ("parse_rows (hot.py:12)", PY)], 3, 20),
     (301, "python3", {"namespace": "shop", "pod": "api-1"},
      [("main", PYTHON), ("run (hot.py:21)", PY), ("parse_rows (hot.py:12)", PY)], 3, 50),
+    (301, "python3", {"namespace": "shop", "pod": "api-1"},
+     [("main", PYTHON), ("run (hot.py:22)", PY), ("emit (hot.py:30)", PY)], 3, 50),
 ]  # fmt: skip
 
 

@@ -6,7 +6,7 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -232,6 +232,16 @@ class PythonFunctions:
             function = self._of[frame] = self._function(frame)
         return function
 
+    def moved(self, frames: Iterable[FrameKey]) -> dict[FrameKey, FrameKey]:
+        """The frames among `frames` that belong to a function other than themselves, and that function."""
+        out = {}
+        for frame in frames:
+            if frame.function[-1:] == ")" and not frame.kernel:  # most frames are not Python's: no lookup
+                function = self(frame)
+                if function is not frame:
+                    out[frame] = function
+        return out
+
     def _function(self, frame: FrameKey) -> FrameKey:
         if frame.kernel or not frame.function.endswith(")"):
             return frame
@@ -244,11 +254,11 @@ class PythonFunctions:
 
 
 def function_counts(
-    stacks: Stacks, function_of: Callable[[FrameKey], FrameKey] | None = None
+    stacks: Stacks, functions: PythonFunctions | None = None
 ) -> tuple[dict[FrameKey, int], dict[FrameKey, int], int]:
     """(self samples per function, total samples per function, all samples): self = samples as the leaf,
-    total = samples of the stacks it appears in, counted once per stack. `function_of` maps each frame to
-    the function it is counted as (default: the frame itself; PythonFunctions merges a function's lines)."""
+    total = samples of the stacks it appears in, counted once per stack. Each frame is its own function
+    unless `functions` maps it to another (PythonFunctions: a Python function's lines are one)."""
     self_counts: dict[FrameKey, int] = {}
     totals: dict[FrameKey, int] = {}
     all_samples = 0
@@ -262,40 +272,39 @@ def function_counts(
         # A set, so a recursive function is counted once per stack rather than once per frame.
         for frame in set(stack):
             totals[frame] = totals.get(frame, 0) + count
-    if function_of is None:
+    if functions is None:
         return self_counts, totals, all_samples
-    return (*_merged(stacks, self_counts, totals, function_of), all_samples)
+    return (*_merged(stacks, self_counts, totals, functions), all_samples)
 
 
 def _merged(
-    stacks: Stacks,
-    self_counts: dict[FrameKey, int],
-    totals: dict[FrameKey, int],
-    function_of: Callable[[FrameKey], FrameKey],
+    stacks: Stacks, self_counts: dict[FrameKey, int], totals: dict[FrameKey, int], functions: PythonFunctions
 ) -> tuple[dict[FrameKey, int], dict[FrameKey, int]]:
-    """Per-frame counts summed per function. Mapping the distinct frames, not every frame of every stack,
-    keeps this cheap (mapped per frame, a profile's top took 2.5x as long). Totals sum exactly except where
-    one stack holds two frames of one function (two of its lines: recursion): those stacks are found in a
-    second pass over the frames of such functions only, and counted once."""
-    function = {frame: function_of(frame) for frame in totals}
+    """Per-frame counts summed per function. Only the distinct frames that move are touched, not every
+    frame of every stack (mapped per frame, top took 2.5x as long; bench/top_functions.py). Totals add up
+    exactly except where one stack holds two frames of one function (two of its lines: recursion): those
+    stacks are found in a second pass, over the frames of such functions only, and counted once."""
+    moved = functions.moved(totals)
+    if not moved:
+        return self_counts, totals
+    merged_self, merged_totals = dict(self_counts), dict(totals)
     frames_of: dict[FrameKey, list[FrameKey]] = {}
-    for frame, fn in function.items():
-        frames_of.setdefault(fn, []).append(frame)
-    merged_self: dict[FrameKey, int] = {}
-    for frame, n in self_counts.items():
-        fn = function[frame]
-        merged_self[fn] = merged_self.get(fn, 0) + n
-    merged_totals = {fn: sum(totals[f] for f in frames) for fn, frames in frames_of.items()}
+    for frame, function in moved.items():
+        frames_of.setdefault(function, []).append(frame)
+        own = merged_self.pop(frame, 0)
+        if own:
+            merged_self[function] = merged_self.get(function, 0) + own
+        merged_totals[function] = merged_totals.get(function, 0) + merged_totals.pop(frame)
     several = {f for frames in frames_of.values() if len(frames) > 1 for f in frames}
     if several:
         for stack, count in stacks.items():
             hits = several.intersection(stack)
             if len(hits) > 1 and count > 0:
-                seen: dict[FrameKey, int] = {}
-                for f in hits:
-                    seen[function[f]] = seen.get(function[f], 0) + 1
-                for fn, k in seen.items():
-                    merged_totals[fn] -= (k - 1) * count
+                per_function: dict[FrameKey, int] = {}
+                for frame in hits:
+                    per_function[moved[frame]] = per_function.get(moved[frame], 0) + 1
+                for function, k in per_function.items():
+                    merged_totals[function] -= (k - 1) * count
     return merged_self, merged_totals
 
 
