@@ -91,7 +91,7 @@ class Resolver:
             _PythonWindow(self._python, self._py_named, self._py_merged) if self._python is not None else None
         )
         for s in drain.samples:
-            proc = self._process(s.tgid, s.comm)
+            proc = self._process(s.tgid, s.comm, tid=s.tid)
             if not proc.start_ticks:
                 # Exited before we could describe it (short-lived, or an event was lost): keep the
                 # samples with what the kernel told us; user addresses cannot be symbolized.
@@ -100,7 +100,7 @@ class Resolver:
         # Off-CPU rows take the same path; their counts are nanoseconds, so the Python walker's
         # per-sample statistics do not count them.
         offcpu = [
-            self._resolved(s, self._process(s.tgid, s.comm), drain, remapped, python, 0)
+            self._resolved(s, self._process(s.tgid, s.comm, tid=s.tid), drain, remapped, python, 0)
             for s in getattr(drain, "offcpu", ())
         ]
         stats = dict(drain.stats)
@@ -133,11 +133,15 @@ class Resolver:
             frames = (NO_STACK,)
         return ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot, s.idle)
 
-    def _process(self, tgid: int, comm: str, mappings: bool = True) -> ProcessInfo:
-        """The process as captured, or (gone before it could be described) what the kernel told us."""
+    def _process(self, tgid: int, comm: str, mappings: bool = True, tid: int = 0) -> ProcessInfo:
+        """The process as captured, or (gone before it could be described) what the kernel told us. A row
+        of its main thread (`tid` == `tgid`) carries the process's name at sample time: one that named
+        itself after it was described (a Python program, once its imports are done) is renamed."""
         proc = self._processes.get(tgid, mappings)
         if proc is None:
             proc = ProcessInfo(tgid, 0, comm, "", CgroupIdentity(path=""), ())
+        elif tid == tgid and comm and proc.comm != comm:
+            proc = self._processes.renamed(tgid, comm) or proc
         return proc
 
     def _user(

@@ -37,6 +37,10 @@ FORMATS = ("json", "folded", "svg", "html", "pprof", "speedscope", "grafana")
 DIFF_FORMATS = ("json", "svg", "grafana")
 TITLES = {"cpu": "CPU", "offcpu": "Off-CPU", "wall": "Wall-clock"}
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+# Grouped by pod, a process without one (a host process: no Kubernetes, or outside any pod) is grouped by
+# its comm, as "comm:NAME" in the pod column, rather than all of them as one empty pod.
+POD = "pod"
+HOST_GROUP_PREFIX = "comm:"
 
 
 class QueryApi:
@@ -123,6 +127,56 @@ class QueryApi:
             raise HttpError(400, f'"{name}" must be between {lo} and {hi}, got {value}')
         return value
 
+    @staticmethod
+    def _lines(req: Request) -> bool:
+        """lines=1: rank a Python function's lines apart (by default they are one function's row)."""
+        raw = req.param("lines", "0")
+        if raw not in ("0", "1", "true", "false"):
+            raise HttpError(400, f'"lines" must be 0 or 1, got {raw!r}')
+        return raw in ("1", "true")
+
+    def _labels_known(self, start: float, end: float) -> list[str]:
+        return [n for n in self._store.label_names(start, end) if not internal_label(n)]
+
+    @staticmethod
+    def _label_warnings(names: list[str], by: tuple[str, ...], known: list[str]) -> list[str]:
+        """Warnings for the label names a query uses (its selectors', then `by`) that no series in the range
+        has, naming the labels there are (`known`: empty when the range holds nothing, then none)."""
+        there = f"the labels in this range: {', '.join(known)}"
+        out = []
+        for name in dict.fromkeys(names):
+            if not known or name in known:
+                continue
+            if name == GPU_STATE_NAME:
+                out.append(f"no series in this range has a GPU state (gpu= needs processes on GPUs); {there}")
+            elif name == POD and name in by:
+                out.append(
+                    'no series in this range has the label "pod" (no Kubernetes metadata?): processes'
+                    f" without a pod are grouped as {HOST_GROUP_PREFIX}NAME; {there}"
+                )
+            else:
+                out.append(f'no series in this range has the label "{name}"; {there}')
+        return out
+
+    def _answer_notes(
+        self, total: int, selector: Selector, start: float, end: float, by: tuple[str, ...] = ()
+    ) -> dict:
+        """The "warnings" and "empty_reason" fields of a JSON answer: label names the selector or `by` use
+        that no series in the range has (a typo, or a label this fleet lacks: no Kubernetes metadata), and
+        why an empty answer is empty: "no_match" (the range holds data, the selector matched none of it)
+        or "no_data" (nothing stored in the range). The range's labels are read only when the answer is
+        empty or grouped: a selector that matched something needs no check (a missing label can match
+        only with `!=`, `!~` or an empty value), and most queries pay nothing."""
+        names = [m.name for m in selector.matchers if not internal_label(m.name)]
+        if not by and (total or not names):
+            return {"warnings": [], "empty_reason": None if total else "no_data"}
+        known = self._labels_known(start, end)
+        warnings = self._label_warnings(names + list(by), by, known)
+        reason = None if total else "no_match" if names and known else "no_data"
+        if reason == "no_match":
+            warnings.append(f"the selector {selector} matched nothing in this range, which holds other data")
+        return {"warnings": warnings, "empty_reason": reason}
+
     def _typed(self, req: Request) -> TypedStore:
         """The store as the request's `type` (cpu, offcpu, wall) and `threads` (active, all; the type's
         default when absent) count it."""
@@ -167,6 +221,7 @@ class QueryApi:
         body = to_json(stacks, total_samples=total, frequency_hz=freq)
         body["from"], body["until"], body["query"] = start, end, str(selector)
         body["type"], body["unit"] = kind, UNITS[kind]
+        body.update(self._answer_notes(total, selector, start, end))
         return Response(tree_json_text(body).encode(), "application/json")
 
     def diff(self, req: Request) -> Response:
@@ -177,6 +232,7 @@ class QueryApi:
         """
         fmt = self._choice(req, "format", DIFF_FORMATS, "json")
         sort = self._choice(req, "sort", SORTS, "self")
+        lines = self._lines(req)
         limit = self._int(req, "limit", 50, 1, 10_000)
         max_nodes = self._int(req, "max_nodes", DEFAULT_MAX_NODES, 1, 1_000_000)
         selector = self._selector(req)
@@ -211,9 +267,17 @@ class QueryApi:
                 }
                 for name, (sel_, s_, e_, picked) in sides.items()
             }
-            body["sort"] = sort
+            body["sort"], body["lines"] = sort, lines
             body["type"], body["unit"] = typed.kind, typed.unit
-            body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort)
+            body["warnings"] = []
+            for name, (sel_, s_, e_, picked) in sides.items():
+                notes = self._answer_notes(picked.total, sel_, s_, e_)
+                body[name]["empty_reason"] = notes["empty_reason"]
+                for warning in notes["warnings"]:
+                    text = warning.replace("the selector", f"the {name} selector", 1)
+                    if text not in body["warnings"]:
+                        body["warnings"].append(text)
+            body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort, lines)
             return json_response(body)
         base_stacks, comp_stacks = limit_pair(base.stacks, comp.stacks, max_nodes)
         if fmt == "grafana":
@@ -238,11 +302,13 @@ class QueryApi:
         if req.param("by") is not None:
             return self._top_groups(req, limit)
         sort = self._choice(req, "sort", SORTS, "self")
+        lines = self._lines(req)
         kind = self._choice(req, "type", TYPES, "cpu")
         sel, selector, start, end = self._select(req)
         return json_response(
             {
                 "sort": sort,
+                "lines": lines,
                 "type": kind,
                 "unit": UNITS[kind],
                 "total": sel.total,
@@ -250,7 +316,8 @@ class QueryApi:
                 "from": start,
                 "until": end,
                 "query": str(selector),
-                "functions": top_functions(sel.stacks, limit, sort),
+                "functions": top_functions(sel.stacks, limit, sort, lines),
+                **self._answer_notes(sel.total, selector, start, end),
             }
         )
 
@@ -270,7 +337,9 @@ class QueryApi:
         typed = self._typed(req)
         ts = typed.series(selector, start, end, step, by)
         lines = top_lines(ts, limit)
+        total = sum(line.total for line in lines)
         body = {
+            **self._answer_notes(total, selector, start, end, tuple(by)),
             "type": typed.kind,
             "unit": typed.unit,
             "query": str(selector),
@@ -338,12 +407,18 @@ class QueryApi:
         typed = self._typed(req)
         selector = self._selector(req)
         start, end = self._range(req)
-        grouped = typed.group(selector, start, end, by)
-        total = sum(grouped.totals.values())
+        if POD in by and "comm" not in by:
+            grouped = typed.group(selector, start, end, [*by, "comm"])
+            totals = _host_processes_by_comm(grouped.totals, by)
+        else:
+            grouped = typed.group(selector, start, end, by)
+            totals = grouped.totals
+        total = sum(totals.values())
         freq = grouped.frequency_hz
-        rows = sorted(grouped.totals.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
+        rows = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
         return json_response(
             {
+                **self._answer_notes(total, selector, start, end, tuple(by)),
                 "type": typed.kind,
                 "unit": typed.unit,
                 "by": by,
@@ -441,6 +516,20 @@ class QueryApi:
         if "/" in name or name.startswith(".") or not path.is_file() or path.suffix not in _CONTENT_TYPES:
             raise HttpError(404, f"no such page: {req.path}")
         return Response(path.read_bytes(), _CONTENT_TYPES[path.suffix])
+
+
+def _host_processes_by_comm(by_comm: dict[tuple[str, ...], int], by: list[str]) -> dict[tuple[str, ...], int]:
+    """Totals grouped by `by` (which holds "pod") from totals grouped by `by` and then comm: a process
+    without a pod counts under "comm:NAME" in the pod column, not in one empty pod with every other host
+    process; processes in pods are summed over their comms."""
+    pod_at = by.index(POD)
+    totals: dict[tuple[str, ...], int] = {}
+    for values, n in by_comm.items():
+        key = list(values[:-1])
+        if not key[pod_at]:
+            key[pod_at] = HOST_GROUP_PREFIX + values[-1]
+        totals[tuple(key)] = totals.get(tuple(key), 0) + n
+    return totals
 
 
 def _round(x: float | None) -> float | None:

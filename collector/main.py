@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from fleetprof.auth import TokenFile
 from fleetprof.collector.api import QueryApi
@@ -121,6 +121,10 @@ class Collector:
         self.registry.register(self.gpu_metrics)
         self.registry.register(self.cpu_metrics)
         self.registry.register(self.query_timer)
+        # The collector's own CPU, memory and open files (process_*, from /proc) and Python version
+        # (python_info), as every Prometheus client process exports them.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         timed = TimedStore(self.store, self.query_timer)
         api = QueryApi(timed, self.registry, gpu_usage=self.gpu_usage)
         # Grafana's Pyroscope datasource: Connect RPCs on the same port, behind the same TLS and token.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.metrics.cpu import CpuMetrics
 from fleetprof.collector.model.rows import ProfileRows
@@ -67,3 +69,25 @@ def test_cpu_series_per_node_are_capped_and_the_rest_is_other() -> None:
     assert len(series) == 4
     assert series[("n1", "ns", "p0", "c")] == 2.0
     assert series[("n1", "ns", "other", "other")] == 2.0  # p3 and p4, one second each
+
+
+def test_cpu_seconds_are_exact_and_the_collector_exports_its_own_process_metrics() -> None:
+    """2,261 samples at 19 Hz are 119 s. Sent as 323 batches of 7 samples, 7/19 added up in floats read
+    118.99999999999972; the counter is the exact sum, rounded once. /metrics is scraped over HTTP."""
+    col = start_collector()
+    try:
+        target = f"127.0.0.1:{col.grpc_port}"
+        assert len(push(target, [pod_batch(seq, 7) for seq in range(1, 324)])) == 323
+        text = http_get(f"http://127.0.0.1:{col.http_port}/metrics").decode()
+        series = 'fleetprof_cpu_seconds_total{container="main",namespace="ml",node="gpu-1",pod="trainer-0"}'
+        (line,) = [ln for ln in text.splitlines() if ln.startswith(series)]
+        assert line == f"{series} 119.0"
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        (rss,) = families["process_resident_memory_bytes"].samples
+        assert rss.value > 10 * 2**20  # a Python process with grpcio and numpy loaded
+        (cpu,) = families["process_cpu_seconds"].samples
+        assert cpu.value > 0
+        assert families["process_open_fds"].samples[0].value > 0
+        assert families["python_info"].samples[0].labels["implementation"] == "CPython"
+    finally:
+        col.stop()

@@ -1,8 +1,10 @@
-"""`fleetprof demo` (what `make demo` runs): both start, a first top is printed, Ctrl-C stops both."""
+"""`fleetprof demo` (what `make demo` runs): both start, a first top is printed, Ctrl-C at the terminal
+stops the agent (which sends its last window) and then the collector."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,12 +19,14 @@ pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
 def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
     require_bpf()
+    # A session of its own, as a terminal's: Ctrl-C there signals the whole foreground process group.
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetprof.cli", "demo", "--warmup", "8", "--interval", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         cwd=REPO,
+        start_new_session=True,
     )
     lines: list[str] = []
 
@@ -44,7 +48,7 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
         assert 'id="flamegraph"' in ui
     finally:
         burner.kill()
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C at the terminal does
     proc.wait(timeout=60)
     reader.join(timeout=60)
     out = "".join(lines)
@@ -53,6 +57,10 @@ def test_demo_profiles_this_machine_and_stops_cleanly_on_ctrl_c() -> None:
     assert "SELF%" in out and "FUNCTION" in out, out
     assert "fleetprof demo: stopped" in out
     assert "Traceback" not in out
+    # The agent stopped first and its last window was acknowledged: the collector was still there.
+    assert "unreachable" not in out, out
+    (stopped,) = [line for line in out.splitlines() if "agent stopped:" in line]
+    assert stopped.endswith(" 0 unacknowledged at exit"), stopped
     # Both children are gone: their ports are free again.
     for port in (7470, 7471, 7472):
         assert not answers(f"http://127.0.0.1:{port}/healthz")

@@ -183,6 +183,30 @@ def test_top_functions_limit_and_empty():
     assert top_functions({}) == []
 
 
+def test_top_functions_merge_a_python_functions_lines_and_only_python_frames():
+    """A Python frame is "qualname (file.py:LINE)" with the file's path as its module: its lines are one
+    function; a name that only looks alike (another module, a kernel frame) is left as it is. A recursive
+    function running two lines of one stack counts once in its total."""
+    py = "/srv/a.py"
+    f7, f6, g = F("f (a.py:7)", py), F("f (a.py:6)", py), F("g (a.py:2)", py)
+    lookalike, kernel = F("op (a.py:3)", "/usr/bin/app"), F("k (a.py:4)", "", True)
+    stacks = {(g, f6, f7): 30, (g, f6): 10, (MAIN, lookalike): 5, (MAIN, kernel): 5}
+    rows = {r["function"]: r for r in top_functions(stacks)}
+    assert (rows["f (a.py)"]["self"], rows["f (a.py)"]["total"], rows["f (a.py)"]["lines"]) == (
+        40,
+        40,
+        [6, 7],
+    )
+    assert rows["f (a.py)"]["module"] == py and rows["g (a.py)"]["lines"] == [2]
+    assert "lines" not in rows["op (a.py:3)"] and "lines" not in rows["k (a.py:4)"]
+    apart = {r["function"]: r for r in top_functions(stacks, lines=True)}
+    assert (apart["f (a.py:7)"]["self"], apart["f (a.py:6)"]["self"], apart["f (a.py:6)"]["total"]) == (
+        30,
+        10,
+        40,
+    )
+
+
 # ---- truncate --------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleetprof.agent.process.cgroups import CgroupIdentity, read_cgroup
 from fleetprof.agent.symbols.maps import Mapping, read_maps
@@ -120,6 +120,15 @@ class ProcessTable:
             except Exception:  # a hook must not keep the process from being described
                 log.exception("describing process %d: capture hook failed", pid)
         self._forgotten(evicted)
+        return info
+
+    def renamed(self, pid: int, comm: str) -> ProcessInfo | None:
+        """The capture of `pid` with the name its main thread has now (a process that named itself, with
+        prctl PR_SET_NAME, after it was captured); None if the table does not hold it."""
+        with self._lock:
+            info = self._procs.get(pid)
+            if info is not None and info.comm != comm:
+                info = self._procs[pid] = replace(info, comm=comm)
         return info
 
     def _forgotten(self, pids: list[int]) -> None:

@@ -164,6 +164,9 @@ def serve(sock: socket.socket) -> None:
 
 
 if __name__ == "__main__":
+    from fleetprof.procname import set_thread_name
+
+    set_thread_name("fleetprof-unwind")  # comm "fleetprof-unwin": not one more python3 beside the agent
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
     try:
         serve(socket.socket(fileno=int(sys.argv[1])))

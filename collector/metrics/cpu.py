@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, Metric
@@ -21,7 +22,11 @@ class CpuMetrics:
     """Cumulative since the collector started: samples ÷ sampling frequency per (node, namespace, pod,
     container); host processes count under empty pod labels. Each node gets its own series for its first
     `per_node_limit` containers; later ones are summed into pod="other", container="other" (namespace
-    kept). Series never change name, so counters stay monotonic; series idle for `expire_s` are dropped."""
+    kept). Series never change name, so counters stay monotonic; series idle for `expire_s` are dropped.
+
+    Counts are kept as integers (samples per sampling frequency, off-CPU nanoseconds) and turned into
+    seconds once, when scraped: summing n / frequency per batch in floats drifted (119.00000000000098
+    for 119 s), so the exported value is the sum's exact fraction rounded once."""
 
     MAX_CACHED = 200_000  # label set ids whose series key is remembered
 
@@ -32,19 +37,20 @@ class CpuMetrics:
         self._expire_s = expire_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._seconds: dict[tuple[str, ...], float] = {}
+        self._samples: dict[tuple[str, ...], dict[int, int]] = {}  # series -> frequency -> samples
         self._last_update: dict[tuple[str, ...], float] = {}
         self._named: dict[str, set[tuple[str, ...]]] = {}  # node -> series keys with their own name
         self._series_of: dict[int, tuple[str, ...]] = {}  # label set id -> its series key
         # Off-CPU nanoseconds' seconds, per the same series keys (the cap is the CPU series'; a pod's
         # off-CPU time goes where its CPU time goes).
-        self._offcpu: dict[tuple[str, ...], float] = {}
+        self._offcpu_ns: dict[tuple[str, ...], int] = {}
         self._offcpu_sets: set[int] = set()  # label set ids of off-CPU rows
 
     def observe(self, rows: ProfileRows) -> None:
         # Sum per label set first, in numpy: a batch has thousands of rows but only hundreds of processes.
         if not len(rows.counts):
             return
+        # Weights make bincount count in float64, exact for integers up to 2^53 (a batch holds far fewer).
         per_set = np.bincount(rows.label_index, weights=rows.counts, minlength=len(rows.label_sets)).tolist()
         freq = rows.frequency_hz
         now = self._clock()
@@ -69,17 +75,18 @@ class CpuMetrics:
                     else:
                         key = (key[0], key[1], OTHER, OTHER)
                 if lid in self._offcpu_sets:
-                    self._offcpu[key] = self._offcpu.get(key, 0.0) + n / 1e9
+                    self._offcpu_ns[key] = self._offcpu_ns.get(key, 0) + int(n)
                 else:
-                    self._seconds[key] = self._seconds.get(key, 0.0) + n / freq
+                    by_freq = self._samples.setdefault(key, {})
+                    by_freq[freq] = by_freq.get(freq, 0) + int(n)
                 self._last_update[key] = now
             self._expire(now)
 
     def _expire(self, now: float) -> None:
         stale = [k for k, t in self._last_update.items() if now - t > self._expire_s]
         for k in stale:
-            self._seconds.pop(k, None)
-            self._offcpu.pop(k, None)
+            self._samples.pop(k, None)
+            self._offcpu_ns.pop(k, None)
             del self._last_update[k]
             named = self._named.get(k[0])
             if named is not None:
@@ -92,8 +99,8 @@ class CpuMetrics:
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            items = sorted(self._seconds.items())
-            offcpu = sorted(self._offcpu.items())
+            items = sorted((k, _seconds(by_freq)) for k, by_freq in self._samples.items())
+            offcpu = sorted((k, ns / 1e9) for k, ns in self._offcpu_ns.items())
         fam = CounterMetricFamily(
             "fleetprof_cpu_seconds",
             "CPU time sampled by the agents (samples / sampling frequency)",
@@ -111,3 +118,8 @@ class CpuMetrics:
             for key, seconds in offcpu:
                 fam.add_metric(list(key), seconds)
             yield fam
+
+
+def _seconds(samples_by_frequency: dict[int, int]) -> float:
+    """Σ samples / frequency, exactly, rounded once to a float."""
+    return float(sum(Fraction(n, hz) for hz, n in samples_by_frequency.items() if hz))

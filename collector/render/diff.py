@@ -9,6 +9,7 @@ from fleetprof.collector.render.svg import render_tree_svg
 from fleetprof.collector.render.tree import (
     OTHER,
     Node,
+    PythonFunctions,
     function_counts,
     function_fields,
     truncate,
@@ -26,20 +27,26 @@ def _pct(part: int, whole: int) -> float:
     return 100.0 * part / whole if whole else 0.0
 
 
-def function_diff(baseline: Stacks, comparison: Stacks, limit: int = 50, sort: str = "self") -> list[dict]:
+def function_diff(
+    baseline: Stacks, comparison: Stacks, limit: int = 50, sort: str = "self", lines: bool = False
+) -> list[dict]:
     """Per function: its share of each profile (self and total %), and comparison − baseline in points.
 
     Shares, not sample counts, are compared, so selections of different lengths or sizes compare fairly.
-    Rows are sorted by |delta| of `sort` ("self" or "total"), largest first. A row per frame (raw name,
-    module, kernel), named by function_fields() (the shown name, and the raw one where it differs).
+    Rows are sorted by |delta| of `sort` ("self" or "total"), largest first. A row per function (raw name,
+    module, kernel), named by function_fields() (the shown name, and the raw one where it differs); a
+    Python function's lines are one row (listed as "lines") unless `lines`, as in top_functions().
     """
     if sort not in SORTS:
         raise ValueError(f'sort must be "self" or "total", got {sort!r}')
-    b_self, b_total, b_all = function_counts(baseline)
-    c_self, c_total, c_all = function_counts(comparison)
+    functions = None if lines else PythonFunctions()
+    b_self, b_total, b_all = function_counts(baseline, functions)
+    c_self, c_total, c_all = function_counts(comparison, functions)
     rows = []
     for frame in b_total.keys() | c_total.keys():
         row: dict = {**function_fields(frame), "module": frame.module, "kernel": frame.kernel}
+        if functions and frame in functions.lines:
+            row["lines"] = sorted(functions.lines[frame])
         for kind, b_counts, c_counts in (("self", b_self, c_self), ("total", b_total, c_total)):
             b, c = b_counts.get(frame, 0), c_counts.get(frame, 0)
             b_pct, c_pct = _pct(b, b_all), _pct(c, c_all)

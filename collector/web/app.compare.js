@@ -1,6 +1,7 @@
 // fleetprof collector UI: the A/B comparison (/api/v1/diff): two selectors or time ranges, set by hand
-// or by dragging across the chart, their totals, the functions whose share changed most, and the diff
-// flame graph (the collector's SVG, drawn by app.flame.js inside it).
+// or by dragging across the chart, their totals, the functions whose share changed most (a Python
+// function's lines as one row unless "Python lines apart"), and the diff flame graph (the collector's SVG,
+// drawn by app.flame.js inside it; it keeps lines).
 'use strict';
 
 window.FleetprofCompare = (function () {
@@ -83,6 +84,7 @@ window.FleetprofCompare = (function () {
       for (const [key, side] of Object.entries(el.side)) {
         for (const field of FIELDS) params[key + '_' + field] = side[field].value.trim();
       }
+      if (el.lines.checked) params.compare_lines = '1';
       return params;
     }
 
@@ -92,6 +94,7 @@ window.FleetprofCompare = (function () {
       for (const [key, side] of Object.entries(el.side)) {
         for (const field of FIELDS) side[field].value = params.get(key + '_' + field) || '';
       }
+      el.lines.checked = params.get('compare_lines') === '1';
       el.section.hidden = false;
       return true;
     }
@@ -116,6 +119,7 @@ window.FleetprofCompare = (function () {
       let body = null, failure = null;
       try {
         const query = Object.assign({ format: 'json', sort: el.sort.value, limit: '50' }, params);
+        if (el.lines.checked) query.lines = '1';
         body = await FleetprofApi.getJSON('diff', query, mine.signal);
       } catch (err) {
         failure = err;
@@ -171,6 +175,9 @@ window.FleetprofCompare = (function () {
         showSideTotal(el.side[key].total, key, sides[key], measure);
       }
       el.measure.textContent = F.TYPES[measure.type].word + ' time';
+      const warnings = Array.isArray(body.warnings) ? body.warnings.map(String) : [];
+      el.warnings.textContent = warnings.join('\n');
+      el.warnings.hidden = !warnings.length;
       drawBands();
 
       const kind = body.sort === 'total' ? 'total' : 'self';
@@ -187,7 +194,9 @@ window.FleetprofCompare = (function () {
         const td = document.createElement('td');
         td.colSpan = 6;
         td.className = 'empty';
-        td.textContent = F.nothingIn(measure, 'on either side');
+        const nothing = [sides.a, sides.b].every((side) => side.empty_reason === 'no_match');
+        td.textContent = nothing ? F.nothingFor({ empty_reason: 'no_match' }, measure, 'on either side')
+          : F.nothingIn(measure, 'on either side');
         tr.appendChild(td);
         tbody.appendChild(tr);
       }
@@ -257,6 +266,7 @@ window.FleetprofCompare = (function () {
     el.form.addEventListener('submit', (e) => { e.preventDefault(); run(); });
     el.form.addEventListener('change', (e) => { if (e.target.name === 'drag-sets') updateChartHint(); });
     el.sort.addEventListener('change', () => { if (!el.result.hidden) run(); });
+    el.lines.addEventListener('change', () => { if (!el.result.hidden) run(); else page.saveHash(); });
     el.svg.addEventListener('load', fitDiffFrame);
 
     return { isOpen, open, run, pick, retype, drawBands, addHashParams, loadHashParams };

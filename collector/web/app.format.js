@@ -44,6 +44,13 @@ window.FleetprofFormat = (function () {
     return 'no ' + (measure.ns ? TYPES[measure.type].word + ' time' : 'samples') + ' ' + where;
   }
 
+  // Why an answer is empty, by its empty_reason: the selector matched nothing ("no_match": the range holds
+  // other data), or the range holds nothing at all.
+  function nothingFor(body, measure, where) {
+    if (body && body.empty_reason === 'no_match') return 'the selector matched nothing ' + where + ' (it holds other data)';
+    return nothingIn(measure, where);
+  }
+
   function fmtPct(part, whole) {
     return whole > 0 ? (100 * part / whole).toFixed(2) + '%' : '0.00%';
   }
@@ -90,7 +97,7 @@ window.FleetprofFormat = (function () {
   }
 
   return {
-    TYPES, isType, measureOf, nothingIn, fmtPct, fmtCpu, fmtTime, fmtNs, fmtDuration, isoLocal, fmtSpan,
+    TYPES, isType, measureOf, nothingIn, nothingFor, fmtPct, fmtCpu, fmtTime, fmtNs, fmtDuration, isoLocal, fmtSpan,
     escapeRegex,
   };
 })();

@@ -14,8 +14,8 @@
     form: $('query-form'), selector: $('selector'), range: $('range'), customRange: $('custom-range'),
     from: $('from'), until: $('until'), typeSwitch: $('type-switch'), threadsField: $('threads-field'),
     threadsSwitch: $('threads-switch'), typeNote: $('type-note'), refresh: $('refresh'), auto: $('auto-refresh'),
-    error: $('error'), status: $('status'), chartTitle: $('chart-title'), chartUnit: $('chart-unit'),
-    zoomOut: $('zoom-out'),
+    error: $('error'), warnings: $('warnings'), status: $('status'), chartTitle: $('chart-title'),
+    chartUnit: $('chart-unit'), zoomOut: $('zoom-out'), topLines: $('top-lines'),
   };
 
   const state = {
@@ -34,6 +34,17 @@
   function clearError() {
     el.error.textContent = '';
     el.error.hidden = true;
+  }
+
+  // The collector's warnings about the query (a label no series has, a selector that matched nothing),
+  // each once, from every answer of a refresh.
+  function showWarnings(bodies) {
+    const seen = new Set();
+    for (const body of bodies) {
+      for (const w of (body && Array.isArray(body.warnings) ? body.warnings : [])) seen.add(String(w));
+    }
+    el.warnings.textContent = Array.from(seen).join('\n');
+    el.warnings.hidden = !seen.size;
   }
 
   // ---- the query: selector, range, type and threads ----------------------------------------------
@@ -103,14 +114,17 @@
   // ---- the URL hash: the query, range, type and threads, and the comparison's sides while it is open ----
 
   function saveHash() {
+    const params = queryParams();
+    if (el.topLines.checked) params.lines = '1';
     try {
-      history.replaceState(null, '', '#' + new URLSearchParams(compare.addHashParams(queryParams())).toString());
+      history.replaceState(null, '', '#' + new URLSearchParams(compare.addHashParams(params)).toString());
     } catch (_) { /* file:// or sandboxed frames may refuse; the page works without it */ }
   }
 
   function loadHash() {
     const params = new URLSearchParams(location.hash.replace(/^#/, ''));
     if (params.has('query')) el.selector.value = params.get('query');
+    el.topLines.checked = params.get('lines') === '1';
     if (F.isType(params.get('type'))) setProfileType(params.get('type'));
     const type = F.TYPES[profileType()];
     setThreads(type.threads && type.counts[params.get('threads')] ? params.get('threads') : type.threads);
@@ -139,6 +153,7 @@
   const chart = FleetprofChart.create($('chart'), { onSelect: onChartSelect, onHover: onChartHover });
   const compare = FleetprofCompare.create({
     section: $('compare-section'), toggle: $('compare-toggle'), form: $('compare-form'), sort: $('compare-sort'),
+    lines: $('compare-lines'), warnings: $('compare-warnings'),
     run: $('compare-run'), status: $('compare-status'), result: $('compare-result'), measure: $('compare-measure'),
     table: $('compare-table'), svg: $('compare-svg'), chartHint: $('chart-hint'),
     side: {
@@ -193,7 +208,7 @@
     const measure = F.measureOf(body);
     state.seriesHz = body && Number(body.frequency_hz) > 0 ? Number(body.frequency_hz) : null;
     state.seriesMeasure = measure;
-    chart.draw(body, F.nothingIn(measure, 'in this range'));
+    chart.draw(body, F.nothingFor(body, measure, 'in this range'));
     // Titled by the type asked for, so a failed answer still shows which view this is.
     el.chartTitle.textContent = F.TYPES[profileType()].chart;
     const unit = measure.ns ? F.TYPES[measure.type].word + ' seconds' : state.seriesHz ? 'CPU seconds' : 'samples';
@@ -214,7 +229,7 @@
     el.refresh.disabled = true;
     const get = (endpoint, extra) => FleetprofApi.getJSON(endpoint, Object.assign(extra, params), controller.signal);
     const [prof, tops, series] = await Promise.allSettled([
-      get('profile', { format: 'json' }), get('top', { limit: '50' }), get('series', {}),
+      get('profile', { format: 'json' }), get('top', topParams()), get('series', {}),
     ]);
     if (state.controller !== controller) return;  // a newer refresh owns the page now
     state.controller = null;
@@ -233,6 +248,23 @@
     profile.show(body);
     top.show(tops.status === 'fulfilled' ? tops.value : null);
     drawChart(series.status === 'fulfilled' ? series.value : null);
+    showWarnings([prof, tops, series].map((r) => (r.status === 'fulfilled' ? r.value : null)));
+  }
+
+  // The top table's request: a Python function's lines apart only when asked for.
+  function topParams() {
+    return el.topLines.checked ? { limit: '50', lines: '1' } : { limit: '50' };
+  }
+
+  // The lines switch redraws the table alone: the flame graph keeps lines either way.
+  async function refreshTop() {
+    saveHash();
+    const params = Object.assign(topParams(), queryParams());
+    try {
+      top.show(await FleetprofApi.getJSON('top', params));
+    } catch (err) {
+      showError(err && err.message ? err.message : String(err));
+    }
   }
 
   function setAutoRefresh(on) {
@@ -264,6 +296,7 @@
     refresh();
     compare.retype();
   });
+  el.topLines.addEventListener('change', refreshTop);
   el.zoomOut.addEventListener('click', zoomOutTime);
   el.auto.addEventListener('change', () => setAutoRefresh(el.auto.checked));
 

@@ -105,7 +105,7 @@ window.FleetprofProfile = (function () {
       if (!nodes.length) {
         el.graph.style.height = '';
         el.graph.style.overflowY = 'hidden';
-        empty.textContent = root ? F.nothingIn(measure, 'in this range') : '';
+        empty.textContent = root ? F.nothingFor(body, measure, 'in this range') : '';
         el.graph.appendChild(empty);
         el.resetZoom.disabled = true;
         el.deeper.hidden = true;
@@ -126,8 +126,9 @@ window.FleetprofProfile = (function () {
     }
 
     // Highlights every frame of one function (a click in the top table) and brings the graph into view.
-    function highlight(name) {
-      el.search.value = '^' + F.escapeRegex(name) + '$';
+    // pattern: a regex of whole frame names (the top table's namesPattern).
+    function highlight(pattern) {
+      el.search.value = pattern;
       onSearchInput();
       el.graph.scrollIntoView({ block: 'nearest' });
     }

@@ -1,11 +1,21 @@
-// fleetprof collector UI: the top functions table (/api/v1/top); a click on a row highlights that
-// function in the flame graph.
+// fleetprof collector UI: the top functions table (/api/v1/top), a Python function's lines as one row
+// unless "Python lines apart" is on; a click on a row highlights that function in the flame graph (a
+// function row: each of its lines, which the flame graph keeps apart).
 'use strict';
 
 window.FleetprofTop = (function () {
   const F = FleetprofFormat;
 
-  // tbody: the table's body; onPick(name): a row was clicked.
+  // The flame graph's names of a row: a Python function's row ("f (a.py)", lines [3, 7]) stands for its
+  // frames "f (a.py:3)" and "f (a.py:7)"; any other row for its own name. A regex, whole names only.
+  function namesPattern(name, lines) {
+    if (Array.isArray(lines) && lines.length && name.endsWith(')')) {
+      return '^' + F.escapeRegex(name.slice(0, -1)) + ':(' + lines.map(Number).join('|') + ')\\)$';
+    }
+    return '^' + F.escapeRegex(name) + '$';
+  }
+
+  // tbody: the table's body; onPick(pattern): a row was clicked (namesPattern of it).
   function create(tbody, onPick) {
     // body: the top answer, or null (none yet, or it failed).
     function show(body) {
@@ -19,7 +29,7 @@ window.FleetprofTop = (function () {
         const td = document.createElement('td');
         td.colSpan = 6;
         td.className = 'empty';
-        td.textContent = body ? F.nothingIn(measure, 'in this range') : '';
+        td.textContent = body ? F.nothingFor(body, measure, 'in this range') : '';
         tr.appendChild(td);
         tbody.appendChild(tr);
         return;
@@ -29,6 +39,7 @@ window.FleetprofTop = (function () {
         tr.className = fn.kernel ? 'top-row kernel' : 'top-row';
         const name = String(fn.function == null ? '' : fn.function);
         tr.dataset.name = name;
+        tr.dataset.pattern = namesPattern(name, fn.lines);
         const cells = [
           [name, ''],
           [fn.module ? String(fn.module) : (fn.kernel ? '[kernel]' : ''), 'module'],
@@ -50,11 +61,11 @@ window.FleetprofTop = (function () {
 
     tbody.addEventListener('click', (e) => {
       const tr = e.target.closest ? e.target.closest('tr.top-row') : null;
-      if (tr) onPick(tr.dataset.name);
+      if (tr) onPick(tr.dataset.pattern);
     });
 
     return { show };
   }
 
-  return { create };
+  return { create, namesPattern };
 })();

@@ -57,6 +57,14 @@ def _range_params(args: argparse.Namespace) -> dict[str, str | None]:
     return params
 
 
+def _warn(command: str, data: dict) -> dict:
+    """Print the collector's warnings about a query (a label no series has, a selector that matched
+    nothing) to stderr, where they do not mix with the table; returns `data`."""
+    for warning in data.get("warnings") or ():
+        print(f"fleetprof {command}: warning: {warning}", file=sys.stderr)
+    return data
+
+
 def cmd_collector(args: argparse.Namespace) -> int:
     from fleetprof.collector.main import Collector, CollectorConfig
 
@@ -98,7 +106,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"fleetprof agent: {err}", file=sys.stderr)
         return 1
     config = AgentConfig(
-        collector=args.collector,
+        collector=args.collector.removeprefix("https://"),
         http=args.http,
         frequency_hz=args.frequency,
         interval_s=args.interval,
@@ -151,8 +159,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 def _client_tls(args: argparse.Namespace):  # noqa: ANN202 - fleetprof.tls.ClientTlsConfig, imported lazily
-    """TLS to the collector when any TLS flag is given (no --tls-ca: the system's CAs)."""
-    if not (args.tls_ca or args.tls_cert or args.tls_key or args.tls_server_name):
+    """TLS to the collector when any TLS flag is given or --collector is an https:// URL (no --tls-ca: the
+    system's CAs)."""
+    by_url = args.collector.startswith("https://")
+    if not (by_url or args.tls_ca or args.tls_cert or args.tls_key or args.tls_server_name):
         return None
     from fleetprof.tls import ClientTlsConfig
 
@@ -167,20 +177,18 @@ def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
 def cmd_top(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"limit": str(args.limit)}
     if args.by:
-        print(
-            format_groups(
-                fetch_json(args.collector, "/api/v1/top", params | {"by": args.by}, _credentials(args))
-            )
-        )
+        by = params | {"by": args.by}
+        print(format_groups(_warn("top", fetch_json(args.collector, "/api/v1/top", by, _credentials(args)))))
         return 0
-    data = fetch_json(args.collector, "/api/v1/top", params | {"sort": args.sort}, _credentials(args))
-    print(format_top(data))
+    params |= {"sort": args.sort, "lines": "1" if args.lines else None}
+    data = fetch_json(args.collector, "/api/v1/top", params, _credentials(args))
+    print(format_top(_warn("top", data)))
     return 0
 
 
 def cmd_pods(args: argparse.Namespace) -> int:
     params = _range_params(args) | {"limit": str(args.limit), "by": ",".join(POD_GROUP)}
-    print(format_pods(fetch_json(args.collector, "/api/v1/top", params, _credentials(args))))
+    print(format_pods(_warn("pods", fetch_json(args.collector, "/api/v1/top", params, _credentials(args)))))
     return 0
 
 
@@ -238,6 +246,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
     fmt = _output_format("diff", args.output, DIFF_FORMATS, "json")
     if fmt is None:
         return 2
+    second_range = any(v is not None for v in (args.since2, args.from2, args.until2))
+    if not second_range and args.query2 in (None, args.query):
+        print(
+            "fleetprof diff: nothing to compare the baseline with: give a second selector (--query2 SELECTOR)"
+            " or a second time range (--since2 DURATION, or --from2 TIME --until2 TIME); the baseline is"
+            " --query with --since or --from/--until",
+            file=sys.stderr,
+        )
+        return 2
     params = _range_params(args) | {
         "query2": args.query2,
         "since2": args.since2,
@@ -246,6 +263,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         "format": fmt,
         "sort": args.sort,
         "limit": str(args.limit),
+        "lines": "1" if args.lines else None,
     }
     if args.max_nodes:
         params["max_nodes"] = str(args.max_nodes)
@@ -253,21 +271,20 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.output:
         _write(args.output, fmt, body)
     else:
-        print(format_diff(json.loads(body)))
+        print(format_diff(_warn("diff", json.loads(body))))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Collector and agent as child processes of this one; Ctrl-C stops both."""
+    """Collector and agent as child processes of this one; Ctrl-C stops the agent, which sends its last
+    window, then the collector."""
     exe = [sys.executable, "-m", "fleetprof.cli"]
-    collector = subprocess.Popen(exe + ["collector"])
+    collector = _demo_child(exe + ["collector"])
     time.sleep(1.0)
     if collector.poll() is not None:
         print("fleetprof demo: the collector did not start (see above)", file=sys.stderr)
         return 1
-    agent = subprocess.Popen(
-        exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)]
-    )
+    agent = _demo_child(exe + ["agent", "--frequency", str(args.frequency), "--interval", str(args.interval)])
     children = [agent, collector]
     stopping = False
 
@@ -306,16 +323,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(format_top(data), flush=True)
                 print(f"\nmore: fleetprof top --since 5m | fleetprof flame -o cpu.svg | {url}/", flush=True)
         time.sleep(0.2)
-    for p in children:
+    # One at a time, the agent first: it drains its last window and waits (up to 5 s) for the collector
+    # to acknowledge what it has sent, so nothing is left unacknowledged.
+    for p, timeout_s in ((agent, 30), (collector, 15)):
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-    for p in children:
         try:
-            p.wait(timeout=15)
+            p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
     print("fleetprof demo: stopped")
     return rc
+
+
+def _demo_child(argv: list[str]) -> subprocess.Popen:
+    """A child in a process group of its own: Ctrl-C at the terminal signals the whole foreground group,
+    and the collector would stop while the agent still sends ("collector unreachable", "1 unacknowledged
+    at exit"). The demo alone gets it and stops its children in order; they die with it if it is killed."""
+    from fleetprof.procname import die_with_parent
+
+    return subprocess.Popen(argv, process_group=0, preexec_fn=die_with_parent)
 
 
 COMMANDS = {

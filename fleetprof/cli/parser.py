@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from pathlib import Path
 
 DEFAULT_COLLECTOR_GRPC = "127.0.0.1:7470"
 DEFAULT_COLLECTOR_HTTP = "127.0.0.1:7471"
 DEFAULT_AGENT_HTTP = "127.0.0.1:7472"
+# The query commands' collector when --collector is not given (a URL or HOST:PORT, as --collector takes).
+COLLECTOR_ENV = "FLEETPROF_COLLECTOR"
+# Flags whose value may start with "-" ("--since -5m", "--from -1h"): argparse would read such a value as
+# a flag of its own, so `dash_values` glues it on first ("--since=-5m").
+DASH_VALUE_FLAGS = frozenset(("--since", "--since2", "--from", "--from2", "--until", "--until2"))
+_DASH_VALUE = re.compile(r"-\d")
 # Longest suffix first: ".speedscope.json" must not be read as ".json".
 FLAME_FORMATS = {
     ".speedscope.json": "speedscope",
@@ -78,6 +86,20 @@ def _hostport(text: str) -> str:
     return text if host else f"127.0.0.1:{port}"
 
 
+def _grpc_target(text: str) -> str:
+    """HOST:PORT, or a URL as the query commands take it: http://HOST:PORT (plaintext, read as HOST:PORT),
+    https://HOST:PORT (kept so: TLS). A path has no meaning for gRPC and is refused."""
+    scheme, sep, rest = text.strip().partition("://")
+    if not sep:
+        return _hostport(text)
+    if scheme.lower() not in ("http", "https") or "/" in rest.rstrip("/"):
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT, http://HOST:PORT or https://HOST:PORT, got {text!r}"
+        )
+    hostport = _hostport(rest.rstrip("/"))
+    return f"https://{hostport}" if scheme.lower() == "https" else hostport
+
+
 def _sample_fraction(text: str) -> int:
     from fleetprof.agent.syscalls import parse_sample_fraction
 
@@ -118,9 +140,78 @@ def _seconds_or_duration(text: str) -> float:
     return v
 
 
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """--help shows each flag's default, unless its help text already says it or there is none to show
+    (argparse's ArgumentDefaultsHelpFormatter also prints "(default: None)" and "(default: False)")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or not action.option_strings
+            or default in (None, False, True, argparse.SUPPRESS)
+            or default == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
+def _collector_url(text: str) -> str:
+    """The collector's HTTP API: a URL (http://HOST:PORT, https://HOST:PORT, with a path prefix behind a
+    proxy) or HOST:PORT (then http://), as the agent's --collector is given."""
+    value = text.strip().rstrip("/")
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        if scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
+            raise argparse.ArgumentTypeError(
+                f"expected http://HOST:PORT, https://HOST:PORT or HOST:PORT, got {text!r}"
+            )
+        return f"{scheme.lower()}://{rest}"
+    host, colon, port = value.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535 or "/" in value:
+        raise argparse.ArgumentTypeError(
+            f"expected http://HOST:PORT, https://HOST:PORT or HOST:PORT, got {text!r}"
+        )
+    return f"http://{host or '127.0.0.1'}:{port}"
+
+
+def _since(text: str) -> str:
+    """A window's length; "-5m" reads as "5m" (the last five minutes), as people write it."""
+    return text[1:] if _DASH_VALUE.match(text) else text
+
+
+def _time(text: str) -> str:
+    """A time as the API reads it; "-1h" reads as "now-1h"."""
+    return f"now{text}" if _DASH_VALUE.match(text) else text
+
+
+def dash_values(argv: list[str]) -> list[str]:
+    """argv with "--since -5m" written as "--since=-5m" (for each flag of DASH_VALUE_FLAGS followed by a
+    value that starts with a dash and a digit), which argparse reads as the flag's value."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return out + argv[i:]
+        if arg in DASH_VALUE_FLAGS and i + 1 < len(argv) and _DASH_VALUE.match(argv[i + 1]):
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
 def _add_query_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--collector", default=f"http://{DEFAULT_COLLECTOR_HTTP}", help="collector URL (http:// or https://)"
+        "--collector",
+        type=_collector_url,
+        default=os.environ.get(COLLECTOR_ENV) or f"http://{DEFAULT_COLLECTOR_HTTP}",
+        metavar="URL",
+        help=f"the collector's HTTP API: http(s)://HOST:PORT or HOST:PORT (default: ${COLLECTOR_ENV} when"
+        f" set, else http://{DEFAULT_COLLECTOR_HTTP})",
     )
     p.add_argument(
         "--ca", default=None, metavar="FILE", help="CA certificate(s) to verify an https:// collector with"
@@ -132,13 +223,33 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
         help="API token sent as `Authorization: Bearer` (default: $FLEETPROF_TOKEN when set)",
     )
     p.add_argument(
-        "--query", default="{}", help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\''
+        "--query",
+        default="{}",
+        metavar="SELECTOR",
+        help='label selector, e.g. \'{namespace="ml", comm=~"python.*"}\' (default: {}, everything)',
     )
     p.add_argument(
-        "--since", default=None, help="window ending now (or at --until), e.g. 5m, 1h (default 5m)"
+        "--since",
+        type=_since,
+        default=None,
+        metavar="DURATION",
+        help="window ending now (or at --until), e.g. 5m, 1h, -5m (default 5m)",
     )
-    p.add_argument("--from", dest="from_", default=None, help="start: unix seconds, RFC 3339, or now-15m")
-    p.add_argument("--until", default=None, help="end: unix seconds, RFC 3339, or now-5m (default now)")
+    p.add_argument(
+        "--from",
+        dest="from_",
+        type=_time,
+        default=None,
+        metavar="TIME",
+        help="start: unix seconds, RFC 3339, now-15m or -15m",
+    )
+    p.add_argument(
+        "--until",
+        type=_time,
+        default=None,
+        metavar="TIME",
+        help="end: unix seconds, RFC 3339, now-5m or -5m (default now)",
+    )
     p.add_argument(
         "--gpu",
         choices=("idle", "busy"),
@@ -167,22 +278,41 @@ def _add_type_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleetprof", description="Always-on eBPF fleet profiler")
+    parser = argparse.ArgumentParser(
+        prog="fleetprof", description="Always-on eBPF fleet profiler", formatter_class=_HelpWithDefaults
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("collector", help="run the collector (gRPC ingest, store, HTTP API and UI)")
-    c.add_argument("--grpc", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="gRPC listen address")
-    c.add_argument("--http", type=_hostport, default=DEFAULT_COLLECTOR_HTTP, help="HTTP listen address")
+    def add_parser(name: str, **kwargs: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=_HelpWithDefaults, **kwargs)
+
+    c = add_parser("collector", help="run the collector (gRPC ingest, store, HTTP API and UI)")
+    c.add_argument(
+        "--grpc",
+        type=_hostport,
+        default=DEFAULT_COLLECTOR_GRPC,
+        metavar="HOST:PORT",
+        help="gRPC listen address",
+    )
+    c.add_argument(
+        "--http",
+        type=_hostport,
+        default=DEFAULT_COLLECTOR_HTTP,
+        metavar="HOST:PORT",
+        help="HTTP listen address",
+    )
     c.add_argument(
         "--retention",
         type=_seconds_or_duration,
         default=None,
+        metavar="DURATION",
         help="how long data is kept, e.g. 36h, 7d (>= 15m; default 1h in memory, 7d with --data-dir)",
     )
     c.add_argument(
         "--data-dir",
         default=None,
+        metavar="DIR",
         help="keep profiles on disk here (DuckDB + write-ahead log); without it, in memory only",
     )
     c.add_argument(
@@ -192,12 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--flush-interval",
+        metavar="SECONDS",
         type=_seconds,
         default=10.0,
         help="seconds between moves of logged batches into the database (with --data-dir; default 10)",
     )
     c.add_argument(
         "--max-clock-skew",
+        metavar="SECONDS",
         type=_seconds,
         default=300.0,
         help="refuse batches whose window ends more than this many seconds ahead of the collector's clock"
@@ -228,11 +360,22 @@ def build_parser() -> argparse.ArgumentParser:
         " password) with a token from this file (one per line; read again when it changes)",
     )
 
-    a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
+    a = add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
     a.add_argument(
-        "--collector", type=_hostport, default=DEFAULT_COLLECTOR_GRPC, help="collector gRPC HOST:PORT"
+        "--collector",
+        type=_grpc_target,
+        default=DEFAULT_COLLECTOR_GRPC,
+        metavar="HOST:PORT",
+        help="the collector's gRPC address: HOST:PORT, or http://HOST:PORT, or https://HOST:PORT (TLS, with"
+        " the system's CAs unless --tls-ca)",
     )
-    a.add_argument("--http", type=_hostport, default=DEFAULT_AGENT_HTTP, help="/metrics and /healthz address")
+    a.add_argument(
+        "--http",
+        type=_hostport,
+        default=DEFAULT_AGENT_HTTP,
+        metavar="HOST:PORT",
+        help="/metrics and /healthz address",
+    )
     a.add_argument(
         "--tls-ca", default=None, metavar="FILE", help="connect to the collector over TLS, trusting this CA"
     )
@@ -259,12 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="/metrics needs `Authorization: Bearer TOKEN` with a token from this file (/healthz stays open)",
     )
     a.add_argument(
-        "--frequency", type=_frequency, default=19, help="CPU samples per second per CPU (default 19)"
+        "--frequency", type=_frequency, default=19, metavar="HZ", help="CPU samples per second per CPU"
     )
     a.add_argument(
-        "--interval", type=_seconds, default=10.0, help="seconds between drains/batches (default 10)"
+        "--interval", type=_seconds, default=10.0, metavar="SECONDS", help="seconds between drains/batches"
     )
-    a.add_argument("--node", default="", help="node name (default $NODE_NAME or the hostname)")
+    a.add_argument(
+        "--node", default="", metavar="NAME", help="node name (default $NODE_NAME or the hostname)"
+    )
     a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
     # On by default: counting costs about what bcc syscount costs, and latency is timed only inside
     # duty-cycled windows (measured in bench/syscalls.py; see agent/syscalls.py).
@@ -330,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--kubeconfig",
         default=None,
+        metavar="FILE",
         help="kubeconfig for pod metadata (default: in-cluster service account, else $KUBECONFIG, else off)",
     )
     a.add_argument("--no-kubernetes", action="store_true", help="do not ask the API server for pod metadata")
@@ -344,42 +490,72 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--pod-resources-socket",
         default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        metavar="PATH",
         help="kubelet PodResources socket, for GPU → pod ownership (absent: feature off)",
     )
     a.add_argument("--gpu", dest="gpu", action="store_true", default=True, help="poll GPUs (NVML; default)")
     a.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not poll GPUs")
     a.add_argument(
-        "--gpu-interval", type=_seconds, default=1.0, help="seconds between NVML polls (0.5-3600; default 1)"
+        "--gpu-interval",
+        type=_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between NVML polls (0.5-3600)",
     )
 
-    d = sub.add_parser("demo", help="collector + agent on this machine, then a first `top`")
-    d.add_argument("--frequency", type=_frequency, default=19)
-    d.add_argument("--interval", type=_seconds, default=5.0)
-    d.add_argument("--warmup", type=_seconds, default=15.0, help="seconds before the first top")
+    d = add_parser("demo", help="collector + agent on this machine, then a first `top`")
+    d.add_argument(
+        "--frequency",
+        type=_frequency,
+        default=19,
+        metavar="HZ",
+        help="the agent's CPU samples per second per CPU",
+    )
+    d.add_argument(
+        "--interval",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="the agent's seconds between batches",
+    )
+    d.add_argument(
+        "--warmup", type=_seconds, default=15.0, metavar="SECONDS", help="seconds before the first top"
+    )
 
-    t = sub.add_parser("top", help="hottest functions (self and total), or label groups with --by")
+    t = add_parser("top", help="hottest functions (self and total), or label groups with --by")
     _add_query_args(t)
     _add_type_arg(t)
-    t.add_argument("--limit", type=_positive_int, default=20)
+    t.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="rows to print")
     t.add_argument(
         "--sort", choices=("self", "total"), default="self", help="rank functions by self or total samples"
     )
     t.add_argument(
-        "--by", default=None, metavar="LABEL[,LABEL]", help="rank label groups instead, e.g. pod or node"
+        "--lines",
+        action="store_true",
+        help="a row per Python source line (default: one per function, its lines merged)",
+    )
+    t.add_argument(
+        "--by",
+        default=None,
+        metavar="LABEL[,LABEL]",
+        help="rank label groups instead, e.g. pod or node (by pod, a process outside any pod counts as"
+        " comm:NAME)",
     )
 
-    pods = sub.add_parser("pods", help="pods by CPU share for a selection")
+    pods = add_parser("pods", help="pods by CPU share for a selection")
     _add_query_args(pods)
-    pods.add_argument("--limit", type=_positive_int, default=30)
+    pods.add_argument("--limit", type=_positive_int, default=30, metavar="N", help="pods to print")
 
-    sc = sub.add_parser("syscalls", help="top syscalls by time and by count for a selection")
+    sc = add_parser("syscalls", help="top syscalls by time and by count for a selection")
     _add_query_args(sc)
     sc.add_argument(
         "--by", default="syscall", help="group by these labels (e.g. pod,syscall; default syscall)"
     )
-    sc.add_argument("--limit", type=_positive_int, default=15)
+    sc.add_argument(
+        "--limit", type=_positive_int, default=15, metavar="N", help="rows to print in each table"
+    )
 
-    f = sub.add_parser(
+    f = add_parser(
         "flame",
         help="write a flame graph or profile (.svg .html .pb.gz .speedscope.json .json .folded) "
         "or print folded stacks",
@@ -390,9 +566,18 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         default=None,
-        help="file to write; the extension picks the format: " + extensions(FLAME_FORMATS),
+        metavar="FILE",
+        help="file to write; the extension picks the format: "
+        + extensions(FLAME_FORMATS)
+        + " (default: folded stacks on stdout)",
     )
-    f.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
+    f.add_argument(
+        "--max-nodes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="merge the tail beyond N frames (default: the collector's, 2048)",
+    )
     f.add_argument(
         "--gpu-idle",
         dest="gpu",
@@ -401,14 +586,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the CPU time spent while the processes' GPUs sat idle (same as --gpu idle)",
     )
 
-    g = sub.add_parser(
+    g = add_parser(
         "gpus", help="per pod: GPU utilization, memory, idle fraction, and the CPU's top functions while idle"
     )
     _add_query_args(g)
-    g.add_argument("--limit", type=_positive_int, default=30)
+    g.add_argument("--limit", type=_positive_int, default=30, metavar="N", help="pods to print")
     g.add_argument("--functions", type=_positive_int, default=3, help="top idle-time functions per pod")
 
-    df = sub.add_parser(
+    df = add_parser(
         "diff",
         help="compare two selections (two time ranges or two selectors): per-function share deltas",
         description="The baseline is --query/--since/--from/--until; the comparison is --query2/--since2/"
@@ -416,20 +601,41 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_query_args(df)
     _add_type_arg(df)
-    df.add_argument("--query2", default=None, help="comparison selector (default: --query)")
-    df.add_argument("--since2", default=None, help="comparison window ending at --until2 (default now)")
-    df.add_argument("--from2", default=None, help="comparison start")
-    df.add_argument("--until2", default=None, help="comparison end")
+    df.add_argument(
+        "--query2", default=None, metavar="SELECTOR", help="comparison selector (default: --query)"
+    )
+    df.add_argument(
+        "--since2",
+        type=_since,
+        default=None,
+        metavar="DURATION",
+        help="comparison window ending at --until2 (default: the baseline's range)",
+    )
+    df.add_argument("--from2", type=_time, default=None, metavar="TIME", help="comparison start")
+    df.add_argument("--until2", type=_time, default=None, metavar="TIME", help="comparison end (default now)")
     df.add_argument(
         "--sort", choices=("self", "total"), default="self", help="order by |delta| of self or total"
     )
-    df.add_argument("--limit", type=_positive_int, default=20)
+    df.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="functions to print")
+    df.add_argument(
+        "--lines",
+        action="store_true",
+        help="a row per Python source line (default: one per function, its lines merged; the flame graph"
+        " keeps lines)",
+    )
     df.add_argument(
         "-o",
         "--output",
         default=None,
+        metavar="FILE",
         help="write a file instead: .svg (red/blue diff flame graph), .grafana.json (Grafana's diff frame), "
         ".json (the table)",
     )
-    df.add_argument("--max-nodes", type=_positive_int, default=None, help="merge the tail beyond N frames")
+    df.add_argument(
+        "--max-nodes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="merge the tail beyond N frames (default: the collector's, 2048)",
+    )
     return parser

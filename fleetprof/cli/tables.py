@@ -40,6 +40,18 @@ def _where(fn: dict) -> str:
     return f"  {where}" if where else ""
 
 
+NO_DATA = "no samples in this range (is an agent running and pointed at this collector?)"
+NO_MATCH = (
+    "the selector matched nothing in this range (the range holds other data: see `fleetprof top --by comm`)"
+)
+
+
+def nothing_text(data: dict) -> str:
+    """Why an answer holds nothing, by its "empty_reason": the selector matched nothing, or the range
+    holds no data at all."""
+    return NO_MATCH if data.get("empty_reason") == "no_match" else NO_DATA
+
+
 def format_top(data: dict) -> str:
     total = data["total"]
     freq = data.get("frequency_hz")
@@ -55,7 +67,7 @@ def format_top(data: dict) -> str:
         cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
         lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
     if not total:
-        lines.append("no samples in this range (is an agent running and pointed at this collector?)")
+        lines.append(nothing_text(data))
         return "\n".join(lines)
 
     def amount(v: int) -> str:
@@ -84,7 +96,7 @@ def format_groups(data: dict) -> str:
         header = (*[b.upper() for b in by], "CPU%", "CPU_S", "SAMPLES")
         amount = ("samples",)
     if not total:
-        lines.append("no samples in this range")
+        lines.append(nothing_text(data))
         return "\n".join(lines)
     rows = [
         (
@@ -103,7 +115,7 @@ def format_pods(data: dict) -> str:
     cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
     lines = [f"{data['query']}  {total} samples{cpu}"]
     if not total:
-        lines.append("no samples in this range")
+        lines.append(nothing_text(data))
         return "\n".join(lines)
     rows = []
     for g in data["groups"]:
