@@ -518,12 +518,12 @@
     state.activeLabel = name;
     button.classList.add('active');
     try {
-      const body = await getJSON(API + 'labels/' + encodeURIComponent(name) + '/values');
+      const body = await getJSON(API + 'labels/' + encodeURIComponent(name) + '/values?limit=' + MAX_LABEL_VALUES);
       if (state.activeLabel !== name) return;  // another label was clicked meanwhile
       const values = Array.isArray(body.values) ? body.values.map(String) : [];
       note(el.labelValues, name + ' =');
       if (!values.length) note(el.labelValues, '(no values)');
-      for (const value of values.slice(0, MAX_LABEL_VALUES)) {
+      for (const value of values) {
         el.labelValues.appendChild(chip(value, 'value', () => {
           const next = addMatcher(el.selector.value, name, value);
           if (next === null) { showError('cannot add ' + name + ' to this selector; edit it by hand'); return; }
@@ -531,7 +531,7 @@
           refresh();
         }));
       }
-      if (values.length > MAX_LABEL_VALUES) note(el.labelValues, '… ' + (values.length - MAX_LABEL_VALUES) + ' more');
+      if (body.truncated) note(el.labelValues, '… and more (type the value in the selector)');
     } catch (err) {
       if (state.activeLabel === name) note(el.labelValues, 'values unavailable: ' + err.message);
     }
