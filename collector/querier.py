@@ -172,10 +172,13 @@ class Querier:
 
     def label_names(self, req: types_pb2.LabelNamesRequest) -> types_pb2.LabelNamesResponse:
         start, end = self._optional_range(req.start, req.end)
-        # Checked; names come from every series in range (Grafana's matchers name __profile_type__, which
-        # no stored label set carries).
-        self._selectors(req.matchers)
-        names = {n for n in self._labels.label_names(start, end) if not internal_label(n)}
+        # Names of the series the matchers select, less their __profile_type__ and __name__ matchers
+        # (Grafana sends them; no stored label set carries either: every type has the same series).
+        typeless = [
+            Selector(tuple(m for m in sel.matchers if m.name not in (PROFILE_TYPE_LABEL, NAME_LABEL)))
+            for sel in self._selectors(req.matchers)
+        ]
+        names = {n for n in self._labels.label_names(start, end, typeless) if not internal_label(n)}
         if names:
             names.update(DERIVED_LABELS)
             names.update((PROFILE_TYPE_LABEL, NAME_LABEL))

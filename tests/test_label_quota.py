@@ -141,6 +141,9 @@ def listed() -> RunningCollector:
     col = start_collector()
     assert push(f"127.0.0.1:{col.grpc_port}", [pods_batch(1, 1500, node="node-a")]) == [1]
     assert push(f"127.0.0.1:{col.grpc_port}", [pods_batch(1, 3, node="node-b", pod="b-{i}")]) == [1]
+    team = BatchBuilder("node-c", "a9e17000000000000000000000000c0c", 1)
+    team.sample(team.process(1, "w", {"team": "infra"}), team.stack([("main", "app")]), 1)
+    assert push(f"127.0.0.1:{col.grpc_port}", [team.build()]) == [1]
     yield RunningCollector(col)
     col.stop()
 
@@ -191,3 +194,27 @@ def test_connect_label_values_are_bounded(listed: RunningCollector, monkeypatch:
     with urllib.request.urlopen(req, timeout=30) as resp:
         names = list(types_pb2.LabelValuesResponse.FromString(resp.read()).names)
     assert names == ["b-0", "b-1", "b-2", "p-0"]
+
+
+def test_connect_label_names_are_of_the_series_the_matchers_select(listed: RunningCollector) -> None:
+    """Grafana's matchers name __profile_type__, which no stored label set carries: it is set aside."""
+    matcher = '{node="node-b", __profile_type__="process_cpu:cpu:nanoseconds:cpu:nanoseconds"}'
+    body = types_pb2.LabelNamesRequest(matchers=[matcher]).SerializeToString()
+    req = urllib.request.Request(
+        f"{listed.url}/querier.v1.QuerierService/LabelNames",
+        data=body,
+        headers={"Content-Type": "application/proto"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        names = set(types_pb2.LabelNamesResponse.FromString(resp.read()).names)
+    assert {"node", "pod", "pid", "comm", "__profile_type__"} <= names and "team" not in names
+    everything = types_pb2.LabelNamesRequest().SerializeToString()
+    req = urllib.request.Request(
+        f"{listed.url}/querier.v1.QuerierService/LabelNames",
+        data=everything,
+        headers={"Content-Type": "application/proto"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert "team" in types_pb2.LabelNamesResponse.FromString(resp.read()).names

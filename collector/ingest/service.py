@@ -8,6 +8,7 @@ says which nodes its batches may name and keys their dedupe state: (peer identit
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -47,6 +48,34 @@ class IngestStats:
 INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
 _AGENT_LOCKS = 64  # striped: one agent's batches dedupe under one lock, without a lock per agent id
 _SAY_EVERY_S = 10.0  # duplicates are logged at most this often, with how many since
+
+
+class _HeapTrimmer:
+    """malloc_trim after a large refused batch, at most every TRIM_EVERY_S. A refused batch keeps nothing
+    (decode.py), but its transient memory (the message, tens of thousands of label strings decoded before
+    the quota refused them) stays mapped behind other threads' allocations, for good: the trim gives part of
+    it back (bench/README.md, attacks). A second of decoding per such batch dwarfs the trim's cost."""
+
+    TRIM_ABOVE = 4 << 20  # batch bytes
+    TRIM_EVERY_S = 1.0
+
+    def __init__(self) -> None:
+        try:
+            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            self._trim = None
+        self._lock = threading.Lock()
+        self._last = -self.TRIM_EVERY_S
+
+    def after(self, size: int) -> None:
+        if self._trim is None or size < self.TRIM_ABOVE:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.TRIM_EVERY_S:
+                return
+            self._last = now
+        self._trim(0)
 
 
 class _Duplicates:
@@ -102,6 +131,7 @@ class IngestService(pb_grpc.IngestServicer):
         self._seen = SeenSequences(horizon_s=self._limits.max_batch_age_s, clock=clock)
         self._decoder = Decoder(clock)
         self._duplicates = _Duplicates()
+        self._trimmer = _HeapTrimmer()
         self.stats = IngestStats()
 
     @property
@@ -207,15 +237,21 @@ class IngestService(pb_grpc.IngestServicer):
         """Batches arrive as wire bytes (see serve_ingest): parsed here, and logged as they came."""
         peer = peer_of(context.auth_context(), self._node_binding)
         for payload in request_iterator:
+            refused = None
             try:
                 batch = self.parse(payload)
                 self.ingest(batch, payload, peer)
             except BatchError as err:
-                log.warning("rejected from %s: %s", context.peer(), err)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                refused = str(err)  # not `err`: its traceback holds the batch
             except StoreUnavailable as err:
                 # Said once in the store's log; the agent backs off and resends.
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"batch {batch.sequence} not stored: {err}")
+            if refused is not None:
+                log.warning("rejected from %s: %s", context.peer(), refused)
+                size = len(payload)
+                payload = batch = None  # freed before the heap is trimmed
+                self._trimmer.after(size)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
             yield pb.Ack(sequence=batch.sequence)
 
 

@@ -67,8 +67,8 @@ class IngestLimits:
     max_values_per_label: int = 5_000
     max_label_names_per_node: int = 128
     max_label_value_bytes_per_node: int = 8 << 20
-    max_series_total: int = 500_000  # every node together
-    max_label_value_bytes_total: int = 128 << 20
+    max_series_total: int = 250_000  # every node together
+    max_label_value_bytes_total: int = 64 << 20
     series_horizon_s: float = 3600.0
 
 

@@ -278,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--max-series-total",
         type=int,
-        default=500_000,
+        default=250_000,
         metavar="N",
-        help="refuse batches that would make all nodes together hold more than N label sets (default 500000)",
+        help="refuse batches that would make all nodes together hold more than N label sets (default 250000:"
+        " ~800 nodes of 300 processes; raise it, and the collector's memory, for more)",
     )
 
     a = sub.add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
