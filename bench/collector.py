@@ -143,6 +143,7 @@ class Secured:
         return [
             "--tls-cert", str(self.server.cert), "--tls-key", str(self.server.key),
             "--tls-client-ca", str(self.ca.cert), "--auth-token-file", str(self.token_file),
+            "--node-binding", "none",  # one client certificate for every simulated node
         ]  # fmt: skip
 
     def channel(self, target: str, options: list) -> grpc.Channel:

@@ -36,6 +36,11 @@ DEFAULT_MAX_NODES = 2048
 FORMATS = ("json", "folded", "svg", "html", "pprof", "speedscope", "grafana")
 DIFF_FORMATS = ("json", "svg", "grafana")
 TITLES = {"cpu": "CPU", "offcpu": "Off-CPU", "wall": "Wall-clock"}
+# Label names and values listed per request unless `limit` asks for more (at most MAX_LISTED): one node's
+# labels are capped at ingest (ingest/quota.py), a fleet's are not, and a listing answered 200 MB once.
+DEFAULT_LISTED = 1_000
+MAX_LISTED = 10_000
+MAX_MATCH = 16  # match[] selectors per listing
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Grouped by pod, a process without one (a host process: no Kubernetes, or outside any pod) is grouped by
 # its comm, as "comm:NAME" in the pod column, rather than all of them as one empty pod.
@@ -486,19 +491,35 @@ class QueryApi:
             )
         return by
 
+    def _match(self, req: Request) -> list[Selector]:
+        """The `match[]` selectors of a listing (any of them: Prometheus's meaning); none means all."""
+        texts = req.params("match[]")
+        if len(texts) > MAX_MATCH:
+            raise HttpError(400, f'at most {MAX_MATCH} "match[]" selectors, got {len(texts)}')
+        try:
+            return [parse_selector(t) for t in texts]
+        except SelectorError as err:
+            raise HttpError(400, f'bad "match[]": {err}') from err
+
     def labels(self, req: Request) -> Response:
+        """Label names with data (in range; of the label sets `match[]` selects), at most `limit`."""
         start, end = self._optional_range(req)
+        limit = self._int(req, "limit", DEFAULT_LISTED, 1, MAX_LISTED)
         # __type__ and __thread__ mark off-CPU rows: the API's `type` and `threads` select on them.
-        names = [n for n in self._store.label_names(start, end) if not internal_label(n)]
-        return json_response({"labels": names})
+        names = [n for n in self._store.label_names(start, end, self._match(req)) if not internal_label(n)]
+        return json_response({"labels": names[:limit], "truncated": len(names) > limit})
 
     def label_values(self, req: Request) -> Response:
+        """A label's values (in range; of the label sets `match[]` selects), sorted, the first `limit`;
+        `truncated` says there were more."""
         rest = req.path[len("/api/v1/labels/") :]
         name, sep, tail = rest.partition("/")
         if not sep or tail != "values" or not name:
             raise HttpError(404, f"no such endpoint: {req.path} (use /api/v1/labels/NAME/values)")
         start, end = self._optional_range(req)
-        return json_response({"name": name, "values": self._store.label_values(name, start, end)})
+        limit = self._int(req, "limit", DEFAULT_LISTED, 1, MAX_LISTED)
+        values = self._store.label_values(name, start, end, self._match(req))
+        return json_response({"name": name, "values": values[:limit], "truncated": len(values) > limit})
 
     def _optional_range(self, req: Request) -> tuple[float | None, float | None]:
         if req.param("from") is None and req.param("until") is None and req.param("since") is None:

@@ -44,11 +44,16 @@ _STATUS_CODE = {
     400: "invalid_argument",
     401: "unauthenticated",
     404: "unimplemented",
+    408: "deadline_exceeded",
     411: "invalid_argument",
     413: "resource_exhausted",
+    414: "resource_exhausted",
     415: "invalid_argument",
+    422: "resource_exhausted",
+    431: "resource_exhausted",
     501: "unimplemented",
     503: "unavailable",
+    505: "unimplemented",
 }
 _CODECS = {"application/proto": "proto", "application/json": "json"}
 MAX_MESSAGE_BYTES = 16 << 20  # a request's size once inflated
@@ -71,8 +76,10 @@ def error_response(code: str, message: str, status: int | None = None) -> Respon
 
 def connect_error(status: int, message: str) -> Response:
     """An error the HTTP server met (no token, no such route, too big, over budget), as Connect's.
-    A path with no service behind it keeps its 404, which Connect clients read as unimplemented."""
-    return error_response(_STATUS_CODE.get(status, "internal"), message, status)
+    A path with no service behind it keeps its 404, which Connect clients read as unimplemented; an answer
+    over the server's size bound (422) is resource_exhausted under Connect's own status for it."""
+    code = _STATUS_CODE.get(status, "internal")
+    return error_response(code, message, CODE_STATUS[code] if status == 422 else status)
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,12 @@ from fleetprof.auth import TokenFile
 from fleetprof.collector.api import QueryApi
 from fleetprof.collector.connect import connect_error
 from fleetprof.collector.ingest.auth import TokenInterceptor
+from fleetprof.collector.ingest.peer import NODE_BINDINGS
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
 from fleetprof.collector.ingest.validate import IngestLimits
 from fleetprof.collector.metrics.cpu import CpuMetrics
 from fleetprof.collector.metrics.gpu import GpuMetrics
+from fleetprof.collector.metrics.http import HttpMetrics
 from fleetprof.collector.metrics.ingest import IngestMetrics
 from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
@@ -28,7 +30,7 @@ from fleetprof.collector.querier import Querier
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore
-from fleetprof.httpserve import HttpServer
+from fleetprof.httpserve import HttpLimits, HttpServer
 from fleetprof.tls import ServerTls, TlsError
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,25 @@ class CollectorConfig:
     tls_client_ca: str | None = None  # gRPC clients must present a certificate this CA signed
     auth_token_file: str | None = None  # gRPC calls need `authorization: Bearer` with one of its tokens
     api_token_file: str | None = None  # so does every HTTP endpoint but /healthz
+    # With client certificates: "certificate" refuses a batch whose node its certificate does not name
+    # (ingest/peer.py); "none" for a certificate shared by every agent.
+    node_binding: str = "certificate"
+    # The label index, per node over an hour (ingest/quota.py); each over-limit batch is refused, counted.
+    max_series_per_node: int = IngestLimits.max_series_per_node
+    max_label_values: int = IngestLimits.max_values_per_label
+    max_series_total: int = IngestLimits.max_series_total
+    # The HTTP server's deadlines and connection limits (fleetprof/httpserve.py).
+    http_limits: HttpLimits = HttpLimits()
+
+    def ingest_limits(self) -> IngestLimits:
+        return IngestLimits(
+            max_batch_bytes=self.max_batch_bytes,
+            max_clock_skew_s=self.max_clock_skew_s,
+            max_series_per_node=self.max_series_per_node,
+            max_values_per_label=self.max_label_values,
+            max_series_total=self.max_series_total,
+            series_horizon_s=min(self.retention_s or DEFAULT_MEMORY_RETENTION_S, DEFAULT_MEMORY_RETENTION_S),
+        )
 
 
 class Protections:
@@ -64,6 +85,12 @@ class Protections:
             raise TlsError("TLS needs both --tls-cert and --tls-key")
         if config.tls_client_ca and not config.tls_cert:
             raise TlsError("--tls-client-ca (mutual TLS) needs TLS: add --tls-cert and --tls-key")
+        if config.node_binding not in NODE_BINDINGS:
+            raise ValueError(
+                f"--node-binding must be one of {', '.join(NODE_BINDINGS)}, not {config.node_binding!r}"
+            )
+        # Nodes are bound to client certificates only where there are some.
+        self.node_binding = config.node_binding if config.tls_client_ca else "none"
         self.tls = (
             ServerTls(config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert else None
         )
@@ -72,6 +99,8 @@ class Protections:
 
     def describe(self) -> str:
         tls = self.tls.describe() if self.tls else "plaintext"
+        if self.node_binding == "certificate":
+            tls += ", each agent writes as the node its certificate names"
         ingest = f"{tls}, token from {self.ingest_tokens.path}" if self.ingest_tokens else f"{tls}, no token"
         http_tls = f"TLS ({self.tls.cert})" if self.tls else "plaintext"
         api = f"{http_tls}, token from {self.api_tokens.path}" if self.api_tokens else f"{http_tls}, no token"
@@ -111,9 +140,10 @@ class Collector:
         self.gpu_usage = GpuUsageLog(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
         self.ingest = IngestService(
             self.store,
-            IngestLimits(max_batch_bytes=config.max_batch_bytes, max_clock_skew_s=config.max_clock_skew_s),
+            config.ingest_limits(),
             on_rows=self._export_rows,
             on_gpu=self._observe_gpu,
+            node_binding=self.protections.node_binding,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(IngestMetrics(self.ingest, self.store))
@@ -135,10 +165,12 @@ class Collector:
             int(port),
             api.routes(),
             api.prefixes(),
+            limits=config.http_limits,
             tls=self.protections.tls,
             tokens=self.protections.api_tokens,
             post_prefixes={pyroscope.prefix: (pyroscope.handle, connect_error), "/": (None, connect_error)},
         )
+        self.registry.register(HttpMetrics(self.http))
         # gRPC's own limit sits well above ours so oversized batches reach validation and get a clear
         # INVALID_ARGUMENT instead of a transport-level RESOURCE_EXHAUSTED.
         limit = 4 * config.max_batch_bytes
@@ -187,6 +219,12 @@ class Collector:
             )
         else:
             log.info("protections: %s", self.protections.describe())
+        if self.protections.node_binding != "certificate":
+            log.warning(
+                "agents are not bound to their nodes (no per-node client certificates): whoever can write to"
+                " %s can write as any node; see --tls-client-ca and --node-binding",
+                self.config.grpc,
+            )
 
     def stop(self) -> None:
         self.grpc.stop(grace=2).wait()

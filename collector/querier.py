@@ -32,6 +32,9 @@ MAX_NODES = 1_000_000
 PROFILE_TYPE_LABEL = "__profile_type__"
 NAME_LABEL = "__name__"
 MAX_SERIES_LABEL_SETS = 10_000
+# Label names and values per answer: Pyroscope's requests have no limit, so the first this many, sorted
+# (the HTTP API's listings take `limit` and `match[]`).
+MAX_LABEL_VALUES = 10_000
 RECENT_S = 3600.0  # the range of a label or series listing that names none
 
 
@@ -169,12 +172,17 @@ class Querier:
 
     def label_names(self, req: types_pb2.LabelNamesRequest) -> types_pb2.LabelNamesResponse:
         start, end = self._optional_range(req.start, req.end)
-        self._selectors(req.matchers)  # checked; names come from every series in range
-        names = {n for n in self._labels.label_names(start, end) if not internal_label(n)}
+        # Names of the series the matchers select, less their __profile_type__ and __name__ matchers
+        # (Grafana sends them; no stored label set carries either: every type has the same series).
+        typeless = [
+            Selector(tuple(m for m in sel.matchers if m.name not in (PROFILE_TYPE_LABEL, NAME_LABEL)))
+            for sel in self._selectors(req.matchers)
+        ]
+        names = {n for n in self._labels.label_names(start, end, typeless) if not internal_label(n)}
         if names:
             names.update(DERIVED_LABELS)
             names.update((PROFILE_TYPE_LABEL, NAME_LABEL))
-        return types_pb2.LabelNamesResponse(names=sorted(names))
+        return types_pb2.LabelNamesResponse(names=sorted(names)[:MAX_LABEL_VALUES])
 
     def label_values(self, req: types_pb2.LabelValuesRequest) -> types_pb2.LabelValuesResponse:
         if not req.name:
@@ -188,7 +196,7 @@ class Querier:
         for sel in self._selectors(req.matchers):
             values.update(k[0] for k in self._store.group(sel, start, end, [req.name]).totals)
         values.discard("")
-        return types_pb2.LabelValuesResponse(names=sorted(values))
+        return types_pb2.LabelValuesResponse(names=sorted(values)[:MAX_LABEL_VALUES])
 
     def series(self, req: querier_pb2.SeriesRequest) -> querier_pb2.SeriesResponse:
         start, end = self._range_or_recent(req.start, req.end)

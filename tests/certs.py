@@ -85,5 +85,9 @@ class Ca:
         names.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
         return self._issue(f"{self.name}-{stem}", dns[0], ExtendedKeyUsageOID.SERVER_AUTH, names)
 
-    def client(self, stem: str = "client") -> Pair:
-        return self._issue(f"{self.name}-{stem}", f"{stem}.agents", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    def client(self, stem: str = "client", name: str | None = None, dns: tuple[str, ...] = ()) -> Pair:
+        """A client certificate with the common name `name` (default `STEM.agents`, a name no node has) and
+        the DNS names `dns`: an agent's certificate names its node by either."""
+        names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        subject = name if name is not None else f"{stem}.agents"
+        return self._issue(f"{self.name}-{stem}", subject, ExtendedKeyUsageOID.CLIENT_AUTH, names)

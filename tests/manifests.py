@@ -358,6 +358,25 @@ def secret_files(workload: dict, secret_keys: Mapping[str, Iterable[str]]) -> di
     return files
 
 
+def host_files(workload: dict, path: str) -> tuple[str, str] | None:
+    """Where a path in the container comes from when it is not a Secret's: ("ConfigMap NAME", key) for a
+    ConfigMap volume's item, ("hostPath DIR", file) under a host directory (the kubelet's certificates);
+    None otherwise."""
+    c = _container(workload)
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    for vol in workload["spec"]["template"]["spec"].get("volumes", []):
+        mount = mounts.get(vol["name"])
+        if mount is None:
+            continue
+        if "configMap" in vol:
+            for item in vol["configMap"].get("items", []):
+                if posixpath.join(mount, item["path"]) == path:
+                    return (f"ConfigMap {vol['configMap']['name']}", item["key"])
+        if "hostPath" in vol and path.startswith(mount + "/"):
+            return (f"hostPath {vol['hostPath']['path']}", path[len(mount) + 1 :])
+    return None
+
+
 def file_flags(workload: dict) -> dict[str, str]:
     """--FLAG=/absolute/path arguments under /etc/fleetprof (tokens, certificates): flag -> path."""
     return {
@@ -380,6 +399,7 @@ def assert_file_flags_are_mounted(
             assert "subPath" not in m, f"{m['name']} uses subPath: rotated Secrets would not reach it"
     out = {}
     for flag, path in file_flags(workload).items():
-        assert path in files, f"{workload['metadata']['name']}: {flag}={path} is no mounted Secret's file"
-        out[flag] = files[path]
+        found = files.get(path) or host_files(workload, path)
+        assert found, f"{workload['metadata']['name']}: {flag}={path} is no mounted Secret's file"
+        out[flag] = found
     return out

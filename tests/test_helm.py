@@ -301,6 +301,13 @@ VARIANTS = {
         "grafana": {"datasource": {"enabled": True}},
     },
     "auth off": {"auth": {"enabled": False}, "grafana": {"datasource": {"enabled": True}}},
+    "tls by cert-manager, each agent with its node's kubelet certificate": {
+        "tls": {
+            "enabled": True,
+            "certManager": {"enabled": True, "issuerRef": {"name": "fleet-ca", "kind": "ClusterIssuer"}},
+            "mutual": {"enabled": True, "nodeCertificates": "kubelet"},
+        },
+    },
 }
 
 
@@ -542,6 +549,105 @@ def test_cert_manager_issues_the_collector_and_agent_certificates() -> None:
     source = _datasource(objects)
     assert source["jsonData"]["tlsAuthWithCACert"] is True
     assert source["secureJsonData"]["tlsCACert"] == "$__file{/etc/grafana/fleetprof/ca.crt}"
+
+
+def test_shared_agent_certificates_bind_no_node_and_kubelet_certificates_do() -> None:
+    """One certificate for every agent names no node: the collector is told so (--node-binding=none). With
+    nodeCertificates=kubelet each agent presents its node's kubelet client certificate from the host, the
+    collector trusts the cluster CA for them and binds each batch to the node its certificate names."""
+    shared = all_objects(render_chart(VARIANTS["tls by cert-manager, mutual, a Grafana data source"]))
+    assert (
+        "--node-binding=none"
+        in _find(shared, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    objects = all_objects(
+        render_chart(VARIANTS["tls by cert-manager, each agent with its node's kubelet certificate"])
+    )
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Certificate"] == ["fleetprof-collector"]
+    sts, ds = _find(objects, "StatefulSet"), _find(objects, "DaemonSet")
+    assert not [a for a in sts["spec"]["template"]["spec"]["containers"][0]["args"] if "node-binding" in a]
+    keys = _secret_keys(objects)
+    assert assert_file_flags_are_mounted(sts, keys)["--tls-client-ca"] == (
+        "ConfigMap kube-root-ca.crt",
+        "ca.crt",
+    )
+    agent = assert_file_flags_are_mounted(ds, keys)
+    pki = ("hostPath /var/lib/kubelet/pki", "kubelet-client-current.pem")
+    assert agent["--tls-cert"] == agent["--tls-key"] == pki
+    assert agent["--tls-ca"] == ("fleetprof-collector-tls", "ca.crt")
+    # The agents take ca.crt alone from the collector's Secret, never its key.
+    (src,) = [s for s in secret_sources(ds) if s["name"] == "fleetprof-collector-tls"]
+    assert src["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+
+
+def test_agents_with_kubelet_certificates_write_as_their_own_node_only(tmp_path: Path) -> None:
+    """The kubelet-certificate render, run: the collector with the StatefulSet's args (kube-root-ca.crt's
+    CA as client CA), an agent configured by the DaemonSet's args reading its node's kubelet-client PEM
+    (certificate and key in one file, CN system:node:NODE) from the host directory. Its own node is
+    stored; another node's name is refused."""
+    objects = all_objects(
+        render_chart(VARIANTS["tls by cert-manager, each agent with its node's kubelet certificate"])
+    )
+    issuer, cluster = Ca(tmp_path, "issuer"), Ca(tmp_path, "cluster")
+    secrets = _cluster_secrets(objects, issuer)
+    grpc_port, http_port = free_port(), free_port()
+    sts, ds = _find(objects, "StatefulSet"), _find(objects, "DaemonSet")
+    args = _kubelet(sts, secrets, tmp_path / "collector")
+    ca_file = tmp_path / "collector" / "etc/fleetprof/kubelet-ca/ca.crt"
+    ca_file.parent.mkdir(parents=True)
+    ca_file.write_bytes(cluster.cert.read_bytes())  # kube-root-ca.crt's ca.crt
+    args = [
+        {
+            "--grpc": f"--grpc=127.0.0.1:{grpc_port}",
+            "--http": f"--http=127.0.0.1:{http_port}",
+            "--data-dir": f"--data-dir={tmp_path / 'data'}",
+        }.get(a.split("=", 1)[0], a)
+        for a in args
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetprof.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: _answers_https(proc, http_port), 60, "the collector")
+        pair = cluster.client("kubelet", name="system:node:gpu-node-3")
+        pki = tmp_path / "agent" / "etc/fleetprof/kubelet-pki"
+        pki.mkdir(parents=True)
+        (pki / "kubelet-client-current.pem").write_bytes(pair.cert.read_bytes() + pair.key.read_bytes())
+        agent = build_parser().parse_args(_kubelet(ds, secrets, tmp_path / "agent"))
+        token = TokenFile(agent.auth_token_file)
+        tls = ClientTls(ClientTlsConfig(agent.tls_ca, agent.tls_cert, agent.tls_key, agent.tls_server_name))
+        for node, stored in (("gpu-node-3", True), ("gpu-node-4", False)):
+            shipper = Shipper(f"127.0.0.1:{grpc_port}", backoff_s=(0.05, 0.2), tls=tls, tokens=token)
+            shipper.start()
+            try:
+                shipper.submit(make_batch(node=node, count=5))
+                if stored:
+                    assert shipper.flush(20), f"not acknowledged: {shipper.stats}"
+                else:
+                    wait_until(lambda s=shipper: s.stats.batches_rejected == 1, 20, "the refusal")
+            finally:
+                shipper.stop(flush_timeout_s=0)
+        api_token = secrets["fleetprof-api-token"]["token"].decode()
+        ca_pem = secrets["fleetprof-collector-tls"]["ca.crt"]
+        server_name = agent.tls_server_name
+        status, body = _https(http_port, "/api/v1/top?by=node&since=1h", ca_pem, server_name, api_token)
+        assert status == 200
+        assert [g["labels"]["node"] for g in json.loads(body)["groups"]] == ["gpu-node-3"]
+    finally:
+        stop_process(proc, 30)
+        proc.stderr.close()
+
+
+def _answers_https(proc: subprocess.Popen, port: int) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"the collector exited: {proc.stderr.read().decode()[-2000:]}")
+    try:
+        return _https(port, "/healthz", None, "ignored")[0] == 200
+    except OSError:
+        return False
 
 
 def test_the_users_own_secrets_are_mounted_and_nothing_is_generated() -> None:

@@ -98,8 +98,11 @@ def secured(tmp_path: Path) -> Iterator[Secured]:
         col.stop()
 
 
-def _shipper(s: Secured, token: str | None = INGEST_TOKEN, client: bool = True, **tls: object) -> Shipper:
-    pair = s.ca.client() if client else None
+def _shipper(
+    s: Secured, token: str | None = INGEST_TOKEN, client: bool = True, node: str = "node-good", **tls: object
+) -> Shipper:
+    """A shipper with a client certificate for `node` (its common name): the nodes it may write as."""
+    pair = s.ca.client(f"client-{node}", name=node) if client else None
     config = ClientTlsConfig(
         ca=str(tls.get("ca", s.ca.cert)),
         cert=str(pair.cert) if pair else None,
@@ -152,7 +155,7 @@ def test_a_missing_or_wrong_ingest_token_is_unauthenticated_and_stores_nothing(
 def test_the_agent_keeps_refused_batches_and_a_rotated_token_gets_them_through(secured: Secured) -> None:
     """The agent's token is not (yet) accepted: it keeps the batch and retries. Once the collector's token
     file accepts it (a second line: rotation without downtime), the same batch arrives, once."""
-    shipper = _shipper(secured, token="ingest-next-4c2a")
+    shipper = _shipper(secured, token="ingest-next-4c2a", node="node-rotated")
     try:
         shipper.submit(make_batch(node="node-rotated", count=3))
         wait_until(lambda: secured.rejected("unauthenticated") >= 2, 20, "the collector to refuse the token")
@@ -165,7 +168,7 @@ def test_the_agent_keeps_refused_batches_and_a_rotated_token_gets_them_through(s
 
 
 def test_the_agent_reads_its_own_rotated_token_file(secured: Secured) -> None:
-    shipper = _shipper(secured, token="stale")
+    shipper = _shipper(secured, token="stale", node="node-agent-rotated")
     try:
         shipper.submit(make_batch(node="node-agent-rotated", count=2))
         wait_until(lambda: secured.rejected("unauthenticated") >= 1, 20, "the collector to refuse the token")
@@ -352,7 +355,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 def test_query_commands_take_a_ca_and_a_token(secured: Secured) -> None:
-    shipper = _shipper(secured)
+    shipper = _shipper(secured, node="node-cli")
     try:
         shipper.submit(make_batch(node="node-cli", count=5))
         assert shipper.flush(20)
@@ -414,7 +417,7 @@ def test_the_collector_says_once_which_protections_are_on(tmp_path: Path) -> Non
 
 @pytest.mark.bpf
 def test_a_real_agent_profiles_into_a_collector_with_every_protection_on(secured: Secured) -> None:
-    client = secured.ca.client("agent")
+    client = secured.ca.client("agent", name="test-node")  # the node start_agent names
     token = _write(secured.dir / "agent-token", INGEST_TOKEN + "\n")
     agent = start_agent(
         secured.target, 99, 1.0,

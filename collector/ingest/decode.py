@@ -4,18 +4,28 @@ neither decoded nor checked again, so ingest costs what is new, not what is sent
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.ingest import validate
 from fleetprof.collector.ingest.frames import FrameTable
+from fleetprof.collector.ingest.quota import SeriesQuota
 from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
-from fleetprof.collector.model.ids import key_generation, labels_id, other_stack_id, stack_ids_of
+from fleetprof.collector.model.ids import (
+    interned_frame_count,
+    key_generation,
+    labels_id,
+    other_stack_id,
+    stack_ids_of,
+)
 from fleetprof.collector.model.profile import (
     GPU_STATE_NAME,
     IDLE_THREAD,
@@ -65,11 +75,27 @@ class _PerAgent(OrderedDict):
         self._entries -= len(old)
 
 
+@dataclass
+class _StackPlan:
+    """A batch's stack table as looked up, before anything of it is learned: each stack's slot (-1 for the
+    new ones), and the new stacks' checked frame columns."""
+
+    source: str
+    wire: np.ndarray
+    slots: np.ndarray
+    missing: np.ndarray
+    columns: _StackColumns | None
+
+
 class StackCache:
-    """Every distinct stack decoded, kept once in a slot (its frames and content id), and per agent its
-    wire ids' slots (an IdIndex each). A batch's known stacks are found with one columnar lookup; the rest
-    are checked and decoded together and find their slot by content id, so agents share one copy. Keyed by
-    agent, so a lying agent can only garble its own data. Thread-safe.
+    """Every distinct stack decoded, kept once in a slot (its frames and content id), and per source (an
+    agent id, qualified by the identity that authenticated it) its wire ids' slots (an IdIndex each). A
+    batch's known stacks are found with one columnar lookup; the rest are checked and decoded together and
+    find their slot by content id, so agents share one copy. Keyed by source, so a lying agent can only
+    garble its own data. Not thread-safe: the Decoder locks.
+
+    Two steps, so that a refused batch leaves nothing behind: `plan` looks the batch's stacks up and checks
+    the new ones, changing nothing; `commit` decodes and learns them, and cannot fail.
 
     A stack new to an agent that finds its content id in a slot is compared with that slot's frames (tuples
     of shared FrameKeys: an identity check per frame). Content ids are keyed (collector/model/ids.py), so a
@@ -82,7 +108,6 @@ class StackCache:
     MAX_WIRE_IDS = 2_000_000  # (agent, wire id) entries, all agents together
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._start_over()
         # Stacks in batches so far: found by the agent's wire id, or checked and decoded (the share decoded
         # is what ingest costs: README, collector scale); and of those decoded, how many found their
@@ -90,7 +115,7 @@ class StackCache:
         self.counts = {"known": 0, "decoded": 0, "collisions": 0}
 
     def _start_over(self) -> None:
-        """Forget every stack (lock held): at start, and when the content-id key changes."""
+        """Forget every stack: at start, and when the content-id key changes."""
         self._key_generation = key_generation()
         self._agents = _PerAgent(IdIndex, self.MAX_WIRE_IDS)
         # `_frames` is only appended to (StackTables handed out keep reading it); _compact makes a new one.
@@ -99,33 +124,53 @@ class StackCache:
         self._slot_of: dict[int, int] = {}
         self._frame_table = FrameTable()
 
-    def table(self, batch: pb.Batch, strings: Sequence[str]) -> StackTable:
-        """The batch's stack table (the batch's stack_ids were checked to be one per stack)."""
+    def plan(self, batch: pb.Batch, strings: Sequence[str], source: str) -> _StackPlan:
+        """Look the batch's stacks up (its stack_ids were checked to be one per stack) and check the ones
+        new to `source`; raises BatchError, changing nothing but the cache's own housekeeping."""
+        if self._key_generation != key_generation():
+            self._start_over()
+        elif len(self._frames) >= self.MAX_STACKS:
+            self._compact()
         n = len(batch.stacks)
         wire = np.array(batch.stack_ids, dtype=np.uint64).view(np.int64)
-        agent_id = batch.agent.agent_id
-        with self._lock:
-            if self._key_generation != key_generation():
-                self._start_over()
-            elif len(self._frames) >= self.MAX_STACKS:
-                self._compact()
-            known = self._agents.table(agent_id)
-            slots = known.get(wire) if n else np.zeros(0, dtype=np.int64)
-            missing = np.flatnonzero(slots < 0)
-            self.counts["known"] += n - len(missing)
-            self.counts["decoded"] += len(missing)
-            if len(missing):
-                ids, stack = _new_stacks(
-                    batch.sequence, batch.stacks, strings, missing.tolist(), self._frame_table
-                )
-                slots[missing] = self._slots(ids, stack)
-                known.add(wire[missing], slots[missing])
-                self._agents.learned(agent_id, len(missing))
-            return StackTable(self._slot_ids[slots], slots, self._frames)
+        known = self._agents.get(source)
+        slots = known.get(wire) if known is not None and n else np.full(n, -1, dtype=np.int64)
+        missing = np.flatnonzero(slots < 0)
+        columns = None
+        if len(missing):
+            columns = _stack_columns(batch.sequence, batch.stacks, len(strings), missing.tolist())
+        return _StackPlan(source, wire, slots, missing, columns)
+
+    def commit(self, plan: _StackPlan, strings: Sequence[str]) -> StackTable:
+        """Decode and learn a planned batch's new stacks; its stack table."""
+        slots, missing = plan.slots, plan.missing
+        self.counts["known"] += len(slots) - len(missing)
+        self.counts["decoded"] += len(missing)
+        if plan.columns is not None:
+            ids, stack = _decode_stacks(plan.columns, strings, self._frame_table)
+            slots[missing] = self._slots(ids, stack)
+            self._agents.table(plan.source).add(plan.wire[missing], slots[missing])
+            self._agents.learned(plan.source, len(missing))
+        elif len(slots):
+            self._agents.table(plan.source)  # used now: the least recently used tables go first
+        return StackTable(self._slot_ids[slots], slots, self._frames)
+
+    def sizes(self) -> dict[str, int]:
+        """What the cache holds: stacks, wire ids, frames and their strings (the refused-batch test)."""
+        frames = self._frame_table
+        return {
+            "stacks": len(self._frames),
+            "stack_slot_ids": len(self._slot_of),
+            "stack_wire_ids": sum(len(t) for t in self._agents.values()),
+            "stack_sources": len(self._agents),
+            "frames": len(frames.keys),
+            "frame_strings": len(frames._strings),
+            "frame_string_chars": frames._chars,
+        }
 
     def _slots(self, ids: np.ndarray, stack: Callable[[int], Stack]) -> np.ndarray:
-        """The slot of each stack (content ids `ids`, frames `stack(k)`), lock held: the slot holding its
-        content id if that slot holds its frames, else a new one."""
+        """The slot of each stack (content ids `ids`, frames `stack(k)`): the slot holding its content id
+        if that slot holds its frames, else a new one."""
         frames = self._frames
         cids = ids.tolist()
         found = list(map(self._slot_of.get, cids))
@@ -137,7 +182,7 @@ class StackCache:
 
     def _slot_for(self, cid: int, frames: Stack) -> int:
         """The slot of `frames` under content id `cid` or, where other frames hold it, under the first of its
-        stand-in ids free or holding these frames; a new slot if none holds them (lock held)."""
+        stand-in ids free or holding these frames; a new slot if none holds them."""
         attempt = 0
         while True:
             slot = self._slot_of.get(cid)
@@ -155,8 +200,8 @@ class StackCache:
             cid = other_stack_id(cid, attempt)
 
     def _compact(self) -> None:
-        """Keep only the slots some agent's table points to (lock held), dropping the least recently used
-        agents' tables until at most half of MAX_STACKS remain; renumber and remap the tables."""
+        """Keep only the slots some agent's table points to, dropping the least recently used agents'
+        tables until at most half of MAX_STACKS remain; renumber and remap the tables."""
         while True:
             tables = list(self._agents.values())
             live = np.unique(np.concatenate([np.zeros(0, np.int64)] + [t.items()[1] for t in tables]))
@@ -173,14 +218,17 @@ class StackCache:
             t.remap(renumber)
 
 
-def _new_stacks(
-    seq: int, stacks: Sequence[pb.Stack], strings: Sequence[str], which: list[int], frames: FrameTable
-) -> tuple[np.ndarray, Callable[[int], Stack]]:
-    """Check and decode the stacks at `which` together: their content ids (int64 column) and a function
-    giving the k-th one's frames. Their frames are found as columns in `frames`, and the ids come from
-    numpy passes over frame-id columns, so a new stack costs a few list appends, not a string lookup and
-    a hash per frame."""
-    nstr = len(strings)
+class _StackColumns(NamedTuple):
+    """New stacks' frames as columns of string ids (checked in range) and their shapes."""
+
+    functions: np.ndarray
+    modules: np.ndarray
+    lengths: np.ndarray
+    kernel_starts: np.ndarray
+
+
+def _stack_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[int]) -> _StackColumns:
+    """Check the stacks at `which` (shape, string ids in the table) and return their frames as columns."""
     functions: list[int] = []
     modules: list[int] = []
     lengths: list[int] = []
@@ -197,14 +245,25 @@ def _new_stacks(
     fcol = np.array(functions, dtype=np.int64)
     mcol = np.array(modules, dtype=np.int64)
     lens = np.array(lengths, dtype=np.int64)
-    ends = np.cumsum(lens)
-    starts = ends - lens
     if len(fcol) and max(int(fcol.max()), int(mcol.max())) >= nstr:
         first = int(np.flatnonzero((fcol >= nstr) | (mcol >= nstr))[0])
-        k = int(np.searchsorted(ends, first, side="right"))
+        k = int(np.searchsorted(np.cumsum(lens), first, side="right"))
         validate.check_stack_strings(seq, which[k], stacks[which[k]], nstr)
+    return _StackColumns(fcol, mcol, lens, np.array(kernel_starts, dtype=np.int64))
+
+
+def _decode_stacks(
+    columns: _StackColumns, strings: Sequence[str], frames: FrameTable
+) -> tuple[np.ndarray, Callable[[int], Stack]]:
+    """Decode checked new stacks together: their content ids (int64 column) and a function giving the
+    k-th one's frames. Their frames are found as columns in `frames`, and the ids come from numpy passes
+    over frame-id columns, so a new stack costs a few list appends, not a string lookup and a hash per
+    frame."""
+    fcol, mcol, lens, kernel_starts = columns
+    ends = np.cumsum(lens)
+    starts = ends - lens
     position = np.arange(len(fcol), dtype=np.int64) - np.repeat(starts, lens)
-    kernel = position >= np.repeat(np.array(kernel_starts, dtype=np.int64), lens)
+    kernel = position >= np.repeat(kernel_starts, lens)
     slots = frames.slots(strings, fcol, mcol, kernel) if len(fcol) else fcol
     ids = stack_ids_of(frames.ids(slots), lens)
     flat = list(map(frames.keys.__getitem__, slots.tolist()))
@@ -217,86 +276,146 @@ def _new_stacks(
     return ids, stack
 
 
+@dataclass
+class _ProcessPlan:
+    """A batch's processes as looked up, before anything of them is learned: every process's entry, and the
+    ones new to the source, each with the content key it is remembered under."""
+
+    key: tuple[str, str]  # (source, node)
+    wire_ids: list[int]
+    entries: list[ProcessEntry]
+    new: dict[int, tuple]  # process index -> content key
+
+
 class ProcessCache:
-    """Per agent, its process wire ids' label sets (a dict each); and label sets by content, so a process
-    described again under a new id costs a dict lookup, not a sort and a hash. Thread-safe."""
+    """Per (source, node), its process wire ids' label sets (a dict each); and label sets by content, so a
+    process described again under a new id costs a dict lookup, not a sort and a hash. Two steps, as
+    StackCache: `plan` checks, `commit` learns. The Decoder locks around both; `label_id` is thread-safe."""
 
     MAX_CACHED = 500_000  # label sets and processes by content: each starts over when full
     MAX_WIRE_IDS = 1_000_000
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # _label_ids, which label_id reaches without the Decoder's lock
         self._start_over()
 
     def _start_over(self) -> None:
-        """Forget every label set (lock held): at start, and when the content-id key changes."""
+        """Forget every label set: at start, and when the content-id key changes."""
         self._key_generation = key_generation()
         self._agents = _PerAgent(dict, self.MAX_WIRE_IDS)
         self._by_content: dict[tuple, ProcessEntry] = {}
-        self._label_ids: dict[Labels, int] = {}
+        with self._lock:
+            self._label_ids: dict[Labels, int] = {}
 
     def label_id(self, labels: Labels) -> int:
         with self._lock:
-            if self._key_generation != key_generation():
-                self._start_over()
-            return self._label_id(labels)
+            lid = self._label_ids.get(labels)
+            if lid is None:
+                if len(self._label_ids) >= self.MAX_CACHED:
+                    self._label_ids.clear()
+                lid = self._label_ids[labels] = labels_id(labels)
+            return lid
 
-    def _label_id(self, labels: Labels) -> int:
-        lid = self._label_ids.get(labels)
-        if lid is None:
-            if len(self._label_ids) >= self.MAX_CACHED:
-                self._label_ids.clear()
-            lid = self._label_ids[labels] = labels_id(labels)
-        return lid
-
-    def entries(self, batch: pb.Batch, strings: Sequence[str]) -> list[ProcessEntry]:
-        """The label set of each of the batch's processes (process_ids were checked to be one each)."""
+    def plan(
+        self, batch: pb.Batch, strings: Sequence[str], source: str, limits: IngestLimits | None
+    ) -> _ProcessPlan:
+        """The label set of each of the batch's processes (process_ids were checked to be one each), the
+        ones new to the source checked; raises BatchError, changing nothing."""
+        if self._key_generation != key_generation():
+            self._start_over()
         wire_ids = list(batch.process_ids)  # one packed run: no Process message is touched for known ones
         # The node is in each entry's labels: an agent that comes back under another node name (a renamed
         # or re-imaged host keeping its state) must not file its processes under the old one.
-        agent_id = (batch.agent.agent_id, batch.agent.node)
-        with self._lock:
-            if self._key_generation != key_generation():
-                self._start_over()
-            known = self._agents.table(agent_id)
-            entries = list(map(known.get, wire_ids))
-            if None in entries:
-                missing = [i for i, entry in enumerate(entries) if entry is None]
-                for i in missing:
-                    entries[i] = self._decode(batch, i, strings)
-                known.update((wire_ids[i], entries[i]) for i in missing)
-                self._agents.learned(agent_id, len(missing))
-        return entries  # type: ignore[return-value]
+        key = (source, batch.agent.node)
+        known = self._agents.get(key)
+        entries = list(map(known.get, wire_ids)) if known is not None else [None] * len(wire_ids)
+        new: dict[int, tuple] = {}
+        if None in entries:
+            for i, entry in enumerate(entries):
+                if entry is None:
+                    new[i], entries[i] = self._describe(batch, i, strings, limits)
+        return _ProcessPlan(key, wire_ids, entries, new)  # type: ignore[arg-type]
 
-    def _decode(self, batch: pb.Batch, pi: int, strings: Sequence[str]) -> ProcessEntry:
+    def commit(self, plan: _ProcessPlan) -> list[ProcessEntry]:
+        """Learn a planned batch's new processes; every process's entry."""
+        entries = plan.entries
+        if plan.new:
+            if len(self._by_content) + len(plan.new) > self.MAX_CACHED:
+                self._by_content.clear()
+            with self._lock:
+                if len(self._label_ids) + len(plan.new) > self.MAX_CACHED:
+                    self._label_ids.clear()
+                for i, content in plan.new.items():
+                    lid, lset = self._by_content.setdefault(content, entries[i])
+                    self._label_ids.setdefault(lset, lid)
+            known = self._agents.table(plan.key)
+            known.update((plan.wire_ids[i], entries[i]) for i in plan.new)
+            self._agents.learned(plan.key, len(plan.new))
+        elif entries:
+            self._agents.table(plan.key)  # used now: the least recently used tables go first
+        return entries
+
+    def sizes(self) -> dict[str, int]:
+        """What the cache holds: wire ids, processes and label sets by content (the refused-batch test)."""
+        return {
+            "process_wire_ids": sum(len(t) for t in self._agents.values()),
+            "process_sources": len(self._agents),
+            "processes_by_content": len(self._by_content),
+            "label_set_ids": len(self._label_ids),
+        }
+
+    def _describe(
+        self, batch: pb.Batch, pi: int, strings: Sequence[str], limits: IngestLimits | None
+    ) -> tuple[tuple, ProcessEntry]:
+        """A new process's content key and entry, checked (BatchError names the problem)."""
         seq, nstr, node = batch.sequence, len(strings), batch.agent.node
         p = batch.processes[pi]
         comm, exe = p.comm, p.exe
         pairs = [(lb.name, lb.value) for lb in p.labels]
-        if comm >= nstr or exe >= nstr or (pairs and (max(map(max, pairs)) >= nstr or min(pairs)[0] == 0)):
-            validate.check_process(seq, pi, p, nstr)
+        if (
+            comm >= nstr
+            or exe >= nstr
+            or (pairs and (max(map(max, pairs)) >= nstr or min(pairs)[0] == 0))
+            or (limits is not None and len(pairs) > limits.max_labels_per_process)
+        ):
+            validate.check_process(seq, pi, p, nstr, limits)
         key = (node, p.pid, strings[comm], *[(strings[n], strings[v]) for n, v in pairs])
         hit = self._by_content.get(key)
         if hit is None:
-            if len(self._by_content) >= self.MAX_CACHED:
-                self._by_content.clear()
-            labels = {"node": node, "pid": str(p.pid), "comm": strings[comm]}
+            validate.check_comm(seq, pi, key[2])
+            labels = {"node": node, "pid": str(p.pid), "comm": key[2]}
             for name, value in key[3:]:
                 validate.check_label(seq, pi, name, value)
                 if value:
                     labels[name] = value
             lset = tuple(sorted((k, v) for k, v in labels.items() if v))
-            hit = self._by_content[key] = (self._label_id(lset), lset)
-        return hit
+            lid = self._label_ids.get(lset)
+            hit = (labels_id(lset) if lid is None else lid, lset)
+        return key, hit
+
+
+def source_key(identity: str, agent_id: str) -> str:
+    """What keys an agent's wire-id tables and dedupe state: its agent id, qualified by the identity that
+    authenticated it where there is one (ingest/peer.py), so an agent that learns another's id cannot reach
+    the other's tables or pre-send its sequence numbers. Agent ids hold no "|" (validate.AGENT_ID)."""
+    return f"{identity}|{agent_id}" if identity else agent_id
 
 
 class Decoder:
-    """Checks batches and turns them into ProfileRows, with a StackCache and a ProcessCache across
-    batches; samples are checked and turned into rows column by column. Thread-safe."""
+    """Checks batches and turns them into ProfileRows, with a StackCache, a ProcessCache and, for batches
+    checked against limits, a SeriesQuota across batches; samples are checked and turned into rows column
+    by column. Thread-safe.
 
-    def __init__(self) -> None:
+    A refused batch leaves nothing behind: every check runs before any cache learns from the batch (the
+    sample, syscall and GPU sections first, then the new stacks and processes, then the label quota, all
+    under one lock with the learning that follows), so the caches' sizes after a refusal are what they
+    were before it (tests/test_refused_batches.py)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._lock = threading.Lock()
         self.stacks = StackCache()
         self.processes = ProcessCache()
+        self.quota = SeriesQuota(clock)
 
     def decode(
         self,
@@ -304,34 +423,50 @@ class Decoder:
         limits: IngestLimits | None = None,
         size: int | None = None,
         now: float | None = None,
+        identity: str = "",
     ) -> ProfileRows:
         """Check the batch and return its rows for the store; BatchError names the first problem found.
 
-        With `limits`, the batch-wide limits are checked too (`size`: its wire size, when known; `now`: the
-        collector's clock, for the window's bounds); without, the batch was accepted before (a write-ahead
-        log record) and only what decoding relies on is checked.
+        With `limits`, the batch-wide limits and the label quota are checked too (`size`: its wire size,
+        when known; `now`: the collector's clock, for the window's bounds); without, the batch was accepted
+        before (a write-ahead log record) and only what decoding relies on is checked. `identity`: who
+        authenticated the batch ("" for no one in particular): it keys the caches and the quota.
         """
+        seq = batch.sequence
         if limits is not None:
             validate.check_header(batch, limits, batch.ByteSize() if size is None else size, now)
         validate.check_string_table(batch)
         validate.check_wire_ids(batch)
         validate.check_sample_column_lengths(batch)
+        nproc, nstack = len(batch.processes), len(batch.stacks)
+        pcol, kcol, ccol, gcol = columns = _sample_columns(batch)
+        validate.check_sample_columns(seq, columns, nproc, nstack)
+        offcpu_rows = len(batch.offcpu_columns.process)
+        if offcpu_rows:
+            offcpu = _offcpu_columns(batch)
+            validate.check_sample_columns(seq, offcpu, nproc, nstack, offcpu=True)
         strings = batch.strings  # read only where something is decoded: most of a batch is known
-        stacks = self.stacks.table(batch, strings)
-        procs = self.processes.entries(batch, strings)
         if batch.syscalls:
-            validate.check_syscalls(batch, len(procs), len(strings))
+            validate.check_syscalls(batch, nproc, len(strings))
         if batch.gpu_devices or batch.gpu_processes or batch.HasField("gpu_source"):
             validate.check_gpu_section(batch)
-        pcol, kcol, ccol, gcol = columns = _sample_columns(batch)
-        validate.check_sample_columns(batch.sequence, columns, len(procs), len(stacks))
+        source = source_key(identity, batch.agent.agent_id)
+        tenant = (identity, batch.agent.node)
+        with self._lock:
+            stack_plan = self.stacks.plan(batch, strings, source)
+            process_plan = self.processes.plan(batch, strings, source, limits)
+            if limits is not None:
+                self.quota.check(seq, batch.agent.node, tenant, process_plan.entries, limits)
+            # Nothing below refuses the batch.
+            stacks = self.stacks.commit(stack_plan, strings)
+            procs = self.processes.commit(process_plan)
+            if limits is not None:
+                self.quota.admit(tenant, procs, limits)
         label_table: list[ProcessEntry] = list(procs)
         if gcol.any():
             pcol = self._tagged_processes(pcol, gcol, label_table)
-        offcpu_rows = len(batch.offcpu_columns.process)
         if offcpu_rows:
-            opcol, okcol, occol, ogcol = columns = _offcpu_columns(batch)
-            validate.check_sample_columns(batch.sequence, columns, len(procs), len(stacks), offcpu=True)
+            opcol, okcol, occol, ogcol = offcpu
             idle = np.array(batch.offcpu_columns.idle, dtype=np.int64) if batch.offcpu_columns.idle else 0
             opcol = self._tagged_processes(opcol, ogcol + 4 * idle, label_table, offcpu=True)
             pcol, kcol = np.concatenate((pcol, opcol)), np.concatenate((kcol, okcol))
@@ -356,6 +491,15 @@ class Decoder:
             syscalls,
             offcpu_rows,
         )
+
+    def sizes(self) -> dict[str, int]:
+        """Every table ingest keeps across batches, by entries (and characters of frame names): what a
+        refused batch must leave as it was."""
+        with self._lock:
+            out = {**self.stacks.sizes(), **self.processes.sizes()}
+        out.update({f"quota_{k}": v for k, v in self.quota.sizes().items()})
+        out["interned_frames"] = interned_frame_count()
+        return out
 
     def _tagged_processes(
         self, pcol: np.ndarray, gcol: np.ndarray, table: list[ProcessEntry], offcpu: bool = False

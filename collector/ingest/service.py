@@ -2,11 +2,13 @@
 
 A batch is acknowledged only once the store holds it. Rejected batches (invalid) get INVALID_ARGUMENT
 naming the batch, and the agent drops them; batches the store cannot take now (StoreUnavailable: disk
-full) get UNAVAILABLE, and the agent keeps them and resends them later.
+full) get UNAVAILABLE, and the agent keeps them and resends them later. Each stream's peer (ingest/peer.py)
+says which nodes its batches may name and keys their dedupe state: (peer identity, agent id, sequence).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -19,9 +21,10 @@ from google.protobuf.message import DecodeError
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
-from fleetprof.collector.ingest.decode import Decoder
+from fleetprof.collector.ingest.decode import Decoder, source_key
 from fleetprof.collector.ingest.gpu import gpu_window
-from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.ingest.peer import ANONYMOUS, Peer, peer_of
+from fleetprof.collector.ingest.validate import BatchError, IngestLimits, fail
 from fleetprof.collector.model.gpu import GpuWindow
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.store.base import DurableBatches, ProfileStore, StoreUnavailable
@@ -44,6 +47,65 @@ class IngestStats:
 
 INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
 _AGENT_LOCKS = 64  # striped: one agent's batches dedupe under one lock, without a lock per agent id
+_SAY_EVERY_S = 10.0  # duplicates are logged at most this often, with how many since
+
+
+class _HeapTrimmer:
+    """malloc_trim after a large refused batch, at most every TRIM_EVERY_S. A refused batch keeps nothing
+    (decode.py), but its transient memory (the message, tens of thousands of label strings decoded before
+    the quota refused them) stays mapped behind other threads' allocations, for good: the trim gives part of
+    it back (bench/README.md, attacks). A second of decoding per such batch dwarfs the trim's cost."""
+
+    TRIM_ABOVE = 4 << 20  # batch bytes
+    TRIM_EVERY_S = 1.0
+
+    def __init__(self) -> None:
+        try:
+            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            self._trim = None
+        self._lock = threading.Lock()
+        self._last = -self.TRIM_EVERY_S
+
+    def after(self, size: int) -> None:
+        if self._trim is None or size < self.TRIM_ABOVE:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last < self.TRIM_EVERY_S:
+                return
+            self._last = now
+        self._trim(0)
+
+
+class _Duplicates:
+    """Logs dropped duplicates: the first at once, later ones summed, at most once per _SAY_EVERY_S. A
+    resend after a lost acknowledgement makes one now and then; a stream of them is another agent
+    pre-sending this one's sequence numbers, or a replay."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._said_at = -_SAY_EVERY_S
+        self._since = 0
+
+    def dropped(self, batch: pb.Batch, peer: Peer) -> None:
+        now = self._clock()
+        with self._lock:
+            self._since += 1
+            if now - self._said_at < _SAY_EVERY_S:
+                return
+            count, self._since, self._said_at = self._since, 0, now
+        who = f", authenticated as {peer.identity}" if peer.identity else ""
+        log.warning(
+            "dropped batch %d of agent %s (node %r%s) as a duplicate of one stored before (acknowledged; %d "
+            "duplicate(s) since last said)",
+            batch.sequence,
+            batch.agent.agent_id,
+            batch.agent.node,
+            who,
+            count,
+        )
 
 
 class IngestService(pb_grpc.IngestServicer):
@@ -54,24 +116,32 @@ class IngestService(pb_grpc.IngestServicer):
         on_rows: Callable[[ProfileRows], None] | None = None,
         on_gpu: Callable[[GpuWindow], None] | None = None,
         clock: Callable[[], float] = time.time,
+        node_binding: str = "certificate",
     ):
         self._store = store
         self._on_rows = on_rows
         self._on_gpu = on_gpu
         self._limits = limits or IngestLimits()
         self._clock = clock
+        self._node_binding = node_binding  # "certificate": a client certificate's names bound its nodes
         self._lock = threading.Lock()
         self._agent_locks = [threading.Lock() for _ in range(_AGENT_LOCKS)]
         # The in-memory store's dedupe state (a durable store keeps its own); a resend older than the batch
         # age limit is refused, so entries past it are swept.
         self._seen = SeenSequences(horizon_s=self._limits.max_batch_age_s, clock=clock)
-        self._decoder = Decoder()
+        self._decoder = Decoder(clock)
+        self._duplicates = _Duplicates()
+        self._trimmer = _HeapTrimmer()
         self.stats = IngestStats()
 
     @property
     def stack_counts(self) -> dict[str, int]:
         """Stacks received: "known" (found by wire id) and "decoded" (checked and decoded)."""
         return dict(self._decoder.stacks.counts)
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries of every table ingest keeps across batches (fleetprof_ingest_cache_entries)."""
+        return self._decoder.sizes()
 
     def _rejected(self, err: BatchError) -> None:
         self.count_rejected(err.reason)
@@ -81,32 +151,45 @@ class IngestService(pb_grpc.IngestServicer):
         with self._lock:
             self.stats.rejected[reason] = self.stats.rejected.get(reason, 0) + 1
 
-    def ingest(self, batch: pb.Batch, payload: bytes | None = None) -> bool:
-        """Validate and store one batch (`payload`: its wire bytes, when it arrived as bytes); False if it
-        was a duplicate. Raises BatchError (invalid) or StoreUnavailable (valid, but not stored now)."""
-        agent_id = batch.agent.agent_id
+    def ingest(self, batch: pb.Batch, payload: bytes | None = None, peer: Peer = ANONYMOUS) -> bool:
+        """Validate and store one batch (`payload`: its wire bytes, when it arrived as bytes; `peer`: who
+        sent it); False if it was a duplicate. Raises BatchError (invalid) or StoreUnavailable (valid, but
+        not stored now)."""
         durable = self._store if isinstance(self._store, DurableBatches) else None
         if payload is None and durable is not None:
             payload = batch.SerializeToString()  # the durable store logs the wire bytes
         try:
+            if not peer.allows(batch.agent.node):
+                fail(
+                    batch.sequence,
+                    "wrong_node",
+                    f"agent.node {batch.agent.node[:80]!r} is not a node its client certificate names "
+                    f"({', '.join(sorted(peer.nodes or ())) or 'none'}): agents write as their own node",
+                )
             rows = self._decoder.decode(
-                batch, self._limits, None if payload is None else len(payload), now=self._clock()
+                batch,
+                self._limits,
+                None if payload is None else len(payload),
+                now=self._clock(),
+                identity=peer.identity,
             )
         except BatchError as err:
             self._rejected(err)
             raise
+        source = source_key(peer.identity, batch.agent.agent_id)
         try:
             if durable is not None:
                 # The store logs the wire bytes before it stores the rows: once this returns, the batch
                 # survives a crash, so acknowledging it is safe. It checks the sequence atomically.
-                stored = durable.write_logged(agent_id, batch.sequence, payload, rows)  # type: ignore[arg-type]
+                stored = durable.write_logged(source, batch.sequence, payload, rows)  # type: ignore[arg-type]
             else:
-                stored = self._write_once(agent_id, batch.sequence, rows)
+                stored = self._write_once(source, batch.sequence, rows)
         except StoreUnavailable:
             with self._lock:
                 self.stats.deferred += 1
             raise
         if not stored:
+            self._duplicates.dropped(batch, peer)
             return self._duplicate()
         if self._on_rows is not None:
             self._on_rows(rows)
@@ -120,17 +203,17 @@ class IngestService(pb_grpc.IngestServicer):
                 self.stats.sampler[fd.name] = self.stats.sampler.get(fd.name, 0) + value
         return True
 
-    def _write_once(self, agent_id: str, sequence: int, rows: ProfileRows) -> bool:
+    def _write_once(self, source: str, sequence: int, rows: ProfileRows) -> bool:
         """The in-memory store's dedupe: the check, the write and the record under the agent's lock, so a
         resend arriving on a new stream while the old stream's handler still writes waits, then is a
         duplicate (a check and a record in two steps let both through)."""
-        with self._agent_locks[zlib.crc32(agent_id.encode()) % _AGENT_LOCKS]:
+        with self._agent_locks[zlib.crc32(source.encode()) % _AGENT_LOCKS]:
             with self._lock:
-                if self._seen.seen(agent_id, sequence):
+                if self._seen.seen(source, sequence):
                     return False
             self._store.write(rows)
             with self._lock:
-                self._seen.add(agent_id, sequence, rows.start)
+                self._seen.add(source, sequence, rows.start)
         return True
 
     def _duplicate(self) -> bool:
@@ -152,16 +235,23 @@ class IngestService(pb_grpc.IngestServicer):
 
     def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
         """Batches arrive as wire bytes (see serve_ingest): parsed here, and logged as they came."""
+        peer = peer_of(context.auth_context(), self._node_binding)
         for payload in request_iterator:
+            refused = None
             try:
                 batch = self.parse(payload)
-                self.ingest(batch, payload)
+                self.ingest(batch, payload, peer)
             except BatchError as err:
-                log.warning("rejected from %s: %s", context.peer(), err)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                refused = str(err)  # not `err`: its traceback holds the batch
             except StoreUnavailable as err:
                 # Said once in the store's log; the agent backs off and resends.
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"batch {batch.sequence} not stored: {err}")
+            if refused is not None:
+                log.warning("rejected from %s: %s", context.peer(), refused)
+                size = len(payload)
+                payload = batch = None  # freed before the heap is trimmed
+                self._trimmer.after(size)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
             yield pb.Ack(sequence=batch.sequence)
 
 

@@ -3,6 +3,7 @@ batch, the field and the problem (the agent logs it and drops the batch)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
@@ -24,6 +25,13 @@ MAX_STACK_DEPTH = 4096
 MAX_LABEL_BYTES = 1024  # a label value
 MAX_LABEL_NAME_BYTES = 128
 MAX_AGENT_ID_BYTES = 256  # kept in the dedupe state for every batch (agents send 32 hex digits)
+# A node name as Kubernetes and hostnames spell them (letters, digits, "-", "." and "_", a letter or digit at
+# each end, at most 253): no spaces, control or look-alike characters, so "victim " or a Cyrillic "vіctim"
+# is refused rather than listed beside "victim".
+NODE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
+# Agent ids key the dedupe state and wire-id tables, joined to the peer's identity (ingest/peer.py): no
+# separator can be smuggled in.
+AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 # Labels the collector derives itself (from the batch's identity and the process table, or ingest's GPU
 # tagging): a process label of the same name would let an agent pass its data off as another node's.
 DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME, PROFILE_TYPE_NAME})
@@ -50,6 +58,18 @@ class IngestLimits:
     # retention never reaches, and dedupe state would have to be kept for ever.
     max_clock_skew_s: float = 300.0
     max_batch_age_s: float = MAX_BATCH_AGE_S
+    # The label index (ingest/quota.py). A process may carry this many labels besides node, pid and comm
+    # (Pyroscope: max_label_names_per_series 30; the agent sends at most ~10 plus --pod-label ones).
+    max_labels_per_process: int = 64
+    # Per node, within series_horizon_s: process label sets (series), distinct values per label name,
+    # label names, and the bytes of all its distinct values.
+    max_series_per_node: int = 20_000
+    max_values_per_label: int = 5_000
+    max_label_names_per_node: int = 128
+    max_label_value_bytes_per_node: int = 8 << 20
+    max_series_total: int = 250_000  # every node together
+    max_label_value_bytes_total: int = 64 << 20
+    series_horizon_s: float = 3600.0
 
 
 def fail(seq: int, reason: str, problem: str) -> NoReturn:
@@ -69,10 +89,21 @@ def check_header(batch: pb.Batch, limits: IngestLimits, size: int, now: float | 
     if not batch.agent.agent_id:
         fail(seq, "no_agent_id", "agent.agent_id is empty")
     # The node is every sample's `node` label value, so it has a label value's limit.
-    if (n := len(batch.agent.node.encode())) > MAX_LABEL_BYTES:
-        fail(seq, "bad_node", f"agent.node is {n} bytes, over the {MAX_LABEL_BYTES} a label value may have")
+    if not NODE_NAME.fullmatch(batch.agent.node):
+        fail(
+            seq,
+            "bad_node",
+            f"agent.node {batch.agent.node[:80]!r} is not a node name (letters, digits, '-', '.' and '_', "
+            "a letter or digit at each end, at most 253 bytes)",
+        )
     if (n := len(batch.agent.agent_id.encode())) > MAX_AGENT_ID_BYTES:
         fail(seq, "bad_agent_id", f"agent.agent_id is {n} bytes, over the limit of {MAX_AGENT_ID_BYTES}")
+    if not AGENT_ID.fullmatch(batch.agent.agent_id):
+        fail(
+            seq,
+            "bad_agent_id",
+            f"agent.agent_id {batch.agent.agent_id[:80]!r} may hold only letters, digits, '-', '.' and '_'",
+        )
     if seq == 0:
         fail(seq, "no_sequence", "sequence must start at 1")
     if seq > MAX_SEQUENCE:
@@ -157,14 +188,28 @@ def check_stack_strings(seq: int, si: int, st: pb.Stack, nstr: int) -> NoReturn:
     raise AssertionError("called for a stack whose strings are all in the table")
 
 
-def check_process(seq: int, pi: int, p: pb.Process, nstr: int) -> None:
+def check_process(seq: int, pi: int, p: pb.Process, nstr: int, limits: IngestLimits | None) -> None:
+    """The string ids and the label count of a process new to the collector (check_label: each label);
+    without `limits` (a batch accepted before, replayed from the log), the string ids only."""
     check_string(seq, p.comm, nstr, f"process {pi} comm")
     check_string(seq, p.exe, nstr, f"process {pi} exe")
+    if limits is not None and len(p.labels) > limits.max_labels_per_process:
+        fail(
+            seq,
+            "too_many_labels",
+            f"process {pi} has {len(p.labels)} labels, over the limit of {limits.max_labels_per_process}",
+        )
     for lb in p.labels:
         check_string(seq, lb.name, nstr, f"process {pi} label name")
         check_string(seq, lb.value, nstr, f"process {pi} label value")
         if lb.name == 0:
             fail(seq, "bad_label", f"process {pi} has a label with an empty name")
+
+
+def check_comm(seq: int, pi: int, comm: str) -> None:
+    """The `comm` label value: the kernel's are at most 15 bytes; capped as any label value."""
+    if (n := len(comm.encode())) > MAX_LABEL_BYTES:
+        fail(seq, "bad_process", f"process {pi} comm is {n} bytes, over a label value's {MAX_LABEL_BYTES}")
 
 
 def check_label(seq: int, pi: int, name: str, value: str) -> None:

@@ -48,6 +48,16 @@ class IngestMetrics:
             " id); with keyed ids this stays 0 unless the collector's content-id key leaked",
             value=counts.get("collisions", 0),
         )
+        cache = GaugeMetricFamily(
+            "fleetprof_ingest_cache_entries",
+            "Entries of the tables ingest keeps across batches (stacks, frames, frame strings and their"
+            " characters, wire ids, label sets, the per-node label quota); a refused batch leaves them as"
+            " they were",
+            labels=["table"],
+        )
+        for table, n in sorted(self._ingest.cache_sizes().items()):
+            cache.add_metric([table], n)
+        yield cache
         rej = CounterMetricFamily(
             "fleetprof_ingest_rejected_batches", "Batches refused, by reason", labels=["reason"]
         )

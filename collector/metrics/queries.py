@@ -86,11 +86,15 @@ class TimedStore:
     ) -> dict[tuple[str, ...], SyscallAgg]:
         return self._timed("syscalls", self.inner.syscalls, selector, start, end, by)
 
-    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
-        return self._timed("label_names", self.inner.label_names, start, end)
+    def label_names(
+        self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        return self._timed("label_names", self.inner.label_names, start, end, match)
 
-    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]:
-        return self._timed("label_values", self.inner.label_values, name, start, end)
+    def label_values(
+        self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        return self._timed("label_values", self.inner.label_values, name, start, end, match)
 
     def stats(self) -> dict[str, int]:
         return self.inner.stats()

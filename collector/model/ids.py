@@ -103,6 +103,11 @@ def _intern(function: str, module: str, kernel: bool) -> tuple[FrameKey, int]:
     return hit
 
 
+def interned_frame_count() -> int:
+    """How many frames are interned (ingest's refused-batch test reads it before and after)."""
+    return len(_FRAMES)
+
+
 def interned_frames(frames: Iterable[tuple[str, str, bool]]) -> list[tuple[FrameKey, int]]:
     """(shared FrameKey, id) of each (function, module, kernel); in C when every frame is known."""
     frames = list(frames)

@@ -4,10 +4,12 @@ collector/query/selector.py)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import re2
+
+from fleetprof.collector.model.profile import Labels
 
 OPERATORS = ("=", "!=", "=~", "!~")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -131,3 +133,16 @@ def quote(value: str) -> str:
 
 def quoted_operators() -> str:
     return ", ".join(f'"{op}"' for op in OPERATORS[:-1]) + f' or "{OPERATORS[-1]}"'
+
+
+def matching_sets(sets: Iterable[Labels], match: Sequence[Selector]) -> list[Labels]:
+    """The label sets some selector of `match` matches (all of them when `match` is empty): what the
+    label-name and label-value listings take `match[]` to mean, as Prometheus does."""
+    if not match or any(not m.matchers for m in match):
+        return list(sets)
+    out = []
+    for lb in sets:
+        d = dict(lb)
+        if any(m.matches(d) for m in match):
+            out.append(lb)
+    return out

@@ -31,9 +31,19 @@ class ProfileStore(Protocol):
         """Syscall aggregates grouped by labels; "syscall" is a valid group-by name."""
         ...
 
-    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]: ...
+    def label_names(
+        self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        """Label names of the label sets with data in range, sorted; with `match`, of the sets some of
+        those selectors match."""
+        ...
 
-    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]: ...
+    def label_values(
+        self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        """The values `name` takes in the label sets with data in range (matched by some of `match`, when
+        given), sorted."""
+        ...
 
     def stats(self) -> dict[str, int]: ...
 

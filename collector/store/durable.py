@@ -42,7 +42,7 @@ import duckdb
 from fleetprof.collector.model.ids import KEY_BYTES, ContentKeyError, use_key
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
-from fleetprof.collector.model.selector import Selector, label_value
+from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database
@@ -383,15 +383,20 @@ class DurableStore:
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
         return self._cold(lambda pending: self._queries.label_sets(start, end, pending))  # type: ignore[return-value]
 
-    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
+    def label_names(
+        self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
         if start is not None and end is not None and self._hot_covers(start, end):
-            return self.hot.label_names(start, end)
-        return sorted({k for labels in self._label_sets(start, end) for k, _ in labels})
+            return self.hot.label_names(start, end, match)
+        return sorted({k for labels in matching_sets(self._label_sets(start, end), match) for k, _ in labels})
 
-    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]:
+    def label_values(
+        self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
         if start is not None and end is not None and self._hot_covers(start, end):
-            return self.hot.label_values(name, start, end)
-        return sorted({v for labels in self._label_sets(start, end) for k, v in labels if k == name})
+            return self.hot.label_values(name, start, end, match)
+        sets = matching_sets(self._label_sets(start, end), match)
+        return sorted({v for labels in sets for k, v in labels if k == name})
 
     def stats(self) -> dict[str, int]:
         rows = self._db.table_rows()

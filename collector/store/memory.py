@@ -13,7 +13,7 @@ from fleetprof.collector.model.id_index import IdIndex
 from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
-from fleetprof.collector.model.selector import Selector, label_value
+from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 
 
 class _Bucket:
@@ -354,11 +354,16 @@ class MemoryStore:
                     used.update(d for d, _ in sb)
             return [items[d] for d in used]
 
-    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
-        return sorted({k for labels in self._label_sets(start, end) for k, _ in labels})
+    def label_names(
+        self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        return sorted({k for labels in matching_sets(self._label_sets(start, end), match) for k, _ in labels})
 
-    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]:
-        return sorted({v for labels in self._label_sets(start, end) for k, v in labels if k == name})
+    def label_values(
+        self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        sets = matching_sets(self._label_sets(start, end), match)
+        return sorted({v for labels in sets for k, v in labels if k == name})
 
     def stats(self) -> dict[str, int]:
         with self._lock:

@@ -57,12 +57,12 @@ window.FleetprofLabels = (function () {
       active = name;
       button.classList.add('active');
       try {
-        const body = await FleetprofApi.getJSON('labels/' + encodeURIComponent(name) + '/values');
+        const body = await FleetprofApi.getJSON('labels/' + encodeURIComponent(name) + '/values?limit=' + MAX_LABEL_VALUES);
         if (active !== name) return;  // another label was clicked meanwhile
         const values = Array.isArray(body.values) ? body.values.map(String) : [];
         note(el.labelValues, name + ' =');
         if (!values.length) note(el.labelValues, '(no values)');
-        for (const value of values.slice(0, MAX_LABEL_VALUES)) {
+        for (const value of values) {
           el.labelValues.appendChild(chip(value, 'value', () => {
             const next = addMatcher(el.selector.value, name, value);
             if (next === null) { onError('cannot add ' + name + ' to this selector; edit it by hand'); return; }
@@ -70,7 +70,7 @@ window.FleetprofLabels = (function () {
             onPick();
           }));
         }
-        if (values.length > MAX_LABEL_VALUES) note(el.labelValues, '… ' + (values.length - MAX_LABEL_VALUES) + ' more');
+        if (body.truncated) note(el.labelValues, '… and more (type the value in the selector)');
       } catch (err) {
         if (active === name) note(el.labelValues, 'values unavailable: ' + err.message);
       }

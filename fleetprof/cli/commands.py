@@ -67,6 +67,7 @@ def _warn(command: str, data: dict) -> dict:
 
 def cmd_collector(args: argparse.Namespace) -> int:
     from fleetprof.collector.main import Collector, CollectorConfig
+    from fleetprof.httpserve import HttpLimits
 
     try:
         col = Collector(
@@ -83,6 +84,15 @@ def cmd_collector(args: argparse.Namespace) -> int:
                 tls_client_ca=args.tls_client_ca,
                 auth_token_file=args.auth_token_file,
                 api_token_file=args.api_token_file,
+                node_binding=args.node_binding,
+                max_series_per_node=args.max_series_per_node,
+                max_label_values=args.max_label_values,
+                max_series_total=args.max_series_total,
+                http_limits=HttpLimits(
+                    max_connections=args.http_max_connections,
+                    max_per_address=args.http_max_per_address,
+                    request_deadline_s=args.http_request_deadline,
+                ),
             )
         )
     except (OSError, ValueError) as err:  # ValueError: TLS or token files that cannot be used

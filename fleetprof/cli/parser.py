@@ -359,6 +359,62 @@ def build_parser() -> argparse.ArgumentParser:
         help="every HTTP endpoint but /healthz needs `Authorization: Bearer TOKEN` (or Basic, the token as"
         " password) with a token from this file (one per line; read again when it changes)",
     )
+    c.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=512,
+        metavar="N",
+        help="open HTTP connections, all clients together; past it the one that waited longest for its"
+        " request is closed (default 512)",
+    )
+    c.add_argument(
+        "--http-max-per-address",
+        type=int,
+        default=64,
+        metavar="N",
+        help="open HTTP connections from one client address, more get a 503 at once (default 64; raise it"
+        " behind a proxy that sends every client's requests from one address)",
+    )
+    c.add_argument(
+        "--http-request-deadline",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="an HTTP request (TLS handshake, headers and body) must arrive whole within S seconds of its"
+        " first byte, else 408 (default 10)",
+    )
+    c.add_argument(
+        "--node-binding",
+        choices=("certificate", "none"),
+        default="certificate",
+        help="with --tls-client-ca: `certificate` (default) refuses a batch whose node the agent's client"
+        " certificate does not name (its CN, kubelet's system:node:NAME, or a DNS name); `none` for one"
+        " certificate shared by every agent",
+    )
+    c.add_argument(
+        "--max-series-per-node",
+        type=int,
+        default=20_000,
+        metavar="N",
+        help="refuse a node's batch that would give it more than N process label sets within an hour"
+        " (default 20000)",
+    )
+    c.add_argument(
+        "--max-label-values",
+        type=int,
+        default=5_000,
+        metavar="N",
+        help="refuse a node's batch that would give one of its labels (pod, container, ...) more than N"
+        " distinct values within an hour (default 5000)",
+    )
+    c.add_argument(
+        "--max-series-total",
+        type=int,
+        default=250_000,
+        metavar="N",
+        help="refuse batches that would make all nodes together hold more than N label sets (default 250000:"
+        " ~800 nodes of 300 processes; raise it, and the collector's memory, for more)",
+    )
 
     a = add_parser("agent", help="run the node agent (needs root: loads eBPF programs)")
     a.add_argument(
