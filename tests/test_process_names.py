@@ -47,7 +47,7 @@ def children(pid: int) -> list[int]:
 
 def test_thread_names_drop_our_prefix_and_fit_the_kernels_15_bytes() -> None:
     assert thread_comm("fleetprof-unwind-tables") == "unwind-tables"
-    assert thread_comm("http-work:7471_12") == "http-work:7471_"
+    assert thread_comm("http-query:7471_12") == "http-query:7471"
     assert thread_comm("abcdefghijklmné") == "abcdefghijklmn"  # é would be cut in two at 15 bytes
 
 
@@ -60,7 +60,7 @@ def test_the_collector_process_and_its_threads_are_named(tmp_path: Path) -> None
         named = comms(proc.pid)
         assert named[proc.pid] == "fleetprof-colle"  # "fleetprof-collector", as the kernel keeps it
         names = set(named.values())
-        assert {"store-flusher", f"http:{http_port}", f"http-work:{http_port}"[:15], "ingest_0"} <= names, (
+        assert {"store-flusher", f"http:{http_port}", f"http-query:{http_port}"[:15], "ingest_0"} <= names, (
             names
         )
         assert not any(n.startswith("python") for n in names), names
