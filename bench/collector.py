@@ -657,6 +657,11 @@ def main() -> int:
         help="which parts to run, comma-separated (engines, ingest, queries)",
     )
     ap.add_argument(
+        "--stores",
+        default="memory,tls,durable,clickhouse,two",
+        help="ingest rows to run: memory, tls, durable, clickhouse, two (two collectors on ClickHouse)",
+    )
+    ap.add_argument(
         "--no-clickhouse",
         dest="clickhouse",
         action="store_false",
@@ -696,13 +701,19 @@ def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
     templates = make_templates(6, args.stacks, args.processes)
     print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
     rows = []
-    server = ClickHouse(scratch("bench-clickhouse")).start() if args.clickhouse else None
+    server = None
+    if args.clickhouse and (_want(args, "clickhouse") or _want(args, "two")):
+        server = ClickHouse(scratch("bench-clickhouse")).start()
     try:
         _ingest_rows(args, seconds, templates, rows, server)
     finally:
         if server is not None:
             server.remove()
     print(table(rows))
+
+
+def _want(args: argparse.Namespace, store: str) -> bool:
+    return store in args.stores.split(",")
 
 
 def _ingest_rows(
@@ -714,8 +725,11 @@ def _ingest_rows(
 ) -> None:
     for share in [float(x) for x in args.new_stacks.split(",")]:
         new = f", {100 * share:g}% new stacks"
-        rows.append(run_ingest("in-memory (baseline)" + new, None, templates, args.agents, seconds, share))
-        if share == 0:
+        if _want(args, "memory"):
+            rows.append(
+                run_ingest("in-memory (baseline)" + new, None, templates, args.agents, seconds, share)
+            )
+        if share == 0 and _want(args, "tls"):
             certs = Path(tempfile.mkdtemp(prefix="fleetprof-bench-tls-"))
             try:
                 label = "in-memory, mutual TLS + token" + new
@@ -723,20 +737,25 @@ def _ingest_rows(
                 rows.append(run_ingest(label, None, templates, args.agents, seconds, share, secured))
             finally:
                 shutil.rmtree(certs, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
-        try:
-            rows.append(run_ingest("durable (--data-dir)" + new, tmp, templates, args.agents, seconds, share))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        if server is not None:
+        if _want(args, "durable"):
+            tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
+            try:
+                rows.append(
+                    run_ingest("durable (--data-dir)" + new, tmp, templates, args.agents, seconds, share)
+                )
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if server is not None and _want(args, "clickhouse"):
             label = "ClickHouse 18.16 (--clickhouse)" + new
             rows.append(run_ingest(label, None, templates, args.agents, seconds, share, clickhouse=server))
-            if share == 0:
-                # two collectors on one ClickHouse, the agents split between them
-                rows.append(
-                    run_ingest("ClickHouse, two collectors" + new, None, templates, 2 * args.agents, seconds,
-                               share, clickhouse=server, collectors=2)
-                )  # fmt: skip
+        if server is not None and share == 0 and _want(args, "two"):
+            # two collectors on one ClickHouse, the agents split between them
+            label = "ClickHouse, two collectors" + new
+            rows.append(
+                run_ingest(
+                    label, None, templates, 2 * args.agents, seconds, share, clickhouse=server, collectors=2
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -276,15 +277,17 @@ class GroupWriter:
             if not stacks:
                 continue
             known_frames = self._known.day(day)[1]
-            fresh: dict[int, object] = {}
+            # Every frame of every new stack in one flat list, their ids in one call (ingest interned the
+            # frames, so this is a dict lookup each), then cut back into one id list per stack.
+            flat = list(chain.from_iterable(stacks.values()))
+            fids = frame_ids(flat)
+            at = 0
             for sid, stack in stacks.items():
-                fids = frame_ids(stack)
                 s_day.append(day)
                 s_id.append(sid)
-                s_frames.append(np.array(fids, dtype=np.int64))
-                for fid, frame in zip(fids, stack, strict=True):
-                    if fid not in known_frames and fid not in fresh:
-                        fresh[fid] = frame
+                s_frames.append(fids[at : at + len(stack)])
+                at += len(stack)
+            fresh = {fid: frame for fid, frame in zip(fids, flat, strict=True) if fid not in known_frames}
             stacks_new[day] = list(stacks)
             frames_new[day] = list(fresh)
             for fid, frame in fresh.items():
