@@ -55,6 +55,8 @@ from tests.conftest import REPO, free_port, start_agent, stop_agent, wait_until
 from tests.gpu_batches import gpu_batch
 from tests.wire import BatchBuilder, hist, push, with_syscalls
 
+pytestmark = pytest.mark.clickhouse
+
 MS = 1_000_000
 _names = itertools.count(1)
 
