@@ -100,6 +100,11 @@ def open_clickhouse(
         raise ClickHouseStartError(f"ClickHouse at {where}: {err}") from None
     except ClickHouseError as err:
         conn.close()
+        if err.code == READONLY:
+            raise ClickHouseStartError(
+                f"ClickHouse user {config.user!r} at {where} is read-only: the collector writes profiles; "
+                f"give it a profile with readonly=0 and rights on the database ({err})"
+            ) from None
         if err.code in _RIGHTS:
             raise ClickHouseStartError(
                 f"ClickHouse user {config.user!r} at {where} lacks rights on database "

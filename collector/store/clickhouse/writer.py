@@ -169,13 +169,37 @@ class GroupWriter:
         if not group:
             return
         for table, columns, commit in self._definitions(group):
-            self._insert_retrying(table, columns)
+            self._insert_retrying(table, columns)  # definitions are idempotent: a second copy is harmless
             commit()
-        self._insert_retrying(self._layout.table("rows"), self._rows_of(group))
+        self._insert_rows(group)
         self._on_stored(group)
         for p in group:
             p.stored = True
             p.done.set()
+
+    def _insert_rows(self, group: list[Pending]) -> None:
+        """The group's rows, each batch once. An insert into several shards can land on some and fail on
+        another (ClickHouse before 21.x takes one quorum insert per table and shard at a time, and refuses
+        the next while the last replicates): trying it again whole would store the landed batches twice.
+        So after such a refusal the group's markers are looked up again, and only the batches not found go
+        in on the next try."""
+        deadline = time.monotonic() + self._quorum_retry_s
+        pause = 0.02
+        left = group
+        while True:
+            try:
+                self._conn.insert(self._layout.table("rows"), self._rows_of(left), settings=self._insert)
+                return
+            except ClickHouseError as err:
+                if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
+                    raise
+            self.counters["quorum_retries"] += 1
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            landed = self._stored_before(left)  # by this very insert: stored, not duplicates
+            left = [p for p in left if p.key not in landed]
+            if not left:
+                return
 
     def _stored_before(self, group: list[Pending]) -> set[int]:
         """Keys of the group's batches whose markers are in ClickHouse already."""
