@@ -55,6 +55,7 @@ from fleetprof.collector.store.base import ProfileStore  # noqa: E402
 from fleetprof.collector.store.durable import DurableStore  # noqa: E402
 from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
 from fleetprof.httpserve import Request  # noqa: E402
+from tests.clickhouse_servers import ClickHouse, scratch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CPUS, HZ, WINDOW = 64, 19, 10
@@ -164,21 +165,33 @@ def run_ingest(
     seconds: float,
     new_stacks: float,
     secured: Secured | None = None,
+    clickhouse: ClickHouse | None = None,
+    collectors: int = 1,
 ) -> dict:
-    grpc_port, http_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", f"127.0.0.1:{grpc_port}"]
-    cmd += ["--http", f"127.0.0.1:{http_port}"]
-    if data_dir is not None:
-        cmd += ["--data-dir", str(data_dir)]
-    if secured is not None:
-        cmd += secured.flags()
+    """Ingest through `collectors` collector processes (agents spread over them), each on the in-memory
+    store, `data_dir` (DuckDB), or `clickhouse` (a database of its own on that server, shared by them)."""
     scheme, context = ("https", secured.context()) if secured else ("http", None)
     metadata = (("authorization", f"Bearer {Secured.TOKEN}"),) if secured else ()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics_url = f"http://127.0.0.1:{http_port}/metrics"
+    database = f"bench{time.monotonic_ns()}"
+    procs, grpc_ports, metrics_urls = [], [], []
+    for c in range(collectors):
+        grpc_port, http_port = free_port(), free_port()
+        cmd = [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", f"127.0.0.1:{grpc_port}"]
+        cmd += ["--http", f"127.0.0.1:{http_port}"]
+        if data_dir is not None:
+            cmd += ["--data-dir", str(data_dir / str(c))]
+        if clickhouse is not None:
+            cmd += ["--clickhouse", f"{clickhouse.url}/{database}"]
+        if secured is not None:
+            cmd += secured.flags()
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        grpc_ports.append(grpc_port)
+        metrics_urls.append(f"http://127.0.0.1:{http_port}/metrics")
+        # one at a time: the first makes the ClickHouse schema the others find
+        wait_for_health(procs[-1], f"{scheme}://127.0.0.1:{http_port}/healthz", "collector", timeout_s=60,
+                        context=context)  # fmt: skip
+    metrics_url = metrics_urls[0]
     try:
-        health = f"{scheme}://127.0.0.1:{http_port}/healthz"
-        wait_for_health(proc, health, "collector", timeout_s=60, context=context)
         latencies: list[float] = []
         acked = [0]
         stop = threading.Event()
@@ -189,7 +202,8 @@ def run_ingest(
 
         def agent(a: int) -> None:
             rng = random.Random(a)
-            target, options = f"127.0.0.1:{grpc_port}", [("grpc.max_send_message_length", 64 << 20)]
+            target = f"127.0.0.1:{grpc_ports[a % collectors]}"
+            options = [("grpc.max_send_message_length", 64 << 20)]
             channel = secured.channel(target, options) if secured else grpc.insecure_channel(target, options)
             with channel as ch:
                 stub = pb_grpc.IngestStub(ch)
@@ -233,22 +247,30 @@ def run_ingest(
             while scrape(metrics_url)["fleetprof_store_flushes"] <= flushes and time.time() < deadline:
                 time.sleep(0.2)
         go.set()
-        cpu0 = proc_cpu_s(proc.pid)
+        cpu0 = sum(proc_cpu_s(p.pid) for p in procs)
+        ch_cpu0 = proc_cpu_s(clickhouse.proc.pid) if clickhouse else 0.0
         t0 = time.perf_counter()
         time.sleep(seconds)
         stop.set()
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        cpu = proc_cpu_s(proc.pid) - cpu0
-        rss = int(proc_status(proc.pid)["VmRSS"][0]) / 1024
+        cpu = sum(proc_cpu_s(p.pid) for p in procs) - cpu0
+        ch_cpu = proc_cpu_s(clickhouse.proc.pid) - ch_cpu0 if clickhouse else 0.0
+        rss = max(int(proc_status(p.pid)["VmRSS"][0]) for p in procs) / 1024
         batches = acked[0]
         samples = batches * SAMPLES_PER_BATCH
         time.sleep(12 if data_dir else 0)  # one flush: the WAL's batches are in the database
         disk = dir_bytes(data_dir) if data_dir else 0
+        stored = samples
+        if clickhouse is not None:
+            time.sleep(5)  # background merges of the run's parts
+            disk = clickhouse.disk_bytes(database)
+            stored = (len(templates) * agents + batches) * SAMPLES_PER_BATCH  # the warm-up is on disk too
         per_core = samples / cpu if cpu else 0.0
         return {
             "store": label,
+            "collectors": collectors,
             "batches/s": batches / wall,
             "samples/s": samples / wall,
             "collector CPU %": 100 * cpu / wall,
@@ -258,11 +280,14 @@ def run_ingest(
             "ack latency p50 ms": 1000 * statistics.median(latencies) if latencies else 0,
             "ack latency p95 ms": 1000 * np.percentile(latencies, 95) if latencies else 0,
             "RSS MB": rss,
-            "disk bytes/sample": disk / samples if samples and data_dir else 0,
+            "disk bytes/sample": disk / stored if stored and (data_dir or clickhouse) else 0,
+            "ClickHouse CPU µs/sample": 1e6 * ch_cpu / samples if clickhouse and samples else 0,
         }
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=60)
 
 
 # -- queries over a 500-node fleet -------------------------------------------------------------------
@@ -368,7 +393,7 @@ def preload_day(store: DurableStore, nodes: int, rows_per_node: int, stacks: lis
     return total
 
 
-def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
+def run_queries(nodes: int, rows_per_node: int, repeats: int, with_clickhouse: bool = True) -> list[dict]:
     rng = random.Random(7)
     frames = [FrameKey(f"func_{i}", "/opt/app/train") for i in range(3000)]
     stacks = []
@@ -420,7 +445,98 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int) -> list[dict]:
     )
     store.close()
     shutil.rmtree(tmp, ignore_errors=True)
+    if with_clickhouse:
+        out += clickhouse_queries(nodes, rows_per_node, repeats, stacks, labels, now, cases)
     return out
+
+
+def clickhouse_queries(
+    nodes: int, rows_per_node: int, repeats: int, stacks: list, labels: list, now: float, cases: list
+) -> list[dict]:
+    """The same fleet and queries on the ClickHouse store (a server on loopback, the store in this
+    process): the last minute written through the store's writer, the day generated in numpy."""
+    from fleetprof.collector.store.clickhouse import open_clickhouse, parse_url
+    from fleetprof.collector.store.clickhouse.writer import Pending
+
+    server = ClickHouse(scratch("bench-q-clickhouse")).start()
+    try:
+        clock = Clock(now)
+        store = open_clickhouse(parse_url(f"{server.url}/bench"), retention_s=7 * 86400, clock=clock)
+        rng = random.Random(7)
+        waiting = []
+        for w in range(6):
+            t = now - 50 + 10 * w
+            for n, rows in enumerate(fleet_window(nodes, rows_per_node, stacks, labels, t - 10, t, rng)):
+                p = Pending(store.key_of(f"bench-{n}", w), rows, f"node-{n}", f"bench-{n}", w)
+                store._writer.submit(p)
+                waiting.append(p)
+        for p in waiting:
+            p.done.wait(600)
+            assert p.error is None, p.error
+        t0 = time.perf_counter()
+        loaded = preload_day_clickhouse(store, nodes, rows_per_node, stacks, now)
+        load_s = time.perf_counter() - t0
+        out = []
+        for _, _, what, sel, span in cases[:1] + cases[2:]:
+            times, res = timings(partial(select_and_top, store, sel, now - span, now), repeats)
+            out.append(
+                {
+                    "store": "ClickHouse 18.16 (every query)",
+                    "query": what,
+                    "p50 ms": 1000 * statistics.median(times),
+                    "p95 ms": 1000 * float(np.percentile(times, 95)),
+                    "samples": res.total,
+                }
+            )
+        print(
+            f"(ClickHouse: pre-loaded {loaded / 1e6:.1f} M rows in {load_s:.1f} s; "
+            f"{server.disk_bytes('bench') / 1e6:.0f} MB on disk)"
+        )
+        store.close()
+        return out
+    finally:
+        server.remove()
+
+
+def preload_day_clickhouse(store: object, nodes: int, rows_per_node: int, stacks: list, now: float) -> int:
+    """The rows preload_day gives DuckDB, in the tables ClickHouse reads them from at this age: the 10 min
+    rows older than 6 h in rows_1m (the 1 min table answers 6 h to 3 d back), the 1 min rows in rows."""
+    conn, layout = store._conn, store.layout  # type: ignore[attr-defined]
+    sets = [entry for n in range(nodes) for entry in node_labels(n)]
+    conn.insert(
+        layout.table("label_sets"),
+        {
+            "day": np.full(len(sets), int(now // 86400), np.uint32),
+            "id": np.array([lid for lid, _ in sets], np.int64),
+            "labels": np.array([labels_json(lb) for _, lb in sets], dtype=object),
+        },
+    )
+    lids = np.array([lid for lid, _ in sets], np.int64)
+    sids = np.array([s for s, _ in stacks], np.int64)
+    day_start = int(now - 86400) // 600 * 600
+    six_h = int(now - 6 * 3600) // 600 * 600
+    per_bucket = nodes * rows_per_node
+    gen = np.random.default_rng(11)
+    total = 0
+    for table, res, lo, hi in (
+        ("rows_1m", 600, day_start, six_h),
+        ("rows", 60, six_h, int(now - 3600) // 60 * 60),
+    ):
+        for b0 in range(lo, hi, res * 20):  # 20 buckets (2 M rows) per insert
+            buckets = np.arange(b0, min(b0 + 20 * res, hi), res, dtype=np.int64)
+            n = len(buckets) * per_bucket
+            r = np.arange(n, dtype=np.int64)
+            cols = {
+                "kind": np.ones(n, np.uint8),
+                "bucket": np.repeat(buckets, per_bucket),
+                "lid": lids[(r % per_bucket) // rows_per_node * 50 // rows_per_node],
+                "sid": sids[gen.integers(0, len(sids), n)],
+                "freq": np.full(n, HZ, np.uint32),
+                "count": (1 + gen.integers(0, 40, n) * (res // 10)).astype(np.int64),
+            }
+            conn.insert(layout.table(table), cols)
+            total += n
+    return total
 
 
 def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -> list[dict]:
@@ -541,6 +657,17 @@ def main() -> int:
         default="engines,ingest,queries",
         help="which parts to run, comma-separated (engines, ingest, queries)",
     )
+    ap.add_argument(
+        "--stores",
+        default="memory,tls,durable,clickhouse,two",
+        help="ingest rows to run: memory, tls, durable, clickhouse, two (two collectors on ClickHouse)",
+    )
+    ap.add_argument(
+        "--no-clickhouse",
+        dest="clickhouse",
+        action="store_false",
+        help="leave out the ClickHouse rows (they start Debian's clickhouse-server on loopback)",
+    )
     ap.add_argument("--nodes", type=int, default=500, help="fleet size for the query benchmark")
     ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
     ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
@@ -562,7 +689,7 @@ def main() -> int:
             f"\n## queries, {args.nodes}-node fleet ({args.rows_per_node} rows per node per bucket; "
             f"medians of {repeats})\n"
         )
-        print(table(run_queries(args.nodes, args.rows_per_node, repeats)))
+        print(table(run_queries(args.nodes, args.rows_per_node, repeats, args.clickhouse)))
     return 0
 
 
@@ -575,10 +702,35 @@ def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
     templates = make_templates(6, args.stacks, args.processes)
     print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
     rows = []
+    server = None
+    if args.clickhouse and (_want(args, "clickhouse") or _want(args, "two")):
+        server = ClickHouse(scratch("bench-clickhouse")).start()
+    try:
+        _ingest_rows(args, seconds, templates, rows, server)
+    finally:
+        if server is not None:
+            server.remove()
+    print(table(rows))
+
+
+def _want(args: argparse.Namespace, store: str) -> bool:
+    return store in args.stores.split(",")
+
+
+def _ingest_rows(
+    args: argparse.Namespace,
+    seconds: float,
+    templates: list[pb.Batch],
+    rows: list[dict],
+    server: ClickHouse | None,
+) -> None:
     for share in [float(x) for x in args.new_stacks.split(",")]:
         new = f", {100 * share:g}% new stacks"
-        rows.append(run_ingest("in-memory (baseline)" + new, None, templates, args.agents, seconds, share))
-        if share == 0:
+        if _want(args, "memory"):
+            rows.append(
+                run_ingest("in-memory (baseline)" + new, None, templates, args.agents, seconds, share)
+            )
+        if share == 0 and _want(args, "tls"):
             certs = Path(tempfile.mkdtemp(prefix="fleetprof-bench-tls-"))
             try:
                 label = "in-memory, mutual TLS + token" + new
@@ -586,12 +738,25 @@ def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
                 rows.append(run_ingest(label, None, templates, args.agents, seconds, share, secured))
             finally:
                 shutil.rmtree(certs, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
-        try:
-            rows.append(run_ingest("durable (--data-dir)" + new, tmp, templates, args.agents, seconds, share))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    print(table(rows))
+        if _want(args, "durable"):
+            tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-i-"))
+            try:
+                rows.append(
+                    run_ingest("durable (--data-dir)" + new, tmp, templates, args.agents, seconds, share)
+                )
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if server is not None and _want(args, "clickhouse"):
+            label = "ClickHouse 18.16 (--clickhouse)" + new
+            rows.append(run_ingest(label, None, templates, args.agents, seconds, share, clickhouse=server))
+        if server is not None and share == 0 and _want(args, "two"):
+            # two collectors on one ClickHouse, the agents split between them
+            label = "ClickHouse, two collectors" + new
+            rows.append(
+                run_ingest(
+                    label, None, templates, 2 * args.agents, seconds, share, clickhouse=server, collectors=2
+                )
+            )
 
 
 if __name__ == "__main__":

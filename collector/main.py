@@ -47,6 +47,8 @@ class CollectorConfig:
     retention_s: float | None = None  # default: 1 h in memory, 7 d with a data directory
     max_batch_bytes: int = 32 * 1024 * 1024
     data_dir: str | None = None  # None: in-memory only (nothing survives a restart)
+    clickhouse: str | None = None  # a clickhouse:// URL: the store many collectors share (not with data_dir)
+    clickhouse_password_file: str | None = None  # the ClickHouse user's password, instead of the URL's
     wal_fsync: bool = False  # fsync each batch before acknowledging it (survives power loss too)
     flush_s: float = 10.0  # how often logged batches move into the database
     max_clock_skew_s: float = 300.0  # batch windows ending further ahead of our clock are refused
@@ -112,7 +114,18 @@ class Protections:
 
 
 def open_store(config: CollectorConfig) -> ProfileStore:
-    """The store the flags ask for: in memory, or durable in config.data_dir."""
+    """The store the flags ask for: in memory, durable in config.data_dir, or in ClickHouse."""
+    if config.clickhouse is not None:
+        from fleetprof.collector.store.clickhouse import ClickHouseConfigError, open_clickhouse, parse_url
+
+        if config.data_dir is not None:
+            raise ClickHouseConfigError("--clickhouse and --data-dir exclude each other: choose one store")
+        ch = parse_url(config.clickhouse)
+        if config.clickhouse_password_file:
+            ch = ch.with_password_file(config.clickhouse_password_file)
+        return open_clickhouse(ch, retention_s=config.retention_s or DEFAULT_DISK_RETENTION_S)
+    if config.clickhouse_password_file is not None:
+        raise ValueError("--clickhouse-password-file needs --clickhouse")
     if config.data_dir is None:
         return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
     from fleetprof.collector.ingest.decode import Decoder, decode_payload
@@ -137,7 +150,11 @@ class Collector:
         self.cpu_metrics = CpuMetrics()
         self.query_timer = QueryTimer()
         self.gpu_metrics = GpuMetrics()
-        self.gpu_usage = GpuUsageLog(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
+        # A store shared by many collectors keeps the GPU usage history too (every collector answers for
+        # every agent); otherwise it lives in this process.
+        self.gpu_usage = getattr(self.store, "gpu_usage", None) or GpuUsageLog(
+            retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S
+        )
         self.ingest = IngestService(
             self.store,
             config.ingest_limits(),

@@ -24,6 +24,9 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # 
 # test_images: scripts/images.sh (podman, runc: crun fails on these VMs; debootstrap: the base image);
 # test_wheel: a venv of Debian's python3, as the agent image makes.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(podman runc debootstrap python3-venv gcc g++)  # g++: the unwinder's C++ workload
+# The ClickHouse store's tests (tests/test_clickhouse_*.py; the demo stays on DuckDB): Debian's server 18.16
+# and ZooKeeper 3.8 (it pulls a JRE), started by the tests on loopback, never as services. ~20 s of apt.
+[ $WANT_TEST = 1 ] && APT_PKGS+=(clickhouse-server clickhouse-client zookeeper)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

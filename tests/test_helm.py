@@ -84,6 +84,9 @@ _ISSUER = {"enabled": True, "issuerRef": {"name": "fleet-ca"}}
         ({"agent": {"frequncy": 19}}, "frequncy"),
         ({"agent": {"syscallLatencySample": "16"}}, "syscallLatencySample"),
         ({"collector": {"retention": "forever"}}, "retention"),
+        ({"clickhouse": {"enabled": True}}, "clickhouse.url"),  # ClickHouse needs its URL
+        ({"clickhouse": {"enabled": True, "url": "http://ch:8123/db"}}, "clickhouse.url"),
+        ({"collector": {"replicas": 0}}, "collector.replicas"),
         ({"collector": {"persistence": {"accessModes": ["ReadWriteSometimes"]}}}, "accessModes"),
         ({"auth": {"enabled": "yes"}}, "auth.enabled"),
         ({"auth": {"apiToken": {"key": ""}}}, "auth.apiToken.key"),
@@ -250,6 +253,14 @@ def test_the_chart_renders_the_same_objects_as_the_plain_manifests() -> None:
 
 VARIANTS = {
     "defaults": {},
+    "ClickHouse, three collectors, a password Secret": {
+        "clickhouse": {
+            "enabled": True,
+            "url": "clickhouse://fleetprof@clickhouse-fleet.ch.svc:9000/fleetprof?cluster=fleet",
+            "passwordSecret": {"name": "clickhouse-fleetprof"},
+        },
+        "collector": {"replicas": 3},
+    },
     "privileged, no persistence, no monitoring": {
         "agent": {"privileged": True},
         "collector": {"persistence": {"enabled": False}},
@@ -323,10 +334,33 @@ def test_every_rendered_object_is_valid_kubernetes(variant: str) -> None:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_rendered_flags_are_accepted_by_the_cli(variant: str) -> None:
     objects = all_objects(render_chart(VARIANTS[variant]))
-    workloads = [o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet")]
+    workloads = [o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet", "Deployment")]
     assert len(workloads) == 2
     for w in workloads:
         assert_flags_accepted(w)
+
+
+def test_with_clickhouse_the_collectors_are_a_deployment_that_reaches_clickhouse_only() -> None:
+    objects = all_objects(render_chart(VARIANTS["ClickHouse, three collectors, a password Secret"]))
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert ("Deployment", "fleetprof-collector") in kinds
+    assert ("StatefulSet", "fleetprof-collector") not in kinds
+    assert ("Service", "fleetprof-collector-headless") not in kinds
+    dep = next(o for o in objects if o["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    pod = dep["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--clickhouse=clickhouse://fleetprof@clickhouse-fleet.ch.svc:9000/fleetprof?cluster=fleet" in args
+    assert "--clickhouse-password-file=/etc/fleetprof/clickhouse/password" in args
+    assert not any(a.startswith("--data-dir") for a in args)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "data" not in volumes and "volumeClaimTemplates" not in dep["spec"]
+    assert volumes["clickhouse"]["secret"]["secretName"] == "clickhouse-fleetprof"
+    policy = next(
+        o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("collector")
+    )
+    ports = {(p["protocol"], p["port"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert ports == {("TCP", 9000), ("TCP", 9440), ("UDP", 53), ("TCP", 53)}
 
 
 def test_values_reach_the_objects() -> None:
@@ -403,8 +437,9 @@ def test_every_token_and_certificate_flag_names_a_file_of_a_mounted_secret(varia
         values["auth"]["apiToken"]["existingSecret"],
         values["tls"]["existingSecret"],
         values["tls"]["mutual"]["existingSecret"],
+        values["clickhouse"]["passwordSecret"]["name"],
     } - {""}
-    for w in (o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet")):
+    for w in (o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet", "Deployment")):
         for src in secret_sources(w):
             assert src["name"] in keys or src["name"] in users, (
                 f"{w['metadata']['name']} mounts an unknown Secret {src['name']}"
@@ -690,7 +725,7 @@ def test_auth_off_renders_no_token_anywhere() -> None:
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Secret"] == [
         "fleetprof-grafana-datasource"
     ]
-    for w in (o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet")):
+    for w in (o for o in objects if o["kind"] in ("DaemonSet", "StatefulSet", "Deployment")):
         assert not secret_sources(w)
         assert not [a for a in w["spec"]["template"]["spec"]["containers"][0]["args"] if "token" in a]
     assert (

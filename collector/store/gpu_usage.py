@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow
@@ -53,6 +53,21 @@ class PodGpuSummary:
         return self.idle_seconds / self.idle_known_seconds if self.idle_known_seconds else None
 
 
+def pod_windows(window: GpuWindow) -> list[PodGpuWindow]:
+    """One ingested window's per-pod GPU use, a row per pod and GPU."""
+    return [
+        PodGpuWindow(
+            window.start,
+            window.end,
+            dict(zip(POD_GPU_LABELS, key, strict=True)),
+            use.utilization,
+            int(use.memory_bytes) if use.memory_bytes is not None else None,
+            use.idle_ratio,
+        )
+        for key, use in window.pods.items()
+    ]
+
+
 class GpuUsageLog:
     """Thread-safe ring of PodGpuWindows, fed by ingest (deduplicated batches only)."""
 
@@ -68,17 +83,7 @@ class GpuUsageLog:
         """Record one ingested window's per-pod GPU use."""
         if not window.pods:
             return
-        rows = [
-            PodGpuWindow(
-                window.start,
-                window.end,
-                dict(zip(POD_GPU_LABELS, key, strict=True)),
-                use.utilization,
-                int(use.memory_bytes) if use.memory_bytes is not None else None,
-                use.idle_ratio,
-            )
-            for key, use in window.pods.items()
-        ]
+        rows = pod_windows(window)
         horizon = self._clock() - self._retention_s
         with self._lock:
             self._rows.extend(rows)
@@ -89,24 +94,29 @@ class GpuUsageLog:
         """Per pod (namespace, pod), the windows overlapping [start, end) that match the selector."""
         with self._lock:
             rows = [r for r in self._rows if r.end > start and r.start < end and selector.matches(r.labels)]
-        out: dict[tuple[str, str], PodGpuSummary] = {}
-        memory_by_window: dict[tuple[str, str, float, str], int] = {}
-        for r in rows:
-            key = (r.labels["namespace"], r.labels["pod"])
-            acc = out.setdefault(key, PodGpuSummary(*key))
-            acc.gpus.add(f"{r.labels['node']}/{r.labels['gpu']}")
-            secs = max(r.end - r.start, 0.0)
-            acc.seconds += secs
-            if r.utilization is not None:
-                acc.util_seconds += r.utilization * secs
-                acc.util_known_seconds += secs
-            if r.idle_ratio is not None:
-                acc.idle_seconds += r.idle_ratio * secs
-                acc.idle_known_seconds += secs
-            if r.memory_bytes is not None:
-                wkey = (*key, r.end, r.labels["node"])
-                memory_by_window[wkey] = memory_by_window.get(wkey, 0) + r.memory_bytes
-        for (ns, pod, _end, _node), mem in memory_by_window.items():
-            acc = out[(ns, pod)]
-            acc.memory_bytes = max(acc.memory_bytes or 0, mem)
-        return sorted(out.values(), key=lambda p: (-(p.idle_ratio or 0.0), p.namespace, p.pod))
+        return summarize(rows)
+
+
+def summarize(rows: Iterable[PodGpuWindow]) -> list[PodGpuSummary]:
+    """Per pod (namespace, pod), what `rows` add up to; the pods whose GPUs idled most first."""
+    out: dict[tuple[str, str], PodGpuSummary] = {}
+    memory_by_window: dict[tuple[str, str, float, str], int] = {}
+    for r in rows:
+        key = (r.labels["namespace"], r.labels["pod"])
+        acc = out.setdefault(key, PodGpuSummary(*key))
+        acc.gpus.add(f"{r.labels['node']}/{r.labels['gpu']}")
+        secs = max(r.end - r.start, 0.0)
+        acc.seconds += secs
+        if r.utilization is not None:
+            acc.util_seconds += r.utilization * secs
+            acc.util_known_seconds += secs
+        if r.idle_ratio is not None:
+            acc.idle_seconds += r.idle_ratio * secs
+            acc.idle_known_seconds += secs
+        if r.memory_bytes is not None:
+            wkey = (*key, r.end, r.labels["node"])
+            memory_by_window[wkey] = memory_by_window.get(wkey, 0) + r.memory_bytes
+    for (ns, pod, _end, _node), mem in memory_by_window.items():
+        acc = out[(ns, pod)]
+        acc.memory_bytes = max(acc.memory_bytes or 0, mem)
+    return sorted(out.values(), key=lambda p: (-(p.idle_ratio or 0.0), p.namespace, p.pod))

@@ -76,6 +76,8 @@ def cmd_collector(args: argparse.Namespace) -> int:
                 http=args.http,
                 retention_s=args.retention,
                 data_dir=args.data_dir,
+                clickhouse=args.clickhouse,
+                clickhouse_password_file=args.clickhouse_password_file,
                 wal_fsync=args.wal_fsync,
                 flush_s=args.flush_interval,
                 max_clock_skew_s=args.max_clock_skew,
@@ -95,7 +97,8 @@ def cmd_collector(args: argparse.Namespace) -> int:
                 ),
             )
         )
-    except (OSError, ValueError) as err:  # ValueError: TLS or token files that cannot be used
+    # ValueError: TLS or token files that cannot be used, a ClickHouse that cannot be (named in the message)
+    except (OSError, ValueError) as err:
         print(f"fleetprof collector: {err}", file=sys.stderr)
         return 1
     col.start()

@@ -307,13 +307,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=_seconds_or_duration,
         default=None,
         metavar="DURATION",
-        help="how long data is kept, e.g. 36h, 7d (>= 15m; default 1h in memory, 7d with --data-dir)",
+        help="how long data is kept, e.g. 36h, 7d (>= 15m; default 1h in memory, 7d with --data-dir or "
+        "--clickhouse)",
     )
-    c.add_argument(
+    where = c.add_mutually_exclusive_group()
+    where.add_argument(
         "--data-dir",
         default=None,
         metavar="DIR",
         help="keep profiles on disk here (DuckDB + write-ahead log); without it, in memory only",
+    )
+    where.add_argument(
+        "--clickhouse",
+        default=None,
+        metavar="URL",
+        help="keep profiles in ClickHouse, shared by every collector given the same URL: "
+        "clickhouse://[user[:password]@]host[:port][,host[:port]...]/database"
+        "[?cluster=NAME&quorum=N&secure=1&ca=FILE] (see docs/clickhouse.md)",
+    )
+    c.add_argument(
+        "--clickhouse-password-file",
+        default=None,
+        metavar="FILE",
+        help="the ClickHouse user's password (one line), instead of one in the --clickhouse URL",
     )
     c.add_argument(
         "--wal-fsync",

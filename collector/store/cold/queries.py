@@ -216,10 +216,15 @@ class Queries:
             return list(seen)
         self._with_pending(cur, pending)
         params = {"start": start if start is not None else -1e18, "end": end if end is not None else 1e18}
-        lids = [
+        # Label sets of samples and of syscall rows, as the hot tier (memory.py) counts them.
+        lids = {
             r[0]
             for r in cur.execute(
-                f"SELECT DISTINCT lid FROM {self._ALL_SAMPLES} WHERE {self._RANGE}", params
+                f"SELECT DISTINCT lid FROM {self._ALL_SAMPLES} WHERE {self._RANGE} UNION "
+                f"SELECT DISTINCT lid FROM syscalls WHERE {self._RANGE}",
+                params,
             ).fetchall()
-        ]
+        }
+        lo = params["start"] - 10
+        lids.update(lid for c in pending for b, lid, *_ in c.sys_rows if lo < b < params["end"])
         return list(self.labels_of(lids, pending).values())

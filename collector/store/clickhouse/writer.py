@@ -1,0 +1,405 @@
+"""Group commit: batches from every ingest thread wait here for one insert, and are acknowledged when it
+returns.
+
+Rules this file keeps:
+- A batch is stored when its rows and its marker are (one block of `rows`, sharded by its node, so a
+  batch is always on one shard whole). It is reported stored only after that insert returned, replicated
+  to the configured quorum with a cluster.
+- Before inserting, the group's batches are looked up by marker: a batch some collector stored already
+  (its ack was lost with that collector) is reported as a duplicate and not inserted again.
+- Definitions (frames, stacks, label sets) go in before the rows that use them, so a row never refers to
+  a definition ClickHouse lacks; they are idempotent (by content id), so a failed group may leave some
+  behind harmlessly.
+- On an error nothing of the group is reported stored: ingest does not acknowledge, the agents resend,
+  and the next try skips what did go in (an insert into two shards can land on one and fail on the
+  other).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from fleetprof.collector.model.ids import frame_ids, labels_id, labels_json
+from fleetprof.collector.model.profile import Labels, Stack
+from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.store.clickhouse.connection import (
+    UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE,
+    ClickHouseError,
+    Connection,
+)
+from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, MARKER, SYSCALL, Layout
+
+log = logging.getLogger(__name__)
+
+BUCKET_S = 10
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class Pending:
+    """One batch waiting for its group's insert."""
+
+    key: int  # the batch's key (store.py: keyed hash of its source and sequence)
+    profile: ProfileRows
+    node: str
+    source: str
+    sequence: int
+    done: threading.Event = field(default_factory=threading.Event)
+    stored: bool = False  # set with done: False when it was found stored before (a duplicate)
+    error: str | None = None
+
+    @property
+    def bucket(self) -> int:
+        p = self.profile
+        return int((p.start + p.end) / 2 // BUCKET_S * BUCKET_S)
+
+
+class _Known:
+    """Definitions known to be in ClickHouse, per day partition (a definition is written again on each new
+    day it is used, so that retention can drop a day of definitions with that day's rows)."""
+
+    def __init__(self) -> None:
+        self._days: dict[int, tuple[set[int], set[int], set[int]]] = {}
+
+    def day(self, day: int) -> tuple[set[int], set[int], set[int]]:
+        """(stacks, frames, label sets) known for `day`."""
+        sets = self._days.get(day)
+        if sets is None:
+            sets = self._days[day] = (set(), set(), set())
+            for old in [d for d in self._days if d < day - 2]:  # batches older than 2 h are refused
+                del self._days[old]
+        return sets
+
+
+class GroupWriter:
+    """One thread that inserts what `submit` queued, `group_s` after the first batch of a group or once
+    `group_rows` rows wait, whichever comes first."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        layout: Layout,
+        insert_settings: dict,
+        read_settings: dict,
+        group_s: float = 0.2,
+        group_rows: int = 500_000,
+        quorum_retry_s: float = 10.0,
+        on_stored: Callable[[list[Pending]], None] | None = None,
+    ):
+        self._conn = conn
+        self._layout = layout
+        self._insert = insert_settings
+        self._read = read_settings
+        self._group_s = group_s
+        self._group_rows = group_rows
+        self._quorum_retry_s = quorum_retry_s
+        self._on_stored = on_stored or (lambda done: None)
+        self._known = _Known()
+        self._queue: list[Pending] = []
+        self._rows = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self.counters = {"groups": 0, "group_errors": 0, "quorum_retries": 0, "resends_skipped": 0}
+        self._thread = threading.Thread(target=self._run, name="clickhouse-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, item: Pending) -> None:
+        with self._cond:
+            if self._stop:
+                item.error = "the store is closing"
+                item.done.set()
+                return
+            self._queue.append(item)
+            self._rows += len(item.profile.counts) + 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=60)
+
+    def _take(self) -> list[Pending]:
+        with self._cond:
+            while not self._queue and not self._stop:
+                self._cond.wait()
+            if not self._queue:
+                return []
+            deadline = time.monotonic() + self._group_s
+            while not self._stop and self._rows < self._group_rows:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            group, self._queue, self._rows = self._queue, [], 0
+            return group
+
+    def _run(self) -> None:
+        while True:
+            group = self._take()
+            if not group:
+                return
+            try:
+                self._write(group)
+            except Exception as err:  # every waiting batch learns it, and is resent by its agent
+                self.counters["group_errors"] += 1
+                message = str(err) if isinstance(err, ClickHouseError) else f"{type(err).__name__}: {err}"
+                for p in group:
+                    if not p.done.is_set():
+                        p.error = message
+                        p.done.set()
+
+    # -- one group ------------------------------------------------------------------------------------
+    def _write(self, group: list[Pending]) -> None:
+        self.counters["groups"] += 1
+        stored = self._stored_before(group)
+        if stored:
+            self.counters["resends_skipped"] += len(stored)
+            for p in group:
+                if p.key in stored:
+                    p.done.set()  # stored=False: a duplicate
+            group = [p for p in group if p.key not in stored]
+        if not group:
+            return
+        for table, columns, commit in self._definitions(group):
+            self._insert_retrying(table, columns)  # definitions are idempotent: a second copy is harmless
+            commit()
+        self._insert_rows(group)
+        self._on_stored(group)
+        for p in group:
+            p.stored = True
+            p.done.set()
+
+    def _insert_rows(self, group: list[Pending]) -> None:
+        """The group's rows, each batch once. An insert into several shards can land on some and fail on
+        another (ClickHouse before 21.x takes one quorum insert per table and shard at a time, and refuses
+        the next while the last replicates): trying it again whole would store the landed batches twice.
+        So after such a refusal the group's markers are looked up again, and only the batches not found go
+        in on the next try."""
+        deadline = time.monotonic() + self._quorum_retry_s
+        pause = 0.02
+        left = group
+        while True:
+            try:
+                self._conn.insert(self._layout.table("rows"), self._rows_of(left), settings=self._insert)
+                return
+            except ClickHouseError as err:
+                if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
+                    raise
+            self.counters["quorum_retries"] += 1
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            landed = self._stored_before(left)  # by this very insert: stored, not duplicates
+            left = [p for p in left if p.key not in landed]
+            if not left:
+                return
+
+    def _stored_before(self, group: list[Pending]) -> set[int]:
+        """Keys of the group's batches whose markers are in ClickHouse already."""
+        buckets = sorted({p.bucket for p in group})
+        keys = np.array([p.key for p in group], dtype=np.int64)
+        rows = self._conn.query(
+            f"SELECT DISTINCT batch FROM {self._layout.table('rows')} WHERE kind = {MARKER} "
+            f"AND bucket IN ({', '.join(map(str, buckets))}) AND batch IN wanted",
+            ids={"wanted": keys},
+            settings=self._read,
+        )
+        return {int(r[0]) for r in rows}
+
+    def _insert_retrying(self, table: str, columns: dict) -> None:
+        """Insert, trying again while a shard's previous quorum insert is still replicating (ClickHouse
+        before 21.x takes one quorum insert per table and shard at a time)."""
+        deadline = time.monotonic() + self._quorum_retry_s
+        pause = 0.02
+        while True:
+            try:
+                self._conn.insert(table, columns, settings=self._insert)
+                return
+            except ClickHouseError as err:
+                if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
+                    raise
+                self.counters["quorum_retries"] += 1
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+
+    def _definitions(self, group: list[Pending]) -> list[tuple[str, dict, Callable[[], None]]]:
+        """Inserts of the frames, stacks and label sets the group uses that are not known to be in
+        ClickHouse for their day yet, each with what to remember once it went in."""
+        new_stacks: dict[int, dict[int, Stack]] = {}  # day -> id -> frames
+        new_labels: dict[int, dict[int, Labels]] = {}
+        for p in group:
+            day = p.bucket // DAY
+            known_stacks, _, known_labels = self._known.day(day)
+            prof = p.profile
+            ids = prof.stack_table_ids
+            if len(ids):
+                missing = [i for i, cid in enumerate(ids.tolist()) if cid not in known_stacks]
+                if missing:
+                    stacks = new_stacks.setdefault(day, {})
+                    for i in missing:
+                        cid, stack = prof.stacks[i]
+                        stacks.setdefault(cid, stack)
+            labels = new_labels.setdefault(day, {})
+            for lid, lb in prof.label_sets:
+                if lid not in known_labels:
+                    labels.setdefault(lid, lb)
+            for lb, _, _ in prof.syscalls:
+                lid = labels_id(lb)
+                if lid not in known_labels:
+                    labels.setdefault(lid, lb)
+        out = []
+        frames_cols, stack_cols, frame_ids_new, stack_ids_new = self._stack_columns(new_stacks)
+        if frames_cols is not None:
+
+            def frames_done(new: dict[int, list[int]] = frame_ids_new) -> None:
+                for day, fids in new.items():
+                    self._known.day(day)[1].update(fids)
+
+            out.append((self._layout.table("frames"), frames_cols, frames_done))
+        if stack_cols is not None:
+
+            def stacks_done(new: dict[int, list[int]] = stack_ids_new) -> None:
+                for day, sids in new.items():
+                    self._known.day(day)[0].update(sids)
+
+            out.append((self._layout.table("stacks"), stack_cols, stacks_done))
+        label_rows = [(day, lid, lb) for day, sets in new_labels.items() for lid, lb in sets.items()]
+        if label_rows:
+
+            def labels_done(rows: list = label_rows) -> None:
+                for day, lid, _ in rows:
+                    self._known.day(day)[2].add(lid)
+
+            out.append(
+                (
+                    self._layout.table("label_sets"),
+                    {
+                        "day": np.array([d for d, _, _ in label_rows], dtype=np.uint32),
+                        "id": np.array([lid for _, lid, _ in label_rows], dtype=np.int64),
+                        "labels": np.array([labels_json(lb) for _, _, lb in label_rows], dtype=object),
+                    },
+                    labels_done,
+                )
+            )
+        return out
+
+    def _stack_columns(self, new_stacks: dict[int, dict[int, Stack]]) -> tuple:
+        """Columns of the new frames and stacks, per day (frames of a stack written again with it on a new
+        day), and the ids each insert makes known."""
+        f_day, f_id, f_fn, f_mod, f_kern = [], [], [], [], []
+        s_day, s_id, s_frames = [], [], []
+        frames_new: dict[int, list[int]] = {}
+        stacks_new: dict[int, list[int]] = {}
+        for day, stacks in new_stacks.items():
+            if not stacks:
+                continue
+            known_frames = self._known.day(day)[1]
+            # Every frame of every new stack in one flat list, their ids in one call (ingest interned the
+            # frames, so this is a dict lookup each), then cut back into one id list per stack.
+            flat = list(chain.from_iterable(stacks.values()))
+            fids = frame_ids(flat)
+            at = 0
+            for sid, stack in stacks.items():
+                s_day.append(day)
+                s_id.append(sid)
+                s_frames.append(fids[at : at + len(stack)])
+                at += len(stack)
+            fresh = {fid: frame for fid, frame in zip(fids, flat, strict=True) if fid not in known_frames}
+            stacks_new[day] = list(stacks)
+            frames_new[day] = list(fresh)
+            for fid, frame in fresh.items():
+                f_day.append(day)
+                f_id.append(fid)
+                f_fn.append(frame.function)
+                f_mod.append(frame.module)
+                f_kern.append(1 if frame.kernel else 0)
+        frames_cols = stack_cols = None
+        if f_id:
+            frames_cols = {
+                "day": np.array(f_day, dtype=np.uint32),
+                "id": np.array(f_id, dtype=np.int64),
+                "function": np.array(f_fn, dtype=object),
+                "module": np.array(f_mod, dtype=object),
+                "kernel": np.array(f_kern, dtype=np.uint8),
+            }
+        if s_id:
+            frames_obj = np.empty(len(s_frames), dtype=object)
+            frames_obj[:] = s_frames
+            stack_cols = {
+                "day": np.array(s_day, dtype=np.uint32),
+                "id": np.array(s_id, dtype=np.int64),
+                "frames": frames_obj,
+            }
+        return frames_cols, stack_cols, frames_new, stacks_new
+
+    @staticmethod
+    def _rows_of(group: list[Pending]) -> dict[str, np.ndarray]:
+        """The group's rows as columns of `rows`: per batch its samples, syscall rows, latency buckets and
+        marker."""
+        kind, bucket, lid, sid, freq, count = [], [], [], [], [], []
+        sys_name, hist_i, timed, timed_ns, batch, node = [], [], [], [], [], []
+        for p in group:
+            prof, b = p.profile, p.bucket
+            n = len(prof.counts)
+            if n:
+                kind.append(np.full(n, CPU, np.uint8))
+                bucket.append(np.full(n, b, np.int64))
+                lid.append(prof.label_ids())
+                sid.append(prof.stack_ids())
+                freq.append(np.full(n, prof.frequency_hz, np.uint32))
+                count.append(prof.counts.astype(np.int64, copy=False))
+                sys_name.append(np.full(n, "", dtype=object))
+                hist_i.append(np.zeros(n, np.uint8))
+                timed.append(np.zeros(n, np.int64))
+                timed_ns.append(np.zeros(n, np.int64))
+                batch.append(np.zeros(n, np.int64))
+                node.append(np.full(n, p.node, dtype=object))
+            extra: list[
+                tuple[int, int, str, int, int, int, int]
+            ] = []  # kind, lid, syscall, i, count, timed, ns
+            ids = {lset: i for i, lset in prof.label_sets}
+            for lset, name, agg in prof.syscalls:
+                lid_s = ids.get(lset)
+                if lid_s is None:
+                    lid_s = ids[lset] = labels_id(lset)
+                extra.append((SYSCALL, lid_s, name, 0, agg.count, agg.timed, agg.timed_ns))
+                extra.extend((HIST, lid_s, name, i, v, 0, 0) for i, v in enumerate(agg.hist) if v)
+            extra.append((MARKER, 0, "", 0, 0, 0, 0))
+            m = len(extra)
+            cols = list(zip(*extra, strict=True))
+            kind.append(np.array(cols[0], np.uint8))
+            bucket.append(np.full(m, b, np.int64))
+            lid.append(np.array(cols[1], np.int64))
+            sid.append(np.zeros(m, np.int64))
+            freq.append(np.zeros(m, np.uint32))
+            sys_name.append(np.array(cols[2], dtype=object))
+            hist_i.append(np.array(cols[3], np.uint8))
+            count.append(np.array(cols[4], np.int64))
+            timed.append(np.array(cols[5], np.int64))
+            timed_ns.append(np.array(cols[6], np.int64))
+            marker = np.zeros(m, np.int64)
+            marker[-1] = p.key
+            batch.append(marker)
+            node.append(np.full(m, p.node, dtype=object))
+        cat = np.concatenate
+        return {
+            "kind": cat(kind),
+            "bucket": cat(bucket),
+            "lid": cat(lid),
+            "sid": cat(sid),
+            "freq": cat(freq),
+            "syscall": cat(sys_name),
+            "i": cat(hist_i),
+            "count": cat(count),
+            "timed": cat(timed),
+            "timed_ns": cat(timed_ns),
+            "batch": cat(batch),
+            "node": cat(node),
+        }
