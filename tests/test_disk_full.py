@@ -163,6 +163,15 @@ def test_a_disk_filled_and_freed_while_an_agent_streams_loses_and_doubles_nothin
         col.stderr.close()
         col = start_collector_process(data, grpc_port, http_port, "--flush-interval", "1")
         after = pid_samples(url, work.pid)
+        # The agent's queue grew while the collector was down, and its shipper retries with a backoff
+        # that doubled meanwhile (up to 30 s): wait for it to reach the restarted collector and empty the
+        # queue, as an agent left running does. Stopped sooner, it only waits 5 s for acks, and a busy
+        # machine's slow restart left it in a backoff longer than that: 9 batches unacknowledged at exit.
+        wait_until(
+            lambda: agent_metrics()["fleetprof_agent_queue_batches"] == 0,
+            90,
+            "the agent to resend its queue to the restarted collector",
+        )
         # The agent's own tally, said when it stops (its last window and queue go to the restarted
         # collector first): every sample it drained must be stored once, the disk-full minutes included.
         stop_process(agent.proc, 30)
