@@ -1,4 +1,11 @@
-"""Shared fixtures: a real collector in-process, a real agent (BPF) as a subprocess, compiled workloads."""
+"""Shared fixtures: a real collector in-process, a real agent (BPF) as a subprocess, compiled workloads.
+
+`make test` runs the suite in two phases (Makefile): first every test not marked `serial`, spread over one
+pytest-xdist worker per CPU, then the `serial` ones one at a time with nothing beside them. Serial are the
+tests that load BPF programs (marked `bpf`: they are made serial here), judge samples against CPU time or
+shares, use a machine-wide resource (podman's images and containers, fixed ports, the disk-full tmpfs) or
+depend on timing; a test loaded beside a CPU-heavy neighbour gets less CPU in the seconds it measures.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,21 @@ from tests.browser import Chromium, Page
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).parent / "workloads"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that loads BPF programs runs in the serial phase."""
+    for item in items:
+        if item.get_closest_marker("bpf") and not item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.serial)
+
+
+def shared_dir() -> Path | None:
+    """A directory both phases of one `make test` share (it makes and removes it): what a parallel-phase
+    test built for serial-phase tests of the same module. None when pytest runs on its own."""
+    path = os.environ.get("FLEETPROF_TEST_SHARED")
+    return Path(path) if path else None
 
 
 def free_port() -> int:
@@ -179,6 +201,9 @@ def require_bpf() -> None:
     problem = missing_prerequisite()
     if problem:
         pytest.fail(f"eBPF tests cannot run: {problem} (run `make test`, which sets this machine up)")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The parallel phase runs tests beside each other: a BPF test there would measure its neighbours.
+        pytest.fail("this test loads BPF programs: mark it @pytest.mark.bpf, so it runs in the serial phase")
 
 
 @dataclass
