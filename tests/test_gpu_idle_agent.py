@@ -17,6 +17,7 @@ import pytest
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.main import Agent, AgentConfig
 from tests.conftest import RunningCollector, free_port, require_bpf
+from tests.cpu_time import favoured
 from tests.fake_pynvml import FakeGpu, FakeNvml
 from tests.wire import offcpu_rows, sample_rows
 
@@ -71,6 +72,13 @@ def run_phases(
         offcpu_sample_every=1,  # every wait: the tagging error is then the only noise (see the test)
     )
     agent = Agent(config)
+    with favoured():  # the agent's threads, started here, keep their pace on a busy machine
+        return _run_agent(agent, gpu, workload_bin, *args)
+
+
+def _run_agent(
+    agent: Agent, gpu: FakeGpu, workload_bin: Callable[[str], Path], *args: str
+) -> tuple[subprocess.Popen, list[pb.Batch], dict]:
     agent.start()
     try:
         proc = subprocess.Popen(
