@@ -60,7 +60,9 @@ def fleetprof(*args: str, user: str | None = None, timeout: float = 60) -> subpr
     return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
-def http_get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> bytes:
+def http_get(url: str, timeout: float = 60.0, headers: dict[str, str] | None = None) -> bytes:
+    # A transport timeout, not a claim about speed: servers here answer in milliseconds, but under
+    # `taskset -c 0` on a machine at load 14 a collector process went unanswered for 10 s.
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
         return r.read()
 

@@ -30,6 +30,7 @@ from tests.conftest import (
     stop_agent,
     wait_until,
 )
+from tests.cpu_time import CPU_BOUND_TIMEOUT_S
 
 STORY = WORKLOADS / "py_story.py"
 HOT_LINE = next(i for i, text in enumerate(STORY.read_text().splitlines(), 1) if "the hot line" in text)
@@ -156,7 +157,7 @@ def test_a_python_that_execs_another_python_gets_the_new_ones_frames(
         f"os.execv({python('3.12')!r}, [{python('3.12')!r}, {str(STORY)!r}, '4', '70'])\n"
     )
     proc = subprocess.Popen([python("3.11"), "-c", exec_after], stdout=subprocess.PIPE, text=True)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
     assert proc.returncode == 0
     everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent)
     story = sum(n for st, n in everything.items() if any(named("story")(f.function) for f in st))
@@ -182,7 +183,7 @@ def stories(py_agent: RunningAgent) -> dict[str, tuple[int, dict]]:
     }
     runs = {}
     for version, proc in procs.items():
-        out, _ = proc.communicate(timeout=180)
+        out, _ = proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
         assert proc.returncode == 0, f"py_story under {version} failed with {proc.returncode}"
         runs[version] = (proc.pid, json.loads(out))
     return runs

@@ -26,6 +26,7 @@ from tests.conftest import (
     stop_agent,
     wait_until,
 )
+from tests.cpu_time import CPU_BOUND_TIMEOUT_S
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -111,7 +112,7 @@ def test_a_process_in_its_own_mount_namespace_that_exits_before_the_drain_is_who
     proc = subprocess.Popen(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE
     )
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
     assert proc.returncode == 0
     assert not Path(target).exists(), "the test binary leaked into the host namespace"
     stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)
