@@ -20,6 +20,7 @@ from fleetprof.collector.main import Collector, CollectorConfig
 from tests.certs import Ca
 from tests.conftest import RunningCollector, free_port, settled_profile, start_agent, stop_agent
 from tests.connect import Answer, ConnectClient
+from tests.cpu_time import CPU_BOUND_TIMEOUT_S
 from tests.test_pyroscope_api import CPU, OFFCPU, SAMPLES, WALL, nodes
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -62,7 +63,7 @@ def profiled(module_collector: RunningCollector, workload_bin) -> Profiled:  # n
         proc = subprocess.Popen(
             [workload_bin("two_funcs"), str(SECONDS), str(SHARE_A)], stdout=subprocess.PIPE, text=True
         )
-        stdout, _ = proc.communicate(timeout=60)
+        stdout, _ = proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
         assert proc.returncode == 0, f"the workload failed with {proc.returncode}"
         ended_ms = now_ms()
         settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)

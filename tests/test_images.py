@@ -28,7 +28,8 @@ from tests.containers import (
 )
 from tests.installed import WORKLOAD, HttpCollector, assert_hot_function_leads, profile_hot_workload
 
-pytestmark = pytest.mark.slow
+# Serial: podman's image store and its containers are the machine's, not this test's.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 COLLECTOR_UID = 10001  # the Dockerfile's USER; the StatefulSet's runAsUser and fsGroup must match it
 NODE = "images-test-node"

@@ -24,6 +24,7 @@ from tests.conftest import (
     stop_agent,
     wait_until,
 )
+from tests.cpu_time import CPU_BOUND_TIMEOUT_S
 from tests.fake_apiserver import FakeApiServer, event, make_pod
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -123,7 +124,7 @@ def test_containerd_cgroupfs_v1_process_is_labelled_with_its_pod(cluster: Cluste
     leaf = make_cgroup(V1_CPU / "kubepods" / "burstable" / f"pod{uid}" / cid)
     try:
         proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("two_funcs")), "3", "75"])
-        proc.wait(timeout=60)
+        proc.wait(timeout=CPU_BOUND_TIMEOUT_S)
     finally:
         remove_cgroups(leaf, V1_CPU)
 
@@ -196,7 +197,7 @@ def test_crio_systemd_v2_process_is_labelled_once_its_pod_arrives(cluster: Clust
             containers={"worker": cid},
         )
         cluster.api.push(event("ADDED", pod))
-        proc.wait(timeout=60)
+        proc.wait(timeout=CPU_BOUND_TIMEOUT_S)
     finally:
         remove_cgroups(leaf, V2_ROOT)
 
@@ -265,7 +266,7 @@ def test_syscalls_of_a_pod_are_counted_under_its_labels(cluster: Cluster, worklo
 
 def test_host_processes_stay_host_processes(cluster: Cluster, workload_bin) -> None:
     proc = subprocess.Popen([str(workload_bin("two_funcs")), "2", "50"], stdout=subprocess.DEVNULL)
-    proc.wait(timeout=60)
+    proc.wait(timeout=CPU_BOUND_TIMEOUT_S)
     stacks = settled_profile(cluster.collector, f'{{pid="{proc.pid}"}}', cluster.agent)
     assert samples_of(stacks) > 0
     for label in ("pod", "namespace", "container", "pod_uid", "container_id"):

@@ -19,6 +19,7 @@ from fleetprof.agent.resolver import ResolvedSample, Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from tests.conftest import maps_libc, require_bpf, wait_until
+from tests.cpu_time import favoured
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -56,7 +57,13 @@ class Pipeline:
         self.resolver = Resolver(self.table, symbolizer)
 
     def run(self, argv: list[str], on_start: Callable[[int], None] | None = None) -> Run:
-        """Run a workload to the end, draining every DRAIN_EVERY_S and once after it exits."""
+        """Run a workload to the end, draining every DRAIN_EVERY_S and once after it exits. The drains run
+        at nice -10 (favoured): on a machine at load 9 they fell behind, and the 1/1 recorder's count
+        table (every switch-out of the node) filled in a window: 1,806 waits lost."""
+        with favoured():
+            return self._run(argv, on_start)
+
+    def _run(self, argv: list[str], on_start: Callable[[int], None] | None) -> Run:
         self.resolver.resolve(self.sampler.drain())  # start from an empty window
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         if on_start is not None:
@@ -121,20 +128,22 @@ def test_blocked_time_is_under_the_blocking_function_and_matches_the_workloads_c
     run = every_switch.run([str(blocks_bin), *RANDOM])
     truth, tid = run.truth, run.truth["tid"]
     under = run.ns(tid, under="fp_block_here")
-    total = run.ns()
+    total, main = run.ns(), run.ns(tid)
     n = truth["blocks"]
     per_wait_us = (truth["blocked_ns"] - under) / n / 1e3
     print(
         f"{n} waits: workload {truth['blocked_ns'] / 1e9:.4f} s, under fp_block_here {under / 1e9:.4f} s "
         f"({under / truth['blocked_ns']:.4f}; {per_wait_us:.1f} us a wait on CPU inside the call), "
-        f"process {total / 1e9:.4f} s; stats {dict(run.stats)}"
+        f"main thread {main / 1e9:.4f} s, process {total / 1e9:.4f} s; stats {dict(run.stats)}"
     )
     assert_lossless(run)
-    # Share: the rest of the process's off-CPU time is the burner's (200 ms of CPU; runnable waits count,
-    # so on a busy machine it waits for a CPU, at most ~0.4 s with both CPUs taken by two other hogs),
-    # start-up and exit: <= 0.4 / 6.4 = 6%. Not sampled, so no noise; a sampler that put the switch-out
-    # stacks on the wrong task, or time on the wrong stack, reads far below (the burner alone runs 6 s).
-    assert under >= 0.9 * total, (under, total)
+    # Share, within the main thread: the rest of its off-CPU time is start-up, thread creation and exit
+    # (a wake-up's wait for a CPU belongs to its block, under fp_block_here): a few ms of ~6 s. Not sampled,
+    # so no noise; a sampler that put time on the wrong stack reads far below, and one that put the
+    # switch-out stacks on the wrong task fails the bound against the workload's clock below. (Judged
+    # against the whole process, it depended on the load: the burner's waits for a CPU are off-CPU time
+    # too, and on a machine at load 10 the 1-in-4 test read 0.88 of the process against 0.9.)
+    assert under >= 0.9 * main, (under, main, total)
     # Total: BPF times each wait from the end of the switch-out program to the switch-in, inside the
     # workload's own CLOCK_MONOTONIC window around the syscall (bpf_ktime_get_ns is that clock): never
     # more than it, except by a rounding microsecond. It is less by the on-CPU part of each call (syscall
@@ -166,7 +175,8 @@ def test_one_in_four_sampling_scales_back_to_the_total(one_in_four: Pipeline, bl
     assert_lossless(run)
     assert lo <= under <= hi
     # A scale factor left out reads 1/4 of the truth (-30 sigma); applied twice, x4.
-    assert under >= 0.9 * run.ns(), (under, run.ns())  # same share as unsampled (its noise: < 1%)
+    # The main thread's share, as unsampled (its noise: < 1%).
+    assert under >= 0.9 * run.ns(tid), (under, run.ns(tid), run.ns())
 
 
 def test_a_wait_across_drains_keeps_its_stacks_and_takes_the_wake_up_gpu_slot(

@@ -107,8 +107,16 @@ def test_the_agent_reports_what_its_off_cpu_recorder_did(agent: RunningAgent) ->
                 out[name] = float(line.rsplit(" ", 1)[1])
         return out
 
-    got = wait_until(lambda: (e := events()) and e["recorded"] > 0 and e, 30, "off-CPU waits recorded")
-    # 1 in 8 switch-outs sampled at random, over thousands of switches: 1/8 within a few percent.
+    # 1 in 8 switch-outs sampled at random (bpf_get_prandom_u32, each switch-out its own draw). Wait for
+    # 1,500 switch-outs of the node (a busy node makes thousands a second; alone, the module's other tests
+    # not run first, an idle one may take a few seconds): sigma = sqrt(0.125 x 0.875 / 1,500) = 0.0085, and
+    # the band's edges are 5.3 (0.08) and 5.3 (0.17) sigma away. A rate that ignored the 1-in-N (1.0) or
+    # applied it twice (1/64) reads far outside.
+    got = wait_until(
+        lambda: (e := events()) and e["recorded"] > 0 and e["switches"] >= 1500 and e,
+        60,
+        "off-CPU waits recorded over 1,500 switch-outs",
+    )
     assert 0.08 < got["sampled"] / got["switches"] < 0.17, got
     assert got["state_table_full"] == got["count_table_full"] == got["stacks_unresolved"] == 0, got
     assert "fleetprof_agent_offcpu_pending " in agent.metrics()

@@ -30,6 +30,7 @@ from tests.conftest import (
     stop_agent,
     wait_until,
 )
+from tests.cpu_time import CPU_BOUND_TIMEOUT_S
 
 STORY = WORKLOADS / "py_story.py"
 HOT_LINE = next(i for i, text in enumerate(STORY.read_text().splitlines(), 1) if "the hot line" in text)
@@ -156,7 +157,7 @@ def test_a_python_that_execs_another_python_gets_the_new_ones_frames(
         f"os.execv({python('3.12')!r}, [{python('3.12')!r}, {str(STORY)!r}, '4', '70'])\n"
     )
     proc = subprocess.Popen([python("3.11"), "-c", exec_after], stdout=subprocess.PIPE, text=True)
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
     assert proc.returncode == 0
     everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent)
     story = sum(n for st, n in everything.items() if any(named("story")(f.function) for f in st))
@@ -167,15 +168,37 @@ def test_a_python_that_execs_another_python_gets_the_new_ones_frames(
     assert story > 1000, "the exec'd interpreter's samples lack Python frames"
 
 
+STORY_VERSIONS = ["3.11", "3.12", "3.13", "debian-3.11"]
+
+
+@pytest.fixture(scope="module")
+def stories(py_agent: RunningAgent) -> dict[str, tuple[int, dict]]:
+    """py_story under each interpreter, all at once: each runs for 6 s of its own CPU time and is judged
+    against its own clock, so the samples each one gets do not depend on its neighbours (on 2 CPUs they
+    take twice the wall time, and the wait for each one's registration costs it half the CPU time). One
+    after the other they took 4 x (6 s + the settling) of the serial phase. Pid and truth by version."""
+    procs = {
+        v: subprocess.Popen([python(v), str(STORY), "6", "70"], stdout=subprocess.PIPE, text=True)
+        for v in STORY_VERSIONS
+    }
+    runs = {}
+    for version, proc in procs.items():
+        out, _ = proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
+        assert proc.returncode == 0, f"py_story under {version} failed with {proc.returncode}"
+        runs[version] = (proc.pid, json.loads(out))
+    return runs
+
+
 @pytest.mark.bpf
-@pytest.mark.parametrize("version", ["3.11", "3.12", "3.13", "debian-3.11"])
+@pytest.mark.parametrize("version", STORY_VERSIONS)
 def test_flame_graph_shows_the_python_functions_with_their_true_shares(
-    version: str, py_agent: RunningAgent, module_collector: RunningCollector
+    version: str,
+    stories: dict[str, tuple[int, dict]],
+    py_agent: RunningAgent,
+    module_collector: RunningCollector,
 ) -> None:
-    proc = subprocess.Popen([python(version), str(STORY), "6", "70"], stdout=subprocess.PIPE, text=True)
-    out, _ = proc.communicate(timeout=60)
-    truth = json.loads(out)
-    everything = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', py_agent)
+    pid, truth = stories[version]
+    everything = settled_profile(module_collector, f'{{pid="{pid}"}}', py_agent)
     # The truth covers story()'s loop; samples before the agent registered the new process (its first
     # sample wakes the agent, which describes it) and interpreter start-up/exit lie outside it.
     stacks = {st: n for st, n in everything.items() if any(named("story")(f.function) for f in st)}

@@ -5,6 +5,7 @@ the control; perf's own DWARF unwinder on the same run as the anchor."""
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import re
@@ -37,6 +38,11 @@ class Run:
     pid: int
     rows: list[ResolvedSample]
     stats: collections.Counter
+    out: str = ""  # what the workload printed
+
+    def truth(self) -> dict:
+        """The JSON line a workload run for its CPU time prints (unwind_chain cpu): its own measure."""
+        return json.loads(self.out)
 
     def stacks(self) -> collections.Counter:
         """Root-first user function names -> samples (kernel frames left out)."""
@@ -94,6 +100,9 @@ class Pipeline:
             self._collect(run)
         self._collect(run)
         assert proc.returncode == 0, argv
+        assert proc.stdout is not None
+        run.out = proc.stdout.read()
+        proc.stdout.close()
         return run
 
     def _collect(self, run: Run) -> None:
@@ -141,16 +150,30 @@ def judged(run: Run) -> tuple[int, int, int, int]:
     return chain, whole_c, sort, whole_s
 
 
+def expected_samples(part_ns: int) -> float:
+    """Samples a part of unwind_chain's own CPU time earns at FREQUENCY."""
+    return part_ns / 1e9 * FREQUENCY
+
+
 def test_stacks_without_frame_pointers_are_whole(eh: Pipeline, no_fp_bin: Callable[[str], Path]) -> None:
-    run = eh.run([str(no_fp_bin("unwind_chain")), "6000", "gate"])
+    run = eh.run([str(no_fp_bin("unwind_chain")), "cpu", "1.0", "gate"])
+    truth = run.truth()
     chain, whole_c, sort, whole_s = judged(run)
     top = run.stacks().most_common(3)
-    print(f"chain {whole_c}/{chain} whole, comparator {whole_s}/{sort} whole; top: {top}")
+    print(
+        f"chain {whole_c}/{chain} whole ({expected_samples(truth['chain_ns']):.0f} by its CPU time), "
+        f"comparator {whole_s}/{sort} whole ({expected_samples(truth['sort_ns']):.0f} for the whole sort "
+        f"part); top: {top}"
+    )
     print({k: v for k, v in run.stats.items() if k.startswith("unwind")})
-    # 6,000 rounds, ~3 s x 499 Hz = ~1,500 samples, about half in each part. A walk that never fails
-    # reads 1.0; at a true 0.99 over n = 600, sigma = 0.004: 0.95 is 10 sigma below. The frame-pointer
+    # The workload gives each part 1 s of its own CPU time, whatever the machine's speed (a fixed number
+    # of rounds read (557, 205) on one machine: the sort part ran faster there): 499 samples a part. The
+    # leaf is the sampled IP, walk or no walk: leaf_spin holds ~0.8 of the chain part's samples,
+    # compare_slow ~all of the sort part's (perf record of this binary: 40.5% and 50.3% of all, msort 4.6%):
+    # >= ~400 each, and a count varies by <= sqrt(400) = 20, so 300 is 5 sigma below. A walk that never
+    # fails reads 1.0; at a true 0.99 over n = 300, sigma = 0.006: 0.95 is 7 sigma below. The frame-pointer
     # walk of the same binary reads ~0 (the next test).
-    assert chain > 300 and sort > 300, (chain, sort)
+    assert chain > 300 and sort > 300, (chain, sort, truth)
     assert whole_c >= 0.95 * chain and whole_s >= 0.95 * sort, (whole_c, chain, whole_s, sort)
     assert run.stats["unwind_walks"] > 0
 
@@ -160,11 +183,13 @@ def test_the_frame_pointer_walk_of_the_same_code_is_not(no_fp_bin: Callable[[str
     measures the table walk, not the workload)."""
     fp = Pipeline("fp")
     try:
-        run = fp.run([str(no_fp_bin("unwind_chain")), "4000", "gate"])
+        run = fp.run([str(no_fp_bin("unwind_chain")), "cpu", "0.5", "gate"])
     finally:
         fp.close()
     chain, whole_c, sort, whole_s = judged(run)
     print(f"frame pointers: chain {whole_c}/{chain} whole, comparator {whole_s}/{sort} whole")
+    # 0.5 s of CPU a part x 499 Hz: ~450 samples in the two leaves (see the test above), sd <= 22: 300 is
+    # 6.8 sigma below. The frame-pointer walk finds the whole chain in ~0 of them; 0.2 is > 10 sigma above.
     assert chain + sort > 300
     assert whole_c + whole_s < 0.2 * (chain + sort)
 
@@ -180,8 +205,8 @@ def test_cpython_native_frames_are_whole_between_python_frames(eh: Pipeline) -> 
         "def batch():\n"
         "    return [ranked(20000) for _ in range(3)]\n"
         "import time\n"
-        "end = time.time() + 3\n"
-        "while time.time() < end:\n"
+        "start = time.thread_time()\n"  # its own CPU time: the same samples on a fast or a busy machine
+        "while time.thread_time() - start < 3:\n"
         "    batch()\n"
     )
     run = eh.run(["/usr/bin/python3.11", "-c", code])
@@ -221,7 +246,7 @@ def test_the_hottest_stacks_match_perfs_dwarf_unwinding(
         perf.append(subprocess.Popen([*cmd, "-o", str(data), "-p", str(pid)], stderr=subprocess.DEVNULL))
 
     try:
-        run = eh.run([str(no_fp_bin("unwind_chain")), "8000", "gate"], during=record)
+        run = eh.run([str(no_fp_bin("unwind_chain")), "cpu", "1.5", "gate"], during=record)
         perf[0].wait(timeout=60)
         script = subprocess.run(
             ["perf", "script", "-i", str(data), "-F", "ip,sym"], capture_output=True, text=True, check=True
@@ -237,9 +262,11 @@ def test_the_hottest_stacks_match_perfs_dwarf_unwinding(
     p2 = sum(n for s, n in theirs.items() if s and s[-1] == "leaf_spin") / n2
     sigma = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
     print(f"ours {n1}: {ours.most_common(3)}\nperf {n2}: {theirs.most_common(3)}\nshare {p1:.3f} vs {p2:.3f}")
+    # 1.5 s of CPU a part (the workload's own clock): ~1,500 samples each way, sd <= 39: 500 is > 25
+    # sigma below.
     assert n1 > 500 and n2 > 500, (n1, n2)
     assert top_ours == top_theirs, (top_ours, top_theirs)
-    # Two samplings of one run: their shares differ by noise alone, sigma ~ 0.02 at n ~ 2,000 each.
+    # Two samplings of one run: their shares differ by noise alone, sigma ~ 0.018 at n ~ 1,500 each.
     assert abs(p1 - p2) <= 4.5 * sigma + 0.01, (p1, p2, sigma)
 
 

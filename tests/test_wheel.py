@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -14,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, answers, free_port, http_get, require_bpf, stop_process, wait_until
+from tests.conftest import (
+    REPO,
+    answers,
+    free_port,
+    http_get,
+    require_bpf,
+    shared_dir,
+    stop_process,
+    wait_until,
+)
 from tests.installed import (
     HOT_FUNCTION,
     WORKLOAD,
@@ -56,7 +66,29 @@ class Installed:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    root = tmp_path_factory.mktemp("wheel")
+    """The wheel and its venv, built once per `make test`: its parallel phase builds them (the tests here
+    that read files), its serial phase reuses them (the ones that run the installed agent, which loads
+    BPF). Run alone, a module builds its own."""
+    shared = shared_dir()
+    root = shared / "wheel" if shared else tmp_path_factory.mktemp("wheel")
+    with open(root.parent / "wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two workers of the parallel phase: one builds, one waits
+        if not (root / "built").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a build that failed half-way
+            root.mkdir()
+            _build(root)
+            (root / "built").touch()
+    (wheel,) = (root / "dist").glob("fleetprof-*.whl")
+    venv = root / "venv"
+    elsewhere = tmp_path_factory.mktemp("elsewhere")  # a working directory outside the source tree
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    return Installed(wheel, venv, elsewhere, env)
+
+
+def _build(root: Path) -> None:
+    """The wheel from a copy of the build inputs, into root/dist; a venv of Debian's python3 with it
+    installed, as the agent image makes, in root/venv."""
     src = root / "src"
     src.mkdir()
     for name in BUILD_INPUTS:
@@ -87,12 +119,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert pip.returncode == 0, f"pip install of the wheel failed:\n{pip.stderr[-3000:]}"
-
-    elsewhere = root / "elsewhere"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
-    return Installed(wheel, venv, elsewhere, env)
 
 
 def test_wheel_carries_every_file_the_code_reads_at_run_time(installed: Installed) -> None:

@@ -5,11 +5,18 @@
  * -fomit-frame-pointer: the chain holds rsp-based and rbp-based CFA rows both.
  * Build: gcc -O2 -fomit-frame-pointer -g -o unwind_chain unwind_chain.c
  * usage: unwind_chain [ROUNDS [gate]]   (default 200; ~2,000 rounds a second here); prints one line,
- * "checksum N", the same on every run for the same ROUNDS: no clock, no randomness beyond a fixed-seed
- * generator. With "gate" it first waits for a line on stdin (a test describes it, then lets it go). */
+ *        "checksum N", the same on every run for the same ROUNDS: no clock, no randomness beyond a
+ *        fixed-seed generator.
+ *        unwind_chain cpu SECONDS [gate]   runs the two parts in turns, the one with less of this thread's
+ *        CPU time so far going next, until each has had SECONDS of it: each part gets the same CPU time
+ *        on any machine, however fast (a fixed number of rounds gave the sort part 27% of the samples on
+ *        one CPU and 50% on another). Prints JSON: each part's CPU ns and calls, measured with
+ *        CLOCK_THREAD_CPUTIME_ID around each call (~1 us of a ~0.3 ms call).
+ * With "gate" it first waits for a line on stdin (a test describes it, then lets it go). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static volatile unsigned long sink;
 
@@ -50,13 +57,43 @@ __attribute__((noinline)) unsigned long sort_round(unsigned long seed) {
     return v[0] ^ v[255];
 }
 
+static long long thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int wait_for_gate(void) {
+    char line[8];
+    return fgets(line, sizeof line, stdin) != NULL;
+}
+
 int main(int argc, char **argv) {
-    long rounds = argc > 1 ? atol(argv[1]) : 200;
-    if (argc > 2 && !strcmp(argv[2], "gate")) {
-        char line[8];
-        if (!fgets(line, sizeof line, stdin))
+    if (argc > 2 && !strcmp(argv[1], "cpu")) {
+        /* The loop is main's own, so the stacks stay main -> chain_a ... and main -> sort_round ... */
+        const long long want = (long long)(atof(argv[2]) * 1e9);
+        if (want <= 0 || (argc > 3 && (strcmp(argv[3], "gate") || !wait_for_gate())))
             return 2;
+        long long chain_ns = 0, sort_ns = 0;
+        long chains = 0, sorts = 0;
+        unsigned long sum = 0;
+        while (chain_ns < want || sort_ns < want) {
+            long long t0 = thread_cpu_ns();
+            if (chain_ns <= sort_ns) {
+                sum += chain_a(20000, (unsigned long)chains++);
+                chain_ns += thread_cpu_ns() - t0;
+            } else {
+                sum ^= sort_round((unsigned long)sorts++ + 7);
+                sort_ns += thread_cpu_ns() - t0;
+            }
+        }
+        printf("{\"chain_ns\": %lld, \"sort_ns\": %lld, \"chains\": %ld, \"sorts\": %ld, \"checksum\": %lu}\n",
+               chain_ns, sort_ns, chains, sorts, sum);
+        return 0;
     }
+    long rounds = argc > 1 ? atol(argv[1]) : 200;
+    if (argc > 2 && (strcmp(argv[2], "gate") || !wait_for_gate()))
+        return 2;
     unsigned long sum = 0;
     for (long r = 0; r < rounds; r++) {
         sum += chain_a(20000, (unsigned long)r);

@@ -1,13 +1,14 @@
 /* C++ workload for the unwinder and demangling tests: the hot method lives in a class template inside
  * nested namespaces, called through two non-inline functions, all built without frame pointers.
  * Build: g++ -O2 -fomit-frame-pointer -g -o unwind_template unwind_template.cpp
- * usage: unwind_template SECONDS [gate]  -- with "gate", waits for a line on stdin before it starts.
+ * usage: unwind_template SECONDS [gate]  -- runs for SECONDS of its own CPU time (so a busy machine gives
+ * it as many samples as an idle one); with "gate", waits for a line on stdin before it starts.
  * Hot method: fleet::kernels::Accumulator<double>::churn(long), under run_batch() <- drive() <- main.
  * Prints "done N" (N: rounds). */
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace fleet {
 namespace kernels {
@@ -37,11 +38,17 @@ __attribute__((noinline)) double run_batch(fleet::kernels::Accumulator<double> &
     return x * 0.5;
 }
 
+static double thread_cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 __attribute__((noinline)) long drive(double seconds) {
     fleet::kernels::Accumulator<double> acc(1.0);
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    const double end = thread_cpu_s() + seconds;
     long rounds = 0;
-    while (std::chrono::steady_clock::now() < end) {
+    while (thread_cpu_s() < end) {
         sink = run_batch(acc);
         rounds++;
     }
