@@ -13,7 +13,7 @@ from fleetprof.agent.python.merge import PythonFrames
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols.modules import ModuleWatch
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, unknown_frame
 from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
 
 log = logging.getLogger(__name__)
@@ -22,6 +22,12 @@ LOST_USER_STACK = Frame("[user stack lost: stack table full]", "[fleetprof]")
 LOST_KERNEL_STACK = Frame("[kernel stack lost: stack table full]", "[fleetprof]", kernel=True)
 NO_STACK = Frame("[no stack]", "[fleetprof]")
 UNMAPPED = "[unmapped]"
+# User frames of a process that was gone before its mappings could be read (it lived between two looks, or
+# its first events were lost): its addresses cannot be named, nor told apart from garbage.
+NOT_DESCRIBED = Frame("[process gone before its mappings were read]", "[fleetprof]")
+# Where the CPU was (the leaf), in a mapping the agent never saw: the process mapped it after its last
+# description and was gone before the mappings could be read again.
+UNSEEN_MAPPING = "[unseen mapping]"
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,10 @@ class Resolver:
         addrs = stacks.get(stack_id)
         if addrs is None:  # cannot happen with the double buffer; be explicit if it ever does
             return (LOST_USER_STACK,), False
+        if not proc.mappings:
+            result = ((NOT_DESCRIBED,), False)
+            self._user_cache.put(key, result)
+            return result
         frames = self._symbolizer.user_frames(proc.pid, proc.mappings, addrs, return_addresses=True)
         if any(f.module == UNMAPPED for f in frames) and proc.pid not in remapped and proc.mappings:
             # An address outside the captured mappings: the process mapped something new (dlopen).
@@ -184,7 +194,10 @@ class Resolver:
         # (the kernel's, for processes not walked by tables) read it from a frame of code that keeps no frame
         # pointer. The stack ends below it. The leaf is where the CPU was, and stays.
         cut = next((i for i in range(1, len(frames)) if frames[i].module == UNMAPPED), len(frames))
-        result = (tuple(reversed(frames[:cut])), cut < len(frames))
+        kept = frames[:cut]
+        if kept and kept[0].module == UNMAPPED:
+            kept[0] = unknown_frame(UNSEEN_MAPPING, addrs[0])
+        result = (tuple(reversed(kept)), cut < len(frames))
         self._user_cache.put(key, result)
         return result
 
