@@ -33,10 +33,19 @@ from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.process.table import ProcessInfo, ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import Resolver
-from fleetprof.agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, CpuSampler, SamplerConfig
+from fleetprof.agent.sampler import (
+    EVENT_EXEC,
+    EVENT_EXIT,
+    EVENT_NEW,
+    EVENT_UNMAPPED,
+    CpuSampler,
+    SamplerConfig,
+)
 from fleetprof.agent.shipper import Shipper
+from fleetprof.agent.symbols.modules import ModuleWatch
 from fleetprof.agent.symbols.preloader import Preloader
 from fleetprof.agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.symbols.vdso import read_own_vdso
 from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof.agent.unwind.unwinder import Unwinder
 from fleetprof.auth import TokenFile
@@ -114,10 +123,12 @@ class Agent:
         self.python = PythonStacks(enabled=config.python, file_errors=self.file_errors)
         self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
         self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
-        self.symbolizer = Symbolizer(file_errors=self.file_errors)
+        self.vdso = read_own_vdso()  # the node's vDSO image: tables and names for every process's [vdso]
+        self.symbolizer = Symbolizer(file_errors=self.file_errors, vdso=self.vdso)
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
-        self.resolver = Resolver(self.processes, self.symbolizer, python=self.python)
+        # The module list is read before kallsyms (at start()), so a module loaded in between is read again.
+        self.resolver = Resolver(self.processes, self.symbolizer, python=self.python, modules=ModuleWatch())
         self.shipper = Shipper(
             config.collector,
             max_batches=config.queue_batches,
@@ -235,13 +246,16 @@ class Agent:
                 self.preloader.submit(pid, info.mappings)  # new since the agent: it may exit before a drain
         elif kind == EVENT_EXIT:
             self.processes.mark_exited(pid)
+        elif kind == EVENT_UNMAPPED:  # a table walk left its mappings: code mapped since (a dlopen, a JIT)?
+            if self.processes.remap_if_changed(pid) and self.unwinder is not None:
+                self.unwinder.unmapped_handled(pid)
 
     def _on_syscall_process_event(self, pid: int, kind: int, ns: int) -> None:
         """The syscall tracer met a process (see SyscallTracer): capture its labels while it lives."""
         if kind in (EVENT_NEW, EVENT_EXEC):
             self.processes.note(pid, ns, exec_=kind == EVENT_EXEC)
         elif kind == EVENT_EXIT:
-            self.processes.mark_exited(pid)
+            self.processes.mark_exited(pid, ns)  # a late exit of an earlier process with this pid: ignored
 
     def _poll_events(self) -> None:
         """Sleep until a new or exec'd process is reported (exits wait for one, or for a window's end) or
@@ -287,6 +301,8 @@ class Agent:
         self.processes.end_window()
         if self.unwinder is not None:
             self.unwinder.collect_wanted()
+            for pid in self.unwinder.take_unmapped():
+                self.processes.remap_if_changed(pid)  # described again if it mapped code since (a dlopen)
         self.gpu_owners.refresh_if_stale(time.monotonic())
         gpu = self.gpu.drain().attributed(self._labelled, self.gpu_owners.owner) if self.gpu else None
         batch = encode_window(
@@ -322,13 +338,14 @@ class Agent:
                 unwind=cfg.unwind,
             ),
             on_process_event=self._on_process_event,
+            on_python_stack=self.python.announced,
         )
         self.python.attach(self.sampler)
         maps = self.sampler.unwind_maps()
         if maps is not None:
             # The agent walks its own stacks by frame pointer: tables for its LLVM would cost it seconds.
             own = frozenset({os.getpid()})
-            self.unwinder = Unwinder(maps, file_errors=self.file_errors, skip_pids=own)
+            self.unwinder = Unwinder(maps, file_errors=self.file_errors, skip_pids=own, vdso=self.vdso)
             self.unwinder.start()
         if cfg.syscalls:
             self.syscalls = self._start_syscalls()

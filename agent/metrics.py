@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from fleetprof.agent.python.codes import UNNAMED_REASONS
 from fleetprof.agent.shipper import ShipperStats
 
 
@@ -29,7 +30,18 @@ class AgentCounters:
         "python_stack_table_full",
         "python_namespace_mismatch",
         "python_unsupported_samples",
+        # ... whose Python frames were dropped (a frame met twice: stale memory) or cut (a stale frame), and
+        # new Python stacks BPF could not announce (named at the drain, if still there)
+        "python_cycle",
+        "python_stale",
+        "python_names_lost",
+        # Samples whose user stack was cut at a return address outside every executable mapping (a
+        # frame-pointer walk through code that keeps none; table walks end there in BPF: no_mapping, jit)
+        "user_stack_cut_unmapped",
     )
+    # Python frames whose code object could not be named, weighted by samples (agent/python/codes.py
+    # UNNAMED_*): the process had exited, the object was freed and replaced, unreadable, or no code object.
+    PYTHON_UNNAMED = UNNAMED_REASONS
     PYTHON_PROCESS_OUTCOMES = ("supported", "unsupported_version", "no_runtime_symbol", "unreadable")
     # The off-CPU recorder (agent/sampler.py STAT_NAMES; all 0 with --no-off-cpu): the tables-full and
     # unresolved events are waits lost, the rest its work.
@@ -60,6 +72,7 @@ class AgentCounters:
         "unsupported",
         "fp_frames",
         "fallback",
+        "jit_fp",
     )
 
     def __init__(self) -> None:
@@ -72,6 +85,8 @@ class AgentCounters:
         self.python_samples = 0
         self.offcpu = dict.fromkeys(self.OFFCPU_EVENTS, 0)
         self.unwind = dict.fromkeys(self.UNWIND_EVENTS, 0)
+        self.python_unnamed = dict.fromkeys(self.PYTHON_UNNAMED, 0)
+        self.kernel_symbol_reloads = 0
         self.offcpu_pending = 0
 
     def add_drain(self, stats: dict[str, int], samples: int) -> None:
@@ -87,6 +102,9 @@ class AgentCounters:
                 self.offcpu[k] += stats.get(f"offcpu_{k}", 0)
             for k in self.UNWIND_EVENTS:
                 self.unwind[k] += stats.get(f"unwind_{k}", 0)
+            for k in self.PYTHON_UNNAMED:
+                self.python_unnamed[k] += stats.get(f"python_unnamed_{k}", 0)
+            self.kernel_symbol_reloads += stats.get("kernel_symbol_reloads", 0)
 
     def set_offcpu_pending(self, pending: int) -> None:
         with self._lock:
@@ -100,9 +118,13 @@ class AgentCounters:
         with self._lock:
             return self.samples, self.drains, self.drain_failures, dict(self.outcomes)
 
-    def python_snapshot(self) -> tuple[int, dict[str, int]]:
+    def python_snapshot(self) -> tuple[int, dict[str, int], dict[str, int]]:
         with self._lock:
-            return self.python_samples, dict(self.python_processes)
+            return self.python_samples, dict(self.python_processes), dict(self.python_unnamed)
+
+    def kernel_snapshot(self) -> int:
+        with self._lock:
+            return self.kernel_symbol_reloads
 
     def offcpu_snapshot(self) -> tuple[dict[str, int], int]:
         with self._lock:
@@ -151,7 +173,7 @@ class _AgentCollector:
             "reason",
             outcomes,
         )
-        py_samples, py_procs = self._counters.python_snapshot()
+        py_samples, py_procs, py_unnamed = self._counters.python_snapshot()
         yield CounterMetricFamily(
             "fleetprof_agent_python_samples", "Samples whose stack carries CPython frames", value=py_samples
         )
@@ -160,6 +182,19 @@ class _AgentCollector:
             "CPython processes detected, by outcome (only 'supported' ones get Python frames)",
             "outcome",
             py_procs,
+        )
+        yield _labelled(
+            "fleetprof_agent_python_unnamed_frames",
+            "Sampled Python frames whose code object could not be named, weighted by samples, by reason:"
+            " exited (the process was gone first), replaced (freed, another code object there now),"
+            " unreadable (no memory there), not_code (no code object's names there)",
+            "reason",
+            py_unnamed,
+        )
+        yield CounterMetricFamily(
+            "fleetprof_agent_kernel_symbol_reloads",
+            "Times kernel symbols were read again because the module list changed",
+            value=self._counters.kernel_snapshot(),
         )
         offcpu, pending = self._counters.offcpu_snapshot()
         yield _labelled(
@@ -175,7 +210,9 @@ class _AgentCollector:
             "fleetprof_agent_unwind_events",
             "User stacks walked by call-frame information, by event: walks; how each ended (end: the"
             " outermost frame; no_mapping, jit, no_table, fp_failed, read_fault, depth, signal,"
-            " unsupported); fp_frames stepped by frame pointer; fallback: samples walked by frame pointer",
+            " unsupported); fp_frames stepped by frame pointer; fallback: samples walked by frame pointer;"
+            " jit_fp: frames of JIT code (anonymous executable memory) stepped by frame pointer back into"
+            " mapped code (jit: walks that ended there instead)",
             "event",
             self._counters.unwind_snapshot(),
         )

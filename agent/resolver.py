@@ -12,7 +12,8 @@ from fleetprof.agent.python.codes import PYTHON_MODULE
 from fleetprof.agent.python.merge import PythonFrames
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.symbols.modules import ModuleWatch
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, unknown_frame
 from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,12 @@ LOST_USER_STACK = Frame("[user stack lost: stack table full]", "[fleetprof]")
 LOST_KERNEL_STACK = Frame("[kernel stack lost: stack table full]", "[fleetprof]", kernel=True)
 NO_STACK = Frame("[no stack]", "[fleetprof]")
 UNMAPPED = "[unmapped]"
+# User frames of a process that was gone before its mappings could be read (it lived between two looks, or
+# its first events were lost): its addresses cannot be named, nor told apart from garbage.
+NOT_DESCRIBED = Frame("[process gone before its mappings were read]", "[fleetprof]")
+# Where the CPU was (the leaf), in a mapping the agent never saw: the process mapped it after its last
+# description and was gone before the mappings could be read again.
+UNSEEN_MAPPING = "[unseen mapping]"
 
 
 @dataclass(frozen=True)
@@ -74,22 +81,34 @@ class Resolver:
         symbolizer: Symbolizer,
         cache_size: int = 32768,
         python: PythonStacks | None = None,
+        modules: ModuleWatch | None = None,
     ):
+        """`modules`: the kernel's module list, looked at once a drain; when it changed, kernel symbols are
+        read again (and kernel stacks named with the old ones forgotten)."""
         self._processes = processes
+        self._modules = modules
         self._symbolizer = symbolizer
         self._python = python
-        self._user_cache = _Lru(cache_size)
+        self._user_cache = _Lru(cache_size)  # (pid, start, stack id) -> (frames, cut at an unmapped address)
         self._kernel_cache = _Lru(cache_size)
         self._py_named = _Lru(cache_size // 2)
         self._py_merged = _Lru(cache_size)
+        self._cut = 0  # samples of this window whose user stack was cut at an unmapped address
 
     def resolve(self, drain: Drain, syscalls: SyscallDrain | None = None) -> Window:
+        reloaded = 0
+        if self._modules is not None and self._modules.changed():
+            # A module loaded or unloaded: its addresses name other functions now, or none.
+            self._symbolizer.reload_kernel_symbols()
+            self._kernel_cache.clear()
+            reloaded = 1
         samples: list[ResolvedSample] = []
         unknown_process = 0
         remapped: set[int] = set()
         python = (
             _PythonWindow(self._python, self._py_named, self._py_merged) if self._python is not None else None
         )
+        self._cut = 0
         for s in drain.samples:
             proc = self._process(s.tgid, s.comm, tid=s.tid)
             if not proc.start_ticks:
@@ -97,6 +116,7 @@ class Resolver:
                 # samples with what the kernel told us; user addresses cannot be symbolized.
                 unknown_process += s.count
             samples.append(self._resolved(s, proc, drain, remapped, python, s.count))
+        cut = self._cut
         # Off-CPU rows take the same path; their counts are nanoseconds, so the Python walker's
         # per-sample statistics do not count them.
         offcpu = [
@@ -105,6 +125,8 @@ class Resolver:
         ]
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
+        stats["user_stack_cut_unmapped"] = cut
+        stats["kernel_symbol_reloads"] = reloaded
         if python is not None:
             stats.update(python.stats())
         window = Window(drain.start_ns, drain.end_ns, samples, stats, offcpu=offcpu)
@@ -124,7 +146,9 @@ class Resolver:
         weight: int,
     ) -> ResolvedSample:
         """One drained row symbolized; `weight`: its samples, for the Python walker's statistics."""
-        user = self._user(proc, s.user_stack, drain.stacks, remapped)
+        user, cut = self._user(proc, s.user_stack, drain.stacks, remapped)
+        if cut:
+            self._cut += weight
         if python is not None:
             user = python.user_frames(proc, s.user_stack, s.python_stack, weight, user, drain.python_stacks)
         kernel = self._kernel(s.kernel_stack, drain.stacks)
@@ -146,18 +170,23 @@ class Resolver:
 
     def _user(
         self, proc: ProcessInfo, stack_id: int, stacks: dict[int, tuple[int, ...]], remapped: set[int]
-    ) -> tuple[Frame, ...]:
+    ) -> tuple[tuple[Frame, ...], bool]:
+        """The user frames, root first, and whether they were cut at an address outside every mapping."""
         if stack_id == STACK_NONE:
-            return ()
+            return (), False
         if stack_id == STACK_LOST:
-            return (LOST_USER_STACK,)
+            return (LOST_USER_STACK,), False
         key = (proc.pid, proc.start_ticks, stack_id)
         cached = self._user_cache.get(key)
         if cached is not None:
             return cached
         addrs = stacks.get(stack_id)
         if addrs is None:  # cannot happen with the double buffer; be explicit if it ever does
-            return (LOST_USER_STACK,)
+            return (LOST_USER_STACK,), False
+        if not proc.mappings:
+            result = ((NOT_DESCRIBED,), False)
+            self._user_cache.put(key, result)
+            return result
         frames = self._symbolizer.user_frames(proc.pid, proc.mappings, addrs, return_addresses=True)
         if any(f.module == UNMAPPED for f in frames) and proc.pid not in remapped and proc.mappings:
             # An address outside the captured mappings: the process mapped something new (dlopen).
@@ -165,7 +194,14 @@ class Resolver:
             fresh = self._processes.remap(proc.pid)
             if fresh is not None and fresh.mappings != proc.mappings:
                 frames = self._symbolizer.user_frames(proc.pid, fresh.mappings, addrs, return_addresses=True)
-        result = tuple(reversed(frames))
+        # A return address outside every executable mapping, even now, is no caller: a frame-pointer walk
+        # (the kernel's, for processes not walked by tables) read it from a frame of code that keeps no frame
+        # pointer. The stack ends below it. The leaf is where the CPU was, and stays.
+        cut = next((i for i in range(1, len(frames)) if frames[i].module == UNMAPPED), len(frames))
+        kept = frames[:cut]
+        if kept and kept[0].module == UNMAPPED:
+            kept[0] = unknown_frame(UNSEEN_MAPPING, addrs[0])
+        result = (tuple(reversed(kept)), cut < len(frames))
         self._user_cache.put(key, result)
         return result
 
@@ -230,7 +266,7 @@ class _PythonWindow:
             if stack_id == STACK_LOST or stack_id not in stacks:
                 named = ((LOST_PYTHON_STACK,),)
             else:
-                named = self._python.frames(p, stacks[stack_id])
+                named = self._python.frames(p, stacks[stack_id], count)
             if not _unnamed(named):
                 self._named.put(key, named)
         mkey = (*key, native_id)
@@ -246,4 +282,5 @@ class _PythonWindow:
         out = {f"python_processes_{k}": v for k, v in self._detected.items()}
         out["python_unsupported_samples"] = self.unsupported_samples
         out["python_merged_samples"] = self.merged_samples
+        out.update({f"python_unnamed_{k}": v for k, v in self._python.take_unnamed().items()})
         return out

@@ -42,9 +42,10 @@ MAX_DEPTH = 127
 UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
+PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 KB, a few hundred in flight
 STACK_NONE = 0
 STACK_LOST = 1
-EVENT_NEW, EVENT_EXEC, EVENT_EXIT = 1, 2, 3  # bpf/process_event.h
+EVENT_NEW, EVENT_EXEC, EVENT_EXIT, EVENT_UNMAPPED = 1, 2, 3, 4  # bpf/process_event.h
 STAT_NAMES = (
     "samples",
     "user_stack_missing",
@@ -82,6 +83,11 @@ STAT_NAMES = (
     "unwind_unsupported",
     "unwind_fp_frames",
     "unwind_fallback",
+    "unwind_jit_fp",  # frames of JIT code stepped by frame pointer back into mapped code
+    # CPython walks cut short by what they met, and new stacks user space was not told of
+    "python_cycle",
+    "python_stale",
+    "python_names_lost",
 )
 # Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
 # set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.
@@ -114,6 +120,12 @@ class PyFrame(ct.Structure):
 
 class PyStack(ct.Structure):
     _fields_ = [("len", ct.c_uint64), ("frames", PyFrame * PY_MAX_DEPTH)]
+
+
+class PyNewStack(ct.Structure):
+    """struct py_new_stack (bpf/python_stack.h): a CPython stack as first stored, and whose."""
+
+    _fields_ = [("tgid", ct.c_uint32), ("pad", ct.c_uint32), ("stack", PyStack)]
 
 
 class StackTrace(ct.Structure):
@@ -285,7 +297,15 @@ def _sample_counts(entries: list, idle: set[int] = frozenset()) -> list[SampleCo
 class CpuSampler:
     """Owns the BPF program; `drain()` returns one window of samples; thread-safe against itself."""
 
-    def __init__(self, config: SamplerConfig, on_process_event: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        config: SamplerConfig,
+        on_process_event: Callable[[int, int], None] | None = None,
+        on_python_stack: Callable[[int, tuple[PyFrameRef, ...]], None] | None = None,
+    ):
+        """`on_process_event(tgid, kind)`: a process to describe, exec'd or gone; `on_python_stack(tgid,
+        frames)`: a CPython stack (leaf first) as BPF first stored it in a window. Both are called from
+        `consume_events`."""
         bcc = load_bcc()
         self._config = config
         self._lock = threading.Lock()
@@ -305,6 +325,7 @@ class CpuSampler:
             f"-DPY_MAX_THREADS={PY_MAX_THREADS}",
             f"-DPY_STACKS_SIZE={config.python_stacks_size(self.stacks_size)}",
             f"-DPY_PROCS_SIZE={config.python_procs}",
+            f"-DPY_NEW_PAGES={PY_NEW_PAGES if config.python else 1}",
             f"-DGPU_SLOT_NS={int(config.gpu_slot_s * 1e9)}ULL",
             f"-DGPU_PROCS_SIZE={config.gpu_procs}",
             *config.offcpu_flags(os.cpu_count() or 1),
@@ -336,6 +357,9 @@ class CpuSampler:
         self._extra_callbacks: list = []
         if on_process_event is not None:
             self._bpf["events"].open_ring_buffer(self._on_event)
+        self._python_cb = on_python_stack
+        if on_python_stack is not None and config.python:
+            self._bpf["python_new"].open_ring_buffer(self._on_python_stack)
         try:
             self._bpf.attach_perf_event(
                 ev_type=PERF_TYPE_SOFTWARE,
@@ -361,6 +385,15 @@ class CpuSampler:
         ev = ct.cast(data, ct.POINTER(ProcessEvent)).contents
         assert self._events_cb is not None
         self._events_cb(ev.tgid, ev.kind)
+
+    def _on_python_stack(self, _ctx: object, data: int, _size: int) -> None:
+        ev = ct.cast(data, ct.POINTER(PyNewStack)).contents
+        frames = tuple((f.code, f.instr, f.tag) for f in ev.stack.frames[: min(ev.stack.len, PY_MAX_DEPTH)])
+        assert self._python_cb is not None
+        try:
+            self._python_cb(ev.tgid, frames)
+        except Exception:  # one stack must not stop the events behind it (ctypes would only print it)
+            log.exception("naming a new Python stack failed")
 
     def events_fd(self) -> int:
         """A descriptor that polls readable while process events wait (libbpf's epoll descriptor over the
@@ -456,7 +489,12 @@ class CpuSampler:
             return None
         b = self._bpf
         return UnwindMaps(
-            b["unwind_rows"], b["unwind_files"], b["unwind_maps"], b["unwind_procs"], b["unwind_wanted"]
+            b["unwind_rows"],
+            b["unwind_files"],
+            b["unwind_maps"],
+            b["unwind_procs"],
+            b["unwind_wanted"],
+            b["unwind_unmapped"],
         )
 
     def offcpu_pending(self) -> list[tuple[int, int]]:

@@ -86,7 +86,12 @@ struct sample_key {
 #define STAT_UNWIND_FP_FRAMES    32   // frames stepped by frame pointer (not an end)
 #define STAT_UNWIND_FALLBACK     33   // samples of a tabled process unwound by frame pointer instead:
                                       // no user registers, or the tail call failed
-#define NSTATS                   34
+#define STAT_UNWIND_JIT_FP       34   // frames in anonymous executable memory (JIT code) stepped by frame
+                                      // pointer back into mapped code (not an end; STAT_UNWIND_JIT: it did not)
+#define STAT_PY_CYCLE            35   // CPython walks that met a frame again: stale memory, frames dropped
+#define STAT_PY_STALE            36   // CPython walks cut at a frame whose owner or code object is not one
+#define STAT_PY_NAMES_LOST       37   // new CPython stacks not announced (python_new full): named at the drain
+#define NSTATS                   38
 
 #define STACK_NONE 0
 #define STACK_LOST 1
@@ -122,6 +127,12 @@ BPF_TABLE("lru_hash", u64, u64, python_threads, PY_PROCS_SIZE * 4);
 
 // python_scratch: per-CPU buffer for the frames of one walk (1 KB; too large for the BPF stack).
 BPF_PERCPU_ARRAY(python_scratch, struct py_stack, 1);
+
+// python_new: each CPython stack as it is first stored in a window (struct py_new_stack), so that user space
+// names its code objects while they and their process still live (a code object freed or a process gone by
+// the drain could not be named). Consumed by the agent's process-event thread; woken adaptively (once per
+// batch it has not read yet). Full: counted (STAT_PY_NAMES_LOST); the drain names what it can.
+BPF_RINGBUF_OUTPUT(python_new, PY_NEW_PAGES);
 
 // gpu_procs: tgid -> 1 for processes that hold a GPU context (from NVML's process lists). Written only by
 // user space after each GPU poll; their samples carry a time slot (sample_key.gpu_slot). GPU_PROCS_SIZE
@@ -281,6 +292,13 @@ static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p
         count_stat(STAT_PY_TRUNCATED);
     else if (sample && outcome == PY_UNWIND_FAILED)
         count_stat(STAT_PY_UNWIND_FAILED);
+    else if (sample && outcome == PY_STALE)
+        count_stat(STAT_PY_STALE);
+    if (outcome == PY_CYCLE) {
+        if (sample)
+            count_stat(STAT_PY_CYCLE);
+        return STACK_NONE;   // which of the frames are real cannot be told: native frames only
+    }
     if (st->len == 0)
         return STACK_NONE;   // idle thread state, or the first read failed: native frames only
     u64 h = hash_python_stack(st);
@@ -294,10 +312,22 @@ static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p
             return h;
         err = python_stacks1.update(&h, st);
     }
-    if (err == 0 || err == -EEXIST)
-        return h;
-    count_stat(STAT_PY_STACK_TABLE_FULL);
-    return STACK_LOST;
+    if (err != 0 && err != -EEXIST) {
+        count_stat(STAT_PY_STACK_TABLE_FULL);
+        return STACK_LOST;
+    }
+    struct py_new_stack *e = python_new.ringbuf_reserve(sizeof(struct py_new_stack));
+    if (e) {
+        e->tgid = pid_tgid >> 32;
+        e->pad = 0;
+        if (bpf_probe_read_kernel(&e->stack, sizeof(e->stack), st) == 0)
+            python_new.ringbuf_submit(e, 0);
+        else
+            python_new.ringbuf_discard(e, 0);
+    } else {
+        count_stat(STAT_PY_NAMES_LOST);
+    }
+    return h;
 }
 
 static __always_inline void count_sample(u32 set, struct sample_key *key) {
@@ -370,6 +400,11 @@ BPF_PERCPU_ARRAY(unwind_state, struct unwind_state, 1);
 // unwind_wanted: file id -> 1 once a walk met the file without a table. Read and cleared by user space at
 // each drain: it builds the tables of large files (agent/unwind/unwinder.py EAGER_MAX_BYTES) on demand.
 BPF_ARRAY(unwind_wanted, u8, UNWIND_FILES);
+// unwind_unmapped: tgid -> UNMAPPED_* once a walk met an address outside the process's known mappings (see
+// unwind_flag_unmapped). Read and emptied by user space at each drain, and an entry deleted by it once it
+// described that process again: it re-reads those processes' mappings, and describes again the ones that
+// changed (a dlopen since). UNWIND_PROCS / 4 entries; when full, later processes wait a drain.
+BPF_HASH(unwind_unmapped, u32, u8, UNWIND_PROCS / 4);
 // unwind_progs[0]: unwind_step (user space puts its fd there after loading it).
 BPF_PROG_ARRAY(unwind_progs, 1);
 
@@ -435,6 +470,25 @@ static __always_inline int unwind_fp_step(struct unwind_state *s) {
     return 1;
 }
 
+// User space re-reads the mappings of a process whose walk left them. An address the walk can vouch for
+// (the leaf, or a return address read where a table said) lies in code mapped since the description (a
+// dlopen, a JIT's new page): it is told at once (an event), the first time since user space last looked,
+// and user space clears the flag once it described the process again, so the next new mapping is told at
+// once too. An address from a frame-pointer step may be garbage (code without frame pointers): flagged for
+// the drain only, which re-reads every flagged process and empties unwind_unmapped. So new code is walked
+// within milliseconds, and a process whose walks keep meeting garbage costs the agent one read of its
+// mappings a window.
+#define UNMAPPED_AT_DRAIN 1
+#define UNMAPPED_TOLD     2
+static __always_inline void unwind_flag_unmapped(u32 tgid, int vouched) {
+    u8 *flag = unwind_unmapped.lookup(&tgid);
+    if (flag && (*flag == UNMAPPED_TOLD || !vouched))
+        return;
+    u8 v = vouched ? UNMAPPED_TOLD : UNMAPPED_AT_DRAIN;
+    if (unwind_unmapped.update(&tgid, &v) == 0 && vouched)
+        notify(tgid, EVENT_UNMAPPED);
+}
+
 // Records the current ip as a frame and unwinds one frame; sets s->done (and counts why) when the walk ends.
 static __always_inline void unwind_one(struct unwind_state *s, struct unwind_proc *proc) {
     u32 n = s->frames.len;
@@ -448,21 +502,39 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
         s->done = 1;
         return;
     }
+    u64 lookup = s->leaf ? s->ip : s->ip - 1;
+    struct unwind_map *m = unwind_find_map(proc, lookup);
+    if (!m && !s->leaf) {   // a return address outside every known mapping: not recorded (see unwind.h)
+        count_stat(s->from_jit ? STAT_UNWIND_JIT : STAT_UNWIND_NO_MAPPING);
+        unwind_flag_unmapped(s->key.tgid, !s->from_fp);
+        s->done = 1;
+        return;
+    }
+    if (s->from_jit) {
+        count_stat(STAT_UNWIND_JIT_FP);
+        s->from_jit = 0;
+    }
     // n < UNWIND_MAX_FRAMES <= MAX_DEPTH (checked above), but clang may index with an unchecked copy of
     // it: the mask bounds the register the store uses (ip[127] would land in unwind_state.guard).
     s->frames.ip[n & 127] = s->ip;
     s->frames.len = n + 1;
-    u64 lookup = s->leaf ? s->ip : s->ip - 1;
     s->leaf = 0;
-    struct unwind_map *m = unwind_find_map(proc, lookup);
-    if (!m) {
+    if (!m) {   // the leaf: where the CPU was, so recorded; its mapping is newer than the description
         count_stat(STAT_UNWIND_NO_MAPPING);
+        unwind_flag_unmapped(s->key.tgid, 1);
         s->done = 1;
         return;
     }
     if (m->file == UNWIND_FILE_JIT) {
-        count_stat(STAT_UNWIND_JIT);
-        s->done = 1;
+        // No table for JIT code: its frame pointer, if it keeps one, gives its caller, which the next step
+        // takes only if it lies in a known mapping (else the walk ends there, counted as jit).
+        if (!unwind_fp_step(s)) {
+            count_stat(STAT_UNWIND_JIT);
+            s->done = 1;
+            return;
+        }
+        s->from_jit = 1;
+        s->from_fp = 1;
         return;
     }
     u32 fid = m->file;
@@ -483,6 +555,7 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
             return;
         }
         count_stat(STAT_UNWIND_FP_FRAMES);
+        s->from_fp = 1;
         return;
     }
     if (kind == UNWIND_KIND_END) {
@@ -524,6 +597,7 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
     }
     s->sp = cfa;
     s->ip = ra;
+    s->from_fp = 0;
 }
 
 // Starts a table walk of the current task's user stack (the sample's key filled but for user_stack) and
@@ -553,6 +627,8 @@ static __always_inline void unwind_begin(struct bpf_perf_event_data *ctx, u32 se
     s->calls = 0;
     s->leaf = 1;
     s->done = 0;
+    s->from_jit = 0;
+    s->from_fp = 0;
     s->frames.len = 0;
     count_stat(STAT_UNWIND_WALKS);
     unwind_progs.call(ctx, 0);

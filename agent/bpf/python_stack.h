@@ -29,6 +29,8 @@ struct py_proc {
     u32 code_qualname;      // PyCodeObject.co_qualname: its pointer fingerprints the code object
     u32 frame_entry;        // 3.11's _PyInterpreterFrame.is_entry (one byte, < 72), or PY_NO_FIELD (3.12+
                             // mark entries with shim frames instead)
+    u64 code_type;          // address of PyCode_Type in the target (every code object's ob_type), or 0:
+                            // not known, frames are not checked against it
 };
 
 #define PY_NO_FIELD 0xffffffff
@@ -53,12 +55,26 @@ struct py_stack {
     struct py_frame frames[PY_MAX_DEPTH];
 };
 
+// What python_new carries: a CPython stack as first stored, and whose it is. Mirrors agent/sampler.py.
+struct py_new_stack {
+    u32 tgid;
+    u32 pad;
+    struct py_stack stack;
+};
+
 // Outcomes of one walk (counted by cpu_sampler.c).
 #define PY_OK             0
 #define PY_NO_THREAD      1   // no thread state with this tid (a thread that never ran Python, or exiting)
 #define PY_UNWIND_FAILED  2   // a read of the target's memory failed mid-way
 #define PY_TRUNCATED      3   // deeper than PY_MAX_DEPTH: the root-most frames are missing
 #define PY_NO_NAMESPACE   4   // the task is not in the pid namespace recorded for the process
+#define PY_CYCLE          5   // the chain came back to a frame it had passed: stale memory (caller drops it)
+#define PY_STALE          6   // a frame whose owner is out of range or whose code is not a code object:
+                              // memory freed and reused; the frames before it are kept
+
+#define PY_OB_TYPE        8   // PyObject.ob_type
+#define PY_MAX_OWNER      3   // FRAME_OWNED_BY_THREAD, _GENERATOR, _FRAME_OBJECT, _CSTACK (3.11 has 0-2)
+#define PY_OWNED_BY_CSTACK 3  // 3.12+ shim frames: 3.13's f_executable is None there, not a code object
 
 static __always_inline u64 py_read_u64(u64 addr) {
     u64 v = 0;
@@ -85,6 +101,13 @@ static __always_inline u64 py_find_thread(struct py_proc *p, u32 tid, u64 guess)
 }
 
 // Fills `out` with the frames of thread state `ts`, leaf first; returns a PY_* outcome.
+//
+// A stale thread state or frame (memory freed and reused: another thread's, a finished generator's) can
+// point anywhere. A frame whose owner is out of range or whose code is not a code object ends the walk
+// (PY_STALE; the frames before it are kept), and so does a frame met twice (PY_CYCLE). Brent's check: the
+// frame at steps 0, 1, 3, 7, 15, 31 is kept, and meeting it again is a cycle; it finds a cycle of up to 32
+// frames that starts within the first 32, at the cost of one compare a step. Real recursion is no cycle:
+// each call has a frame of its own.
 static __always_inline u32 py_walk(struct py_proc *p, u64 ts, struct py_stack *out) {
     u64 frame = py_read_u64(ts + p->tstate_frame);
     if (p->cframe_frame != PY_DIRECT_FRAME && frame)
@@ -96,16 +119,29 @@ static __always_inline u32 py_walk(struct py_proc *p, u64 ts, struct py_stack *o
     u32 entry_w = (p->frame_entry >> 3) & 15, entry_shift = (p->frame_entry & 7) * 8;
     u64 buf[16] = {};
     u32 n = 0;
+    u32 outcome = PY_OK;
+    u64 mark = 0;
     out->len = 0;
 #pragma clang loop unroll(disable)
     for (int i = 0; i < PY_MAX_DEPTH; i++) {
         if (!frame || bpf_probe_read_user(buf, PY_FRAME_READ, (void *)frame) != 0)
             break;
+        if (frame == mark) {
+            outcome = PY_CYCLE;
+            break;
+        }
+        if ((i & (i + 1)) == 0)
+            mark = frame;
         u64 code = buf[code_w];
+        u32 owner = (u32)(buf[owner_w] >> owner_shift) & 0xff;
+        if (owner > PY_MAX_OWNER ||
+            (p->code_type && owner != PY_OWNED_BY_CSTACK && py_read_u64(code + PY_OB_TYPE) != p->code_type)) {
+            outcome = PY_STALE;
+            break;
+        }
         struct py_frame *f = &out->frames[i];
         f->code = code;
         f->instr = (u32)(buf[instr_w] - code);
-        u32 owner = (u32)(buf[owner_w] >> owner_shift) & 0x7f;
         if (has_entry && ((buf[entry_w] >> entry_shift) & 0xff))
             owner |= 0x80;
         f->tag = (owner << 24) | (u32)((py_read_u64(code + p->code_qualname) >> 4) & 0xffffff);
@@ -113,6 +149,8 @@ static __always_inline u32 py_walk(struct py_proc *p, u64 ts, struct py_stack *o
         frame = buf[prev_w];
     }
     out->len = n;
+    if (outcome != PY_OK)
+        return outcome;
     if (!frame)
         return PY_OK;
     return n == PY_MAX_DEPTH ? PY_TRUNCATED : PY_UNWIND_FAILED;

@@ -13,8 +13,13 @@
 //   3. CFA = rsp or rbp + offset; the return address is at CFA - 8 (x86-64); rbp is restored from CFA + off
 //      when the row says it was saved; the caller's rsp is the CFA.
 // Where a file has no table (not built yet, or none) or a row says NO_INFO, the frame is stepped by frame
-// pointer instead (rbp -> saved rbp, return address above it). Every walk ends exactly once, counted by
-// reason in stats (STAT_UNWIND_*).
+// pointer instead (rbp -> saved rbp, return address above it); so is anonymous executable memory (JIT code,
+// which has no file), and the walk goes on only if the return address that gives lies in a known mapping.
+// No address outside the process's executable mappings is recorded but the leaf (where the CPU was): a
+// return address there is garbage from a bad step, or code mapped since the process was described (the
+// walk flags the process in unwind_unmapped and user space re-reads its mappings: at once where the
+// address came from a table, at the drain where it came from a frame pointer). Every walk ends exactly
+// once, counted by reason in stats (STAT_UNWIND_*).
 //
 // The rule encoding mirrors agent/unwind/table.py: bits 0-2 kind, bits 3-19 CFA offset in bytes, bits
 // 20-31 the rbp save slot as a signed count of 8 bytes from the CFA (0: rbp unchanged).
@@ -26,7 +31,8 @@
 #define UNWIND_KIND_SIGNAL      4
 #define UNWIND_KIND_NO_INFO     5
 
-// A file id in unwind_maps for an executable mapping of no file (JIT code, anonymous memory).
+// A file id in unwind_maps for an executable mapping of no file (JIT code, anonymous memory). The vDSO is
+// not one: it has a file id and a table like any file (agent/symbols/vdso.py).
 #define UNWIND_FILE_JIT 0xffffffff
 
 // One row of a file's table: from this file address until the next row's, recover the caller so.
@@ -69,6 +75,8 @@ struct unwind_state {
     u32 calls;               // tail calls made
     u32 leaf;                // 1 while ip is the interrupted instruction (not a return address)
     u32 done;
+    u32 from_jit;            // 1 when ip came from a frame-pointer step out of JIT code
+    u32 from_fp;             // 1 when ip came from a frame-pointer step (JIT code, or a file without rows)
     struct stack_trace frames;   // leaf first, as bpf_get_stack gives them
     u64 guard;                   // what a masked index one past frames.ip may touch (never written)
 };

@@ -101,9 +101,6 @@ class PodWatcher:
         """True once the first list has filled the cache."""
         return self._synced.is_set()
 
-    def wait_synced(self, timeout_s: float) -> bool:
-        return self._synced.wait(timeout_s)
-
     def _run(self) -> None:
         while not self._stop.is_set():
             delay = self._backoff[0]

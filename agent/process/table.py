@@ -136,9 +136,14 @@ class ProcessTable:
             for pid in pids:
                 self._on_forget(pid)
 
-    def mark_exited(self, pid: int) -> None:
+    def mark_exited(self, pid: int, since_ns: int | None = None) -> None:
+        """The process exited (at `since_ns`, CLOCK_MONOTONIC, where the event says). An exit older than the
+        capture held is an earlier process's with the same pid and is ignored: pids are reused (pid_max can
+        be 32768), and the sampler's and the syscall tracer's events come through two ring buffers, so the
+        old process's exit can arrive after the new process was captured."""
         with self._lock:
-            if pid in self._procs:
+            info = self._procs.get(pid)
+            if info is not None and (since_ns is None or info.captured_ns <= since_ns):
                 self._exited[pid] = 2
 
     def note(self, pid: int, since_ns: int, exec_: bool = False) -> None:
@@ -168,6 +173,21 @@ class ProcessTable:
             if pid in self._exited:
                 return self._procs.get(pid)
         return self.refresh(pid) or self.get(pid)
+
+    def remap_if_changed(self, pid: int) -> bool:
+        """Re-read a live process's executable mappings and capture it again if they changed (a walk left
+        them: a dlopen since, or a bad step); whether it was. One read of /proc/PID/maps when unchanged."""
+        with self._lock:
+            info = self._procs.get(pid)
+            if info is None or pid in self._exited or not info.mapped:
+                return False
+        try:
+            mappings = tuple(read_maps(pid, self._proc_root, exec_only=True))
+        except OSError:
+            return False
+        if mappings == info.mappings:
+            return False
+        return self.refresh(pid) is not None
 
     def end_window(self) -> None:
         """Called after each drain: forget processes that exited before the previous drain."""

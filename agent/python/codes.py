@@ -1,12 +1,16 @@
 """Name CPython frames: code object address -> `qualname (file:line)`, read from the target's memory.
 
 Code objects are read from /proc/PID/mem (one pread for the object, one per string), cached per
-(process, code address) in a bounded LRU. Code objects can be freed and their memory reused by another
-one, so each cached entry keeps a fingerprint (its filename, qualname and line table pointers and its
-first line) and is re-checked against the live object once per window before it is trusted again; and
-each sampled frame carries bits of its co_qualname pointer from the moment of the sample, so a frame whose
-code object was replaced between the sample and the drain is shown as freed, never under a newer name. A
-process that has exited keeps the names it had.
+(process, code address, qualname fingerprint) in a bounded LRU. They are read as soon as BPF announces a
+new stack (agent/bpf/cpu_sampler.c python_new; `prename`), not only at the drain: by then a short-lived
+process is gone and a code object made by an import or an exec() may be freed, its memory reused (measured:
+88% of the samples of a process that imports a module every 0.2 s were unnamed when read at the drain).
+Each sampled frame carries bits of its co_qualname pointer from the moment of the sample, so a frame whose
+code object was replaced before it was read is shown as freed, never under a newer name; a cached entry
+keeps a fingerprint (its filename, qualname and line table pointers and its first line) and is re-checked
+once per window against what lives at its address (another object with the same qualname pointer there:
+read again). A process that has exited keeps the names it had. Frames that cannot be named are counted by
+reason (UNNAMED_*).
 
 Lines: the frame's instruction offset is decoded through co_linetable (the 3.11+ location table, see
 CPython's Objects/locations.md), so a caller's frame names its call site and the leaf the line it runs:
@@ -44,27 +48,41 @@ class CodeInfo:
         return Frame(f"{self.qualname} ({os.path.basename(self.filename)}:{line})", self.filename)
 
 
-class _Entry:
-    __slots__ = ("info", "window")
+# Why a sampled frame's code object could not be named (the agent's python_unnamed_frames self-metric).
+UNNAMED_EXITED = "exited"  # the process was gone before its code objects were read
+UNNAMED_REPLACED = "replaced"  # freed before it was read: another code object is there now
+UNNAMED_UNREADABLE = "unreadable"  # no readable memory at the address
+UNNAMED_NOT_CODE = "not_code"  # memory there, but no code object's names in it
+UNNAMED_REASONS = (UNNAMED_EXITED, UNNAMED_REPLACED, UNNAMED_UNREADABLE, UNNAMED_NOT_CODE)
 
-    def __init__(self, info: CodeInfo | None, window: int):
+
+class _Entry:
+    __slots__ = ("info", "window", "reason")
+
+    def __init__(self, info: CodeInfo | None, window: int, reason: str = ""):
         self.info = info
         self.window = window
+        self.reason = reason  # why info is None
 
 
 class CodeNames:
-    """Frames for (process, code address, instruction offset); thread-safe, bounded by `max_codes`."""
+    """Frames for (process, code address, instruction offset); thread-safe, bounded by `max_codes`.
+
+    Entries are keyed by the sample's qualname fingerprint too: a code object read while it lived (named as
+    soon as BPF announced its stack, `prename`) keeps naming the samples taken of it after it was freed and
+    its memory reused by another code object, which gets an entry of its own."""
 
     def __init__(self, proc_root: str = "/proc", max_codes: int = 32768) -> None:
         self._proc_root = proc_root
         self._max = max_codes
         self._lock = threading.Lock()
-        self._codes: OrderedDict[tuple[int, int, int], _Entry] = OrderedDict()
+        self._codes: OrderedDict[tuple[int, int, int, int], _Entry] = OrderedDict()
         self._window = 0
         self._mem: dict[int, int | None] = {}  # pid -> open /proc/PID/mem fd (None: cannot read) this window
         self.reads = 0
         self.read_failures = 0
         self.stale = 0  # frames whose code object was replaced between the sample and the drain
+        self.unnamed: dict[str, int] = dict.fromkeys(UNNAMED_REASONS, 0)  # sampled frames, by reason
 
     def begin_window(self) -> None:
         """Cached names are re-checked against live memory once per window; close last window's files."""
@@ -79,44 +97,78 @@ class CodeNames:
         with self._lock:
             for key in [k for k in self._codes if k[0] == pid]:
                 del self._codes[key]
+            fd = self._mem.pop(pid, None)
+            if fd is not None:
+                os.close(fd)
 
     def __len__(self) -> int:
         return len(self._codes)
 
-    def frame(self, proc: PythonProcess, code: int, instr: int, qualname_tag: int) -> Frame:
-        """`qualname_tag`: bits 4-27 of co_qualname's address when BPF sampled the frame."""
+    def take_unnamed(self) -> dict[str, int]:
+        """Sampled frames left unnamed since the last call, by reason."""
+        with self._lock:
+            out, self.unnamed = self.unnamed, dict.fromkeys(UNNAMED_REASONS, 0)
+        return out
+
+    def prename(self, proc: PythonProcess, code: int, qualname_tag: int) -> None:
+        """Read the code object now, while it (and its process) lives: BPF has just sampled it."""
+        with self._lock:
+            self._info(proc, code, qualname_tag)
+
+    def frame(self, proc: PythonProcess, code: int, instr: int, qualname_tag: int, weight: int = 1) -> Frame:
+        """`qualname_tag`: bits 4-27 of co_qualname's address when BPF sampled the frame; `weight`: the
+        samples the frame stands for, counted by reason when it cannot be named."""
         assert proc.offsets is not None
         with self._lock:
-            info = self._info(proc, code)
+            info, reason = self._info(proc, code, qualname_tag)
+            if info is None:
+                self.unnamed[reason] += weight
         if info is None:
+            if reason == UNNAMED_REPLACED:
+                self.stale += 1
+                return Frame(f"[freed python code] (0x{code:x})", PYTHON_MODULE)
             return Frame(f"[unknown python code] (0x{code:x})", PYTHON_MODULE)
-        if info.qualname_tag != qualname_tag:
-            # Freed since the sample, its memory now another code object: the name would be wrong.
-            self.stale += 1
-            return Frame(f"[freed python code] (0x{code:x})", PYTHON_MODULE)
         index = (instr - proc.offsets.code_adaptive) // 2
         return info.frame(line_at(info.linetable, info.firstlineno, index))
 
-    def _info(self, proc: PythonProcess, code: int) -> CodeInfo | None:
-        key = (proc.pid, proc.start_ticks, code)
+    def _info(self, proc: PythonProcess, code: int, tag: int) -> tuple[CodeInfo | None, str]:
+        """The code object sampled at `code` with qualname fingerprint `tag`, or None and why."""
+        assert proc.offsets is not None
+        key = (proc.pid, proc.start_ticks, code, tag)
         entry = self._codes.get(key)
         if entry is not None:
             self._codes.move_to_end(key)
             if entry.window == self._window:
-                return entry.info
+                return entry.info, entry.reason
             fd = self._fd(proc.pid)
             head = self._read(fd, code, _CODE_READ) if fd is not None else None
             if head is None or (
                 entry.info is not None and _fingerprint(head, proc.offsets) == entry.info.fingerprint
             ):
                 entry.window = self._window  # unchanged, or the process is gone: what we had is all there is
-                return entry.info
+                return entry.info, entry.reason
+            if entry.info is not None and _tag(head, proc.offsets) != tag:
+                # Replaced since: the entry names the object sampled, read while it lived.
+                entry.window = self._window
+                return entry.info, entry.reason
+            # Another object with the same qualname pointer there now (or a failed read to retry): read again.
         fd = self._fd(proc.pid)
-        info = self._load(fd, code, proc.offsets) if fd is not None else None
-        self._codes[key] = _Entry(info, self._window)
+        if fd is None:
+            info, reason = None, UNNAMED_EXITED
+        else:
+            info, reason = self._load(fd, code, proc.offsets)
+        if info is not None and info.qualname_tag != tag:
+            # The sampled object was freed before it could be read; what is there now gets its own entry.
+            self._put((proc.pid, proc.start_ticks, code, info.qualname_tag), _Entry(info, self._window))
+            info, reason = None, UNNAMED_REPLACED
+        self._put(key, _Entry(info, self._window, reason))
+        return info, reason
+
+    def _put(self, key: tuple[int, int, int, int], entry: _Entry) -> None:
+        self._codes[key] = entry
+        self._codes.move_to_end(key)
         if len(self._codes) > self._max:
             self._codes.popitem(last=False)
-        return info
 
     def _fd(self, pid: int) -> int | None:
         if pid not in self._mem:
@@ -137,10 +189,10 @@ class CodeNames:
             return None
         return data
 
-    def _load(self, fd: int, code: int, off: Offsets) -> CodeInfo | None:
+    def _load(self, fd: int, code: int, off: Offsets) -> tuple[CodeInfo | None, str]:
         head = self._read(fd, code, _CODE_READ)
         if head is None:
-            return None
+            return None, UNNAMED_UNREADABLE
         filename_p, qualname_p, linetable_p = (
             struct.unpack_from("<Q", head, o)[0]
             for o in (off.code_filename, off.code_qualname, off.code_linetable)
@@ -149,10 +201,10 @@ class CodeNames:
         qualname = self._string(fd, qualname_p, off)
         filename = self._string(fd, filename_p, off)
         if qualname is None or filename is None:
-            return None
+            return None, UNNAMED_NOT_CODE
         linetable = self._bytes(fd, linetable_p) or b""
-        tag = (qualname_p >> 4) & 0xFFFFFF
-        return CodeInfo(qualname, filename, firstlineno, linetable, _fingerprint(head, off), tag)
+        info = CodeInfo(qualname, filename, firstlineno, linetable, _fingerprint(head, off), _tag(head, off))
+        return info, ""
 
     def _string(self, fd: int, addr: int, off: Offsets) -> str | None:
         """A compact str object's text (what code objects' names and paths are)."""
@@ -179,6 +231,11 @@ class CodeNames:
         if not 0 <= size <= MAX_LINETABLE:
             return None
         return self._read(fd, addr + 32, size) if size else b""
+
+
+def _tag(head: bytes, off: Offsets) -> int:
+    """Bits 4-27 of the code object's co_qualname pointer: what BPF records of it with each frame."""
+    return (struct.unpack_from("<Q", head, off.code_qualname)[0] >> 4) & 0xFFFFFF
 
 
 def _fingerprint(head: bytes, off: Offsets) -> bytes:

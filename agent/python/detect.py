@@ -48,6 +48,7 @@ class Interpreter:
     offsets: Offsets | None
     segments: tuple[Segment, ...]
     outcome: str
+    code_type_vaddr: int = 0  # PyCode_Type's ELF address (0: not exported)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class PythonProcess:
     offsets: Offsets | None = None
     runtime: int = 0  # address of _PyRuntime in the process
     pidns: tuple[int, int] = (0, 0)  # (nsfs dev in the kernel's encoding, inode)
+    code_type: int = 0  # address of PyCode_Type in the process (0: unknown): BPF checks frames' code with it
 
     @property
     def supported(self) -> bool:
@@ -103,8 +105,16 @@ class Detector:
         except OSError:
             return PythonProcess(pid, start_ticks, interp.version, UNREADABLE)
         pidns = ((os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino)
+        code_type = bias + interp.code_type_vaddr if interp.code_type_vaddr else 0
         return PythonProcess(
-            pid, start_ticks, interp.version, SUPPORTED, interp.offsets, bias + interp.runtime_vaddr, pidns
+            pid,
+            start_ticks,
+            interp.version,
+            SUPPORTED,
+            interp.offsets,
+            bias + interp.runtime_vaddr,
+            pidns,
+            code_type,
         )
 
     def _interpreter(self, pid: int, m: Mapping) -> Interpreter:
@@ -148,7 +158,7 @@ class Detector:
 
 
 def _analyse_elf(elf: ElfFile, version: tuple[int, int] | None) -> Interpreter:
-    syms = find_symbols(elf, (b"_PyRuntime", b"Py_Version"))
+    syms = find_symbols(elf, (b"_PyRuntime", b"Py_Version", b"PyCode_Type"))
     segments = elf.load_segments
     if b"Py_Version" in syms:
         raw = read_vaddr(elf, segments, syms[b"Py_Version"], 4)
@@ -171,7 +181,7 @@ def _analyse_elf(elf: ElfFile, version: tuple[int, int] | None) -> Interpreter:
     else:
         offsets = TABLE[version]
     offsets.check()
-    return Interpreter(version, runtime, offsets, segments, SUPPORTED)
+    return Interpreter(version, runtime, offsets, segments, SUPPORTED, syms.get(b"PyCode_Type", 0))
 
 
 def find_symbols(elf: ElfFile, names: Sequence[bytes]) -> dict[bytes, int]:

@@ -36,6 +36,7 @@ class PyProc(ct.Structure):
         ("version", ct.c_uint32),
         ("code_qualname", ct.c_uint32),
         ("frame_entry", ct.c_uint32),
+        ("code_type", ct.c_uint64),
     ]
 
 
@@ -124,7 +125,10 @@ def from_debug_offsets(blob: bytes) -> Offsets:
 DEBUG_OFFSETS_BYTES = 73 * 8
 
 
-def to_bpf(offsets: Offsets, runtime: int, pidns: tuple[int, int], version: tuple[int, int]) -> PyProc:
+def to_bpf(
+    offsets: Offsets, runtime: int, pidns: tuple[int, int], version: tuple[int, int], code_type: int = 0
+) -> PyProc:
+    """`code_type`: PyCode_Type's address in the process (0: unknown), against which BPF checks frames."""
     return PyProc(
         runtime=runtime,
         pidns_dev=pidns[0],
@@ -142,4 +146,5 @@ def to_bpf(offsets: Offsets, runtime: int, pidns: tuple[int, int], version: tupl
         version=(version[0] << 8) | version[1],
         code_qualname=offsets.code_qualname,
         frame_entry=offsets.frame_entry,
+        code_type=code_type,
     )

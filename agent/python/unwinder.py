@@ -80,7 +80,8 @@ class PythonStacks:
 
     def _register(self, p: PythonProcess) -> None:
         if self._maps is not None and p.supported and p.offsets is not None:
-            self._maps.set_python_process(p.pid, to_bpf(p.offsets, p.runtime, p.pidns, p.version or (0, 0)))
+            proc = to_bpf(p.offsets, p.runtime, p.pidns, p.version or (0, 0), p.code_type)
+            self._maps.set_python_process(p.pid, proc)
 
     def forget(self, pid: int) -> None:
         """The process table forgot `pid` (exited and drained, or evicted)."""
@@ -103,9 +104,27 @@ class PythonStacks:
             out, self._outcomes = dict(self._outcomes), Counter()
         return out
 
-    def frames(self, p: PythonProcess, walked: Sequence[tuple[int, int, int]]) -> PythonFrames:
+    def announced(self, pid: int, walked: Sequence[tuple[int, int, int]]) -> None:
+        """BPF stored a new stack of `pid` (leaf first): read its code objects now, while they and the
+        process live (agent/python/codes.py says why)."""
+        with self._lock:
+            p = self._procs.get(pid)
+        if p is None or not p.supported:
+            return
+        for code, _instr, tag in walked:
+            if (tag >> 24) & 0x7F != FRAME_OWNED_BY_CSTACK:
+                self.codes.prename(p, code, tag & 0xFFFFFF)
+
+    def take_unnamed(self) -> dict[str, int]:
+        """Sampled frames whose code object could not be named since the last call, by reason."""
+        return self.codes.take_unnamed()
+
+    def frames(
+        self, p: PythonProcess, walked: Sequence[tuple[int, int, int]], weight: int = 1
+    ) -> PythonFrames:
         """Named Python frames, root first, from the walker's frames (leaf first), in groups: one per C call
-        into the interpreter (3.12+ mark each with a shim frame, dropped here; 3.11 flags its first frame)."""
+        into the interpreter (3.12+ mark each with a shim frame, dropped here; 3.11 flags its first frame).
+        `weight`: the samples they stand for (frames that cannot be named are counted by reason)."""
         groups: list[list[Frame]] = []
         opened = False  # a shim just opened the last group
         for code, instr, tag in reversed(walked):
@@ -116,7 +135,7 @@ class PythonStacks:
             if not groups or (tag & ENTRY_TAG and not opened):
                 groups.append([])
             opened = False
-            groups[-1].append(self.codes.frame(p, code, instr, tag & 0xFFFFFF))
+            groups[-1].append(self.codes.frame(p, code, instr, tag & 0xFFFFFF, weight))
         return tuple(tuple(g) for g in groups if g)
 
     def merged(self, native: tuple[Frame, ...], python: PythonFrames) -> tuple[Frame, ...]:

@@ -313,10 +313,6 @@ class ElfFile:
         """`size` raw bytes of the file at `offset` (e.g. initialised data of a PT_LOAD segment)."""
         return self._read(offset, _capped(size, MAX_SECTION_BYTES, "the bytes read"), "the bytes read")
 
-    def file_offset_to_vaddr(self, offset: int) -> int | None:
-        """The virtual address that file offset `offset` is loaded at, or None outside every PT_LOAD."""
-        return offset_to_vaddr(self.load_segments, offset)
-
     def _find_build_id(self, note_segments: list[tuple[int, int]]) -> str | None:
         # Sections first: debug files keep .note.gnu.build-id while their PT_NOTE may point at nothing.
         blobs = [self.section_data(s, MAX_NOTE_BYTES) for s in self.sections if s.type == SHT_NOTE]

@@ -12,6 +12,7 @@ from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_o
 from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
 from fleetprof.agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
 from fleetprof.agent.symbols.maps import Mapping, find
+from fleetprof.agent.symbols.vdso import VDSO_NAME, Vdso
 
 UNKNOWN = "[unknown]"
 KERNEL_MODULE = "[kernel]"
@@ -86,7 +87,10 @@ class Symbolizer:
         retry_after_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
         file_errors: FileErrors | None = None,
+        vdso: Vdso | None = None,
     ) -> None:
+        """`vdso`: the node's vDSO image (agent/symbols/vdso.py), which names every process's `[vdso]`
+        frames; without it they read "[unknown] ([vdso]+0x...)"."""
         if max_files < 1 or max_bytes < 1:
             raise ValueError("max_files and max_bytes must be positive")
         self._proc_root = proc_root
@@ -97,6 +101,8 @@ class Symbolizer:
         self._retry_after_s = retry_after_s
         self._clock = clock
         self.file_errors = file_errors if file_errors is not None else FileErrors()
+        self._vdso = vdso
+        self._vdso_file = _CachedFile(VDSO_NAME, vdso.symbols, vdso.segments, 0.0) if vdso else None
         self._lock = threading.RLock()
         self._files: OrderedDict[FileKey, _CachedFile] = OrderedDict()
         self._bytes = 0
@@ -123,8 +129,9 @@ class Symbolizer:
 
     def reload_kernel_symbols(self) -> None:
         """Re-read kallsyms on the next kernel lookup (call after modules are loaded or unloaded)."""
-        self._kernel = None
-        self._kernel_memo.clear()
+        with self._lock:
+            self._kernel = None
+            self._kernel_memo.clear()
 
     def kernel_frames(self, addrs: Sequence[int], *, return_addresses: bool = False) -> list[Frame]:
         """Frames for kernel stack addresses, innermost first. With return_addresses, every frame but the
@@ -188,10 +195,13 @@ class Symbolizer:
         mapping = find(mappings, lookup_addr)
         if mapping is None:
             return unknown_frame(UNMAPPED_MODULE, addr)
-        if not mapping.is_file:
+        if mapping.is_file:
+            cached = self._file(pid, mapping)
+        elif self._vdso is not None and self._vdso.matches(mapping):
+            cached = self._vdso_file
+        else:
             return unknown_frame(mapping.display_name, addr - mapping.start)
         file_offset = addr - mapping.start + mapping.offset
-        cached = self._file(pid, mapping)
         if cached.table is None:
             return unknown_frame(mapping.display_name, file_offset)
         vaddr = offset_to_vaddr(cached.segments, lookup_addr - mapping.start + mapping.offset)

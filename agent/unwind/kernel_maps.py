@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleetprof.agent.bpfmaps import read_map_bytes, write_array
+from fleetprof.agent.bpfmaps import drain_map_bytes, read_map_bytes, write_array
 
 ROW = struct.Struct("=II")  # struct unwind_row: pc, rule
 FILE = struct.Struct("=IIq")  # struct unwind_file: first, n, delta
@@ -30,9 +30,10 @@ class MapEntry(tuple):
 class UnwindMaps:
     """The four maps of a loaded sampler (BCC tables), written by the agent's unwinder thread only."""
 
-    def __init__(self, rows, files, maps, procs, wanted) -> None:  # noqa: ANN001 - BCC tables
+    def __init__(self, rows, files, maps, procs, wanted, unmapped=None) -> None:  # noqa: ANN001 - BCC tables
         self._rows, self._files, self._maps, self._procs = rows, files, maps, procs
         self._wanted = wanted
+        self._unmapped = unmapped
         self.row_capacity = rows.max_entries
         self.file_capacity = files.max_entries
         self.map_capacity = maps.max_entries
@@ -60,6 +61,21 @@ class UnwindMaps:
         for i in ids:
             self._wanted[ct.c_int(i)] = ct.c_uint8(0)
         return ids
+
+    def take_unmapped(self) -> list[int]:
+        """The processes whose walks met an address outside their known mappings since the last call."""
+        if self._unmapped is None:
+            return []
+        keys, _ = drain_map_bytes(self._unmapped, 4, 1)
+        return [k for (k,) in struct.iter_unpack("=I", keys)]
+
+    def clear_unmapped(self, tgid: int) -> None:
+        """Let the next walk of `tgid` that leaves its mappings say so again (they were just read)."""
+        if self._unmapped is not None:
+            try:
+                del self._unmapped[ct.c_uint32(tgid)]
+            except KeyError:
+                pass
 
     def clear_process(self, tgid: int) -> None:
         try:

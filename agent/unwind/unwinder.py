@@ -9,7 +9,9 @@ on this module's own thread, smallest first, then written to unwind_rows. Larger
 libraries: millions of rows each) are built only once a walk needed them: BPF flags the file in
 unwind_wanted, and `collect_wanted()` (once a drain) queues it. Until a file has its table, BPF walks its
 frames by frame pointer. Files are keyed like the symbol tables, by (device, inode), so libc's table is
-built once for the whole node. `forget(pid)` runs when a process leaves the process table.
+built once for the whole node. The vDSO is one more file, the same for every process (agent/symbols/vdso.py:
+its table is built once from the agent's own image); other anonymous executable memory (JIT code) has no
+table, and BPF steps it by frame pointer. `forget(pid)` runs when a process leaves the process table.
 
 Bounds: unwind_rows (SamplerConfig.unwind_rows, 8 bytes a row), unwind_files, unwind_maps and
 unwind_procs are fixed-size BPF maps. When rows run out, tables of files no live process maps are evicted,
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
 from fleetprof.agent.process.table import ProcessInfo
 from fleetprof.agent.symbols.elf import ElfError
+from fleetprof.agent.symbols.vdso import Vdso
 from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MapEntry, UnwindMaps
 from fleetprof.agent.unwind.ranges import RangeAllocator
 from fleetprof.agent.unwind.table import UnwindTable
@@ -39,6 +42,7 @@ from fleetprof.agent.unwind.worker import TableWorker
 log = logging.getLogger(__name__)
 
 FileKey = tuple[int, int, int]  # (dev major, dev minor, inode), as the symbolizer keys its tables
+VDSO_KEY: FileKey = (-1, -1, -1)  # the node's vDSO: one image for every process, no device or inode
 GRACE_S = 0.05  # BPF walks last microseconds; a range is reused this long after it was let go
 MAX_PENDING_FDS = 256  # files opened and waiting for their table to be built
 WORKER_IDLE_S = 30.0  # the table worker process exits when no file came for this long
@@ -88,8 +92,12 @@ class Unwinder:
         skip_pids: frozenset[int] = frozenset(),
         build: Callable[[int], tuple[UnwindTable, int]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        vdso: Vdso | None = None,
     ) -> None:
+        """`vdso`: the node's vDSO image (agent/symbols/vdso.py); every process's `[vdso]` is walked by its
+        table. Without it, `[vdso]` is anonymous executable memory like JIT code."""
         self._maps = maps
+        self._vdso = vdso
         self._proc_root = proc_root
         self.file_errors = file_errors if file_errors is not None else FileErrors()
         self._skip = skip_pids  # the agent's own process: its walks would cost it what it measures
@@ -107,7 +115,10 @@ class Unwinder:
         self._procs: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # pid -> (first, n, file ids)
         self._retired: list[tuple[float, RangeAllocator, int, int]] = []  # ranges waiting out the grace
         self._opening: set[int] = set()  # file ids being opened (outside the lock)
-        self._queue: list[tuple[int, int, int]] = []  # (file size, seq, file id): smallest first
+        # (0: a walk needs it / 1: eager, file size, seq, file id): files walks wait for first, then smallest
+        # first. A node that keeps mapping new small files (containers starting, builds) would otherwise keep
+        # a large file a walk asked for (libpython, ~70 k rows) at the back of the queue for good.
+        self._queue: list[tuple[int, int, int, int]] = []
         self._seq = 0
         self._stats = UnwinderStats(rows_capacity=maps.row_capacity)
         self._thread: threading.Thread | None = None
@@ -125,10 +136,15 @@ class Unwinder:
             for m in sorted(info.mappings, key=lambda m: m.start):
                 if not m.is_exec:
                     continue
-                if not m.is_file:
+                vdso = self._vdso is not None and self._vdso.matches(m)
+                if not m.is_file and not vdso:
+                    # Anonymous executable memory (JIT code): BPF steps it by frame pointer.
                     entries.append(MapEntry(m.start, m.end, 0, FILE_JIT))
                     continue
-                f = self._file((m.dev_major, m.dev_minor, m.inode), m.display_name)
+                if vdso:
+                    f = self._file(VDSO_KEY, m.display_name)
+                else:
+                    f = self._file((m.dev_major, m.dev_minor, m.inode), m.display_name)
                 if f is None:
                     continue  # no file id left: BPF ends walks there (no mapping)
                 f.users.add(info.pid)
@@ -136,9 +152,12 @@ class Unwinder:
                 ids.append(f.id)
                 entries.append(MapEntry(m.start, m.end, m.start - m.offset, f.id))
                 if f.rows is None and not f.failed:
-                    f.openers = mapped_file_openers(
-                        self._proc_root, info.pid, m.file_path, m.start, m.end, m.inode
-                    )
+                    if vdso:
+                        f.openers = [self._vdso.open_memfd]  # the node's one image: the agent's own copy
+                    else:
+                        f.openers = mapped_file_openers(
+                            self._proc_root, info.pid, m.file_path, m.start, m.end, m.inode
+                        )
                     if not f.settled and f.id not in self._opening:
                         self._opening.add(f.id)
                         to_open.append(f)
@@ -160,6 +179,15 @@ class Unwinder:
         for f in to_open:
             self._open(f, eager=False)
         return len(to_open)
+
+    def take_unmapped(self) -> list[int]:
+        """Processes whose walks met an address outside their published mappings since the last call (once a
+        drain): their mappings are worth reading again."""
+        return self._maps.take_unmapped()
+
+    def unmapped_handled(self, pid: int) -> None:
+        """`pid` was described again after a walk left its mappings: the next such walk is told at once."""
+        self._maps.clear_unmapped(pid)
 
     def forget(self, pid: int) -> None:
         with self._lock:
@@ -251,7 +279,7 @@ class Unwinder:
                 return
             f.fd = fd
             self._seq += 1
-            heapq.heappush(self._queue, (size, self._seq, f.id))
+            heapq.heappush(self._queue, (1 if eager else 0, size, self._seq, f.id))
             self._wake.notify()
 
     # -- the builder thread -------------------------------------------------------------------------
@@ -300,7 +328,7 @@ class Unwinder:
         with self._lock:
             if not self._queue:
                 return False
-            _, _, fid = heapq.heappop(self._queue)
+            fid = heapq.heappop(self._queue)[-1]
             f = self._by_id.get(fid)
             if f is None or f.fd < 0:
                 return True

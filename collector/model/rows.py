@@ -104,10 +104,6 @@ class ProfileRows:
         return int(self.counts[: len(self.counts) - self.offcpu_rows].sum())
 
     @property
-    def offcpu_ns(self) -> int:
-        return int(self.counts[len(self.counts) - self.offcpu_rows :].sum()) if self.offcpu_rows else 0
-
-    @property
     def rows(self) -> list[tuple[Labels, Stack, int]]:
         """The rows as (labels, stack, count) tuples: for tests and tools, not for hot paths."""
         return [
