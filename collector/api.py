@@ -477,7 +477,12 @@ class QueryApi:
                     "p99_seconds": round(p99 / 1e9, 9) if p99 is not None else None,
                 }
             )
-        key = (lambda r: (-r["total_seconds"], -r["count"])) if sort == "time" else (lambda r: (-r["count"],))
+        # Ties broken by the labels: which rows make the limit must not depend on the store's row order.
+        key = (
+            (lambda r: (-r["total_seconds"], -r["count"], tuple(r["labels"].values())))
+            if sort == "time"
+            else (lambda r: (-r["count"], tuple(r["labels"].values())))
+        )
         rows.sort(key=key)
         body = {"by": by, "from": start, "until": end, "query": str(selector), "syscalls": rows[:limit]}
         body["total_count"] = sum(a.count for a in groups.values())

@@ -33,6 +33,7 @@ from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.api import QueryApi
 from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.ingest.peer import ANONYMOUS, Peer
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
 from fleetprof.collector.main import Collector, CollectorConfig
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
@@ -69,7 +70,7 @@ class _Recorder(IngestService):
         super().__init__(store=None)  # type: ignore[arg-type]  # nothing is stored
         self.payloads: list[bytes] = []
 
-    def ingest(self, batch: pb.Batch, payload: bytes | None = None) -> bool:
+    def ingest(self, batch: pb.Batch, payload: bytes | None = None, peer: Peer = ANONYMOUS) -> bool:
         self.payloads.append(payload or batch.SerializeToString())
         return True
 
@@ -328,6 +329,7 @@ def _corpus_range(corpus: list[bytes]) -> tuple[float, float]:
     return min(b.start_unix_ns for b in batches) / 1e9 - 30, max(b.end_unix_ns for b in batches) / 1e9 + 30
 
 
+@pytest.mark.bpf  # the corpus holds a real agent's batches: the serial phase
 def test_every_query_answers_as_duckdb_does(pair: tuple[Collector, Collector], corpus: list[bytes]) -> None:
     duck, ch = pair
     start, end = _corpus_range(corpus)
@@ -361,6 +363,7 @@ def test_every_query_answers_as_duckdb_does(pair: tuple[Collector, Collector], c
     assert checked >= 85
 
 
+@pytest.mark.bpf  # the corpus holds a real agent's batches: the serial phase
 def test_grafana_profile_stats_see_the_same_hours(pair: tuple[Collector, Collector]) -> None:
     """GetProfileStats: data ingested, the same oldest hour (its newest is "now", read per call)."""
     answers = []
@@ -383,6 +386,7 @@ def test_grafana_profile_stats_see_the_same_hours(pair: tuple[Collector, Collect
     assert answers[0].oldest_profile_time == answers[1].oldest_profile_time
 
 
+@pytest.mark.bpf  # the corpus holds a real agent's batches: the serial phase
 def test_resends_count_once_across_collectors(pair: tuple[Collector, Collector], corpus: list[bytes]) -> None:
     """The corpus again, to the ClickHouse collector and to a second one on the same database: every
     batch acknowledged as a duplicate, nothing counted twice."""

@@ -371,7 +371,9 @@ def truncate(stacks: Stacks, max_nodes: int) -> dict[tuple[FrameKey, ...], int]:
 
     def offer(parent: Node) -> None:
         nonlocal order
-        for key, child in parent.children.items():
+        # Children in frame order, so that among equal weights the same nodes are kept whatever order the
+        # store returned the stacks in (two stores must answer a max_nodes profile alike).
+        for key, child in sorted(parent.children.items(), key=lambda kv: kv[0]):
             heapq.heappush(frontier, (-child.total, order, child, parent, key))
             order += 1
 

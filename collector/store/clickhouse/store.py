@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from fleetprof.collector.model.ids import use_key
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
-from fleetprof.collector.model.selector import Selector, label_value
+from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.clickhouse.connection import ClickHouseError, Connection
 from fleetprof.collector.store.clickhouse.gpu import ClickHouseGpuUsage
@@ -208,11 +208,16 @@ class ClickHouseStore:
     def _label_sets(self, start: float | None, end: float | None) -> list[Labels]:
         return self._queries.label_sets(start, end)
 
-    def label_names(self, start: float | None = None, end: float | None = None) -> list[str]:
-        return sorted({k for labels in self._label_sets(start, end) for k, _ in labels})
+    def label_names(
+        self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        return sorted({k for labels in matching_sets(self._label_sets(start, end), match) for k, _ in labels})
 
-    def label_values(self, name: str, start: float | None = None, end: float | None = None) -> list[str]:
-        return sorted({v for labels in self._label_sets(start, end) for k, v in labels if k == name})
+    def label_values(
+        self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
+    ) -> list[str]:
+        sets = matching_sets(self._label_sets(start, end), match)
+        return sorted({v for labels in sets for k, v in labels if k == name})
 
     def stats(self) -> dict[str, int]:
         out = dict(self.counters)
