@@ -36,5 +36,5 @@ proto:                 ## regenerate fleetprof/_proto from proto/
 bench: setup-test      ## agent overhead vs perf and bcc profile (see bench/)
 	$(PY) bench/overhead.py
 
-images:                ## podman builds of deploy/Dockerfile.{agent,collector} (base from debootstrap if missing)
-	bash scripts/images.sh
+images:                ## podman builds of deploy/Dockerfile.{agent,collector} for linux/amd64 and linux/arm64
+	bash scripts/images.sh amd64 arm64

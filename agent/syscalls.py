@@ -10,6 +10,7 @@ plus 256 KB per possible CPU for counts, 8 MB for latencies (both double-buffere
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import struct
 import threading
 import time
@@ -22,6 +23,7 @@ from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.sampler import ProcessEvent
+from fleetprof.agent.syscall_table import TABLES
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
 
@@ -164,15 +166,18 @@ def parse_latency_duty(text: str) -> LatencyDuty:
     return LatencyDuty(window_s=window, period_s=period)
 
 
+def syscall_table(machine: str) -> dict[int, str]:
+    """Number -> name of the 64-bit syscalls of an architecture (`uname -m`); empty for one we have no
+    table of. From Linux's own headers (agent/syscall_table.py, made by scripts/gen_syscalls.py): the
+    numbers differ between architectures (getppid is 110 on x86-64, 173 on arm64)."""
+    return TABLES.get(machine, {})
+
+
 @cache
 def syscall_name(nr: int) -> str:
-    """The syscall's name from BCC's table for this architecture; "syscall_<nr>" when it has none."""
-    try:
-        from bcc.syscall import syscalls  # x86-64 built in; other arches need `ausyscall` on PATH
-    except Exception:  # bcc.syscall raises bare Exception when it has no table for this arch
-        return f"syscall_{nr}"
-    name = syscalls.get(nr)
-    return name.decode() if name else f"syscall_{nr}"
+    """The syscall's name on the running architecture; "syscall_<nr>" when its table has none (a newer
+    syscall than the table's headers, or an architecture without a table)."""
+    return syscall_table(os.uname().machine).get(nr) or f"syscall_{nr}"
 
 
 def _validate(config: SyscallConfig) -> None:

@@ -27,6 +27,12 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # 
 # The ClickHouse store's tests (tests/test_clickhouse_*.py; the demo stays on DuckDB): Debian's server 18.16
 # and ZooKeeper 3.8 (it pulls a JRE), started by the tests on loopback, never as services. ~20 s of apt.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(clickhouse-server clickhouse-client zookeeper)
+# The arm64 guest (scripts/arm64_guest.sh, tests/test_arm64_guest.py) and the arm64 image (scripts/images.sh):
+# qemu-system-aarch64 runs the guest, qemu-user through binfmt_misc runs arm64 package scripts while the
+# guest's root and the image's base are made (arch-test checks that it does); the cross compiler builds the
+# aarch64 workloads, and its linux-libc-dev-arm64-cross has the arm64 syscall table (scripts/gen_syscalls.py).
+[ $WANT_TEST = 1 ] && APT_PKGS+=(qemu-system-arm qemu-user-static binfmt-support mmdebstrap arch-test
+  gcc-aarch64-linux-gnu)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -70,6 +76,14 @@ if [ ! -e /sys/kernel/tracing/events ] && [ -d /sys/kernel/tracing ]; then
 fi
 if [ ! -e /sys/kernel/debug/tracing ] && [ -d /sys/kernel/debug ]; then
   mount -t debugfs nodev /sys/kernel/debug 2>/dev/null || true
+fi
+
+# --- arm64 binaries through qemu-user (the arm64 guest's and image's builds) ------------------------
+if [ $WANT_TEST = 1 ] && ! arch-test arm64 >/dev/null 2>&1; then
+  need_root
+  mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+  arch-test arm64 >/dev/null 2>&1 || say "arm64 binaries do not run here (binfmt_misc, qemu-user-static)"
 fi
 
 # --- virtualenv ----------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ known only by its HTTP address, and a workload whose hot function must show up u
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +20,30 @@ from tests.conftest import REPO, http_get, samples_of, wait_until
 HOT_FUNCTION = "fp_hot_alpha"
 HOT_SHARE = 85
 WORKLOAD = "two_funcs"
+# What the Dockerfiles COPY: the wheel is built from these alone, as in the image.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "agent", "collector", "fleetprof")
+
+
+def build_wheel(dest: Path) -> Path:
+    """fleetprof's wheel, built from a copy of BUILD_INPUTS (so setuptools' build/ and egg-info never land
+    in the working tree) into `dest`; returns its path."""
+    src = dest / ".wheel-src"
+    src.mkdir()
+    for name in BUILD_INPUTS:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+         "-w", str(dest), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, f"pip wheel failed:\n{built.stderr[-3000:]}"
+    shutil.rmtree(src)
+    (wheel,) = dest.glob("fleetprof-*.whl")
+    return wheel
 
 
 @dataclass

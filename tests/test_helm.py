@@ -184,6 +184,24 @@ def default_render() -> dict[str, list[dict]]:
     return render_chart()
 
 
+ARCH_WORDS = re.compile(r"kubernetes\.io/arch|amd64|x86_64|arm64|aarch64")
+
+
+def test_manifests_and_chart_deploy_unchanged_on_mixed_architecture_clusters(
+    default_render: dict[str, list[dict]],
+) -> None:
+    """Nothing selects or names an architecture: the agent's DaemonSet lands on x86-64 and arm64 nodes
+    alike, each pulling its own architecture of the one image name (a manifest list, deploy/README.md)."""
+    for objects in (manifest_objects(), list(all_objects(default_render))):
+        for obj in objects:
+            text = json.dumps(obj)
+            found = ARCH_WORDS.search(text)
+            assert not found, f"{obj['kind']} {obj['metadata']['name']} names {found.group()}"
+    agent = next(o for o in all_objects(default_render) if o["kind"] == "DaemonSet")
+    pod = agent["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "affinity" not in pod
+
+
 def test_default_render_has_the_issue_objects(default_render: dict[str, list[dict]]) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in all_objects(default_render))
     assert kinds == [

@@ -193,3 +193,42 @@ def test_images_sh_reuses_the_base_and_the_layers(images: dict, tmp_path: Path) 
     assert len(installs) == 4, lines  # apt-get and the dependencies, in each image
     for i in installs:
         assert lines[i + 1].startswith("--> Using cache"), f"rebuilt: {lines[i]}"
+
+
+FOREIGN = {"amd64": "arm64", "arm64": "amd64"}
+
+
+def test_the_other_architectures_images_run_its_python_with_bcc_and_fleetprof(images: dict) -> None:
+    """`make images` also builds the other architecture (arm64 here), through qemu-user: its first build
+    (base by debootstrap, apt and pip under emulation) takes ~20 min, too long for every test run. So it is
+    built here only once its base is in podman's store (after one `make images`); then its layers are
+    cached and this rebuilds only fleetprof's own. Its Python runs through qemu-user too."""
+    native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
+    arch = FOREIGN[native]
+    base = f"localhost/fleetprof/debian-base:bookworm-slim-{arch}"
+    if subprocess.run(["podman", "image", "exists", base]).returncode != 0:
+        pytest.skip(f"no {arch} base in podman's store: `make images` builds it once (then this test runs)")
+    built = subprocess.run(
+        ["bash", "scripts/images.sh", arch], cwd=REPO, capture_output=True, text=True, timeout=3600
+    )
+    assert built.returncode == 0, built.stderr
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}[arch]
+    checks = {
+        "agent": "import platform, bcc, fleetprof.agent.main; print(platform.machine(), bcc.BPF.__name__)",
+        "collector": "import platform, duckdb, re2, fleetprof.collector.main; print(platform.machine())",
+    }
+    for component, code in checks.items():
+        image = f"{images[component]}-{arch}"  # fleetprof/agent:0.1.0-arm64
+        inspected = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{.Architecture}}", image],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert inspected.stdout.strip() == arch, (image, inspected.stdout, inspected.stderr)
+        ran = subprocess.run(
+            ["podman", "run", "--rm", "--platform", f"linux/{arch}", "--runtime", "runc", "--ulimit",
+             "nofile=1024:1024", "--ulimit", "nproc=4096:4096", "--network", "none",
+             "--entrypoint", "/opt/fleetprof/bin/python", image, "-c", code],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert ran.returncode == 0, f"{image}: {ran.stderr[-2000:]}"
+        assert ran.stdout.split()[0] == machine, ran.stdout

@@ -7,7 +7,6 @@ import fcntl
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from tests.installed import (
     WORKLOAD,
     HttpCollector,
     assert_hot_function_leads,
+    build_wheel,
     package_data_files,
     profile_hot_workload,
 )
@@ -37,8 +37,6 @@ from tests.installed import (
 pytestmark = pytest.mark.slow
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # what `python3` is in the image (Debian bookworm's)
-# What the Dockerfiles COPY: the wheel is built from these alone, as in the image.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "agent", "collector", "fleetprof")
 
 
 @dataclass
@@ -89,22 +87,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 def _build(root: Path) -> None:
     """The wheel from a copy of the build inputs, into root/dist; a venv of Debian's python3 with it
     installed, as the agent image makes, in root/venv."""
-    src = root / "src"
-    src.mkdir()
-    for name in BUILD_INPUTS:
-        path = REPO / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(path, src / name)
-    # Built from a copy, so setuptools' build/ and egg-info never land in the working tree.
-    built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-         "-w", str(root / "dist"), str(src)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, f"pip wheel failed:\n{built.stderr[-3000:]}"
-    (wheel,) = (root / "dist").glob("fleetprof-*.whl")
+    (root / "dist").mkdir()
+    wheel = build_wheel(root / "dist")
 
     if not Path(SYSTEM_PYTHON).exists():
         pytest.fail(f"{SYSTEM_PYTHON} is missing: Debian's python3 is what the agent image runs on")

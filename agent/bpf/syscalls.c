@@ -22,8 +22,10 @@
 
 #include <uapi/asm-generic/errno-base.h>   // EEXIST (a stable uapi number, not a kernel struct)
 
-// What the aggregates are keyed by. `nr` is the syscall number of the task's ABI (x86-64 numbers for
-// 64-bit tasks; a 32-bit compat task reports its own table's numbers).
+// What the aggregates are keyed by. `nr` is the syscall number of the task's ABI, which the raw sys_enter
+// tracepoint passes as args[1] on every architecture: the node's 64-bit table (x86-64's, or arm64's, which
+// is asm-generic's) for 64-bit tasks; a 32-bit compat task reports its own table's numbers, which user
+// space names from the 64-bit table (agent/syscalls.py syscall_name), wrongly.
 struct syscall_key {
     u32 tgid;
     u32 nr;
@@ -272,6 +274,12 @@ static __always_inline void record_latency(u32 set, struct syscall_key *key, u64
     u32 b = log2_u64(ns);
     if (b > NBUCKETS - 1)
         b = NBUCKETS - 1;
+    // Linux 6.1's verifier loses that bound when clang turns the clamp into a conditional select ("R0
+    // unbounded memory access" on hist[b]: measured on Debian bookworm's 6.1, where 6.18 accepts it). An
+    // opaque copy and a real branch give it a bound it follows; the branch is never taken.
+    asm volatile("" : "+r"(b));
+    if (b >= NBUCKETS)
+        return;
     __sync_fetch_and_add(&l->timed, 1);
     __sync_fetch_and_add(&l->total_ns, ns);
     __sync_fetch_and_add(&l->hist[b], 1);

@@ -44,6 +44,9 @@ except ImportError:
 ET_EXEC = 2
 ET_DYN = 3
 
+EM_X86_64 = 62
+EM_AARCH64 = 183
+
 PT_LOAD = 1
 PT_NOTE = 4
 PF_X = 1
@@ -222,7 +225,7 @@ class ElfFile:
         (
             ident,
             e_type,
-            _mach,
+            machine,
             _ver,
             _entry,
             phoff,
@@ -238,6 +241,9 @@ class ElfFile:
         if ident[4] != 2 or ident[5] != 1:
             raise ElfError("only ELF64 little-endian files are supported")
         self.e_type: int = e_type
+        # The instruction set (EM_X86_64, EM_AARCH64, ...): symbols and load segments read the same on
+        # every little-endian ELF64 machine, but call-frame information names registers by its numbers.
+        self.machine: int = machine
 
         # Extended numbering: counts that overflow 16 bits live in section header 0.
         sh0 = None

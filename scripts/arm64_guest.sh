@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# An arm64 Debian bookworm machine under emulation (qemu-system-aarch64, TCG), for testing the agent on
+# aarch64 on an x86-64 host.
+#   scripts/arm64_guest.sh build          build the guest once (cached; ~10 min the first time), print its dir
+#   scripts/arm64_guest.sh path           print the cached guest's dir, or exit 1 when it is not built
+#   scripts/arm64_guest.sh run IN OUT [S] boot it: IN/run.sh runs inside (as `sh run.sh OUTDIR`, in IN), what it
+#                                         writes to OUTDIR comes back into OUT, with OUT/console.log (the
+#                                         serial console); S: seconds before the guest is killed (600)
+#
+# The guest is a root filesystem made by mmdebstrap (Debian's cloud arm64 kernel 6.1 and its headers, BCC,
+# Python 3.11 with a venv /opt/fleetprof holding fleetprof's dependencies as aarch64 wheels from PyPI),
+# cached under $FLEETPROF_ARM64_CACHE (/var/cache/fleetprof-arm64) in a folder named by a hash of the
+# recipe below: a changed package list, dependency or init script builds a new one. Every boot uses it
+# read-only (qemu's snapshot=on: writes go to a throwaway overlay), so boots may run side by side and a
+# killed guest leaves no damage to repair. There is no network inside: everything is put in the image
+# here. Results come back on a disk, never through a prompt: IN goes in as a tar on the second disk, the
+# guest's init (below) writes OUTDIR as a tar onto the third and powers off.
+#
+# Host packages (scripts/setup.sh --test installs them): qemu-system-arm, qemu-user-static, binfmt-support,
+# mmdebstrap, arch-test (mmdebstrap runs the guest's package scripts through qemu-user via binfmt_misc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE=${FLEETPROF_ARM64_CACHE:-/var/cache/fleetprof-arm64}
+SUITE=bookworm
+say() { printf 'arm64-guest: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+# What goes into the image besides minbase. The kernel headers are the guest kernel's own (BCC compiles
+# against them); iproute2 brings up loopback (the agent and collector talk over 127.0.0.1).
+GUEST_PACKAGES=(linux-image-cloud-arm64 linux-headers-cloud-arm64 initramfs-tools bpfcc-tools python3-bpfcc
+  procps util-linux kmod iproute2 python3 python3-venv)
+
+# The Python that reads pyproject.toml and runs pip here: the project's venv when there is one.
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+
+# fleetprof's runtime dependencies, from pyproject.toml: the venv in the image is made from these.
+dependencies() {
+  "$PY" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")'
+}
+
+# The guest's init (PID 1, from the kernel command line): mounts what BPF and the agent need, unpacks the
+# input disk, runs its run.sh, writes the output disk, powers off. Never a prompt: whatever happens the
+# machine goes down (a failing init panics, and panic=-1 with -no-reboot stops qemu).
+guest_init() {
+  cat <<'EOF'
+#!/bin/sh
+export PATH=/opt/fleetprof/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
+hostname arm64-guest
+echo "fleetprof-guest: up after $(cut -d' ' -f1 /proc/uptime) s, kernel $(uname -r) $(uname -m)"
+mkdir -p /run/in /run/out
+if tar -xf /dev/vdb -C /run/in && [ -f /run/in/run.sh ]; then
+  cd /run/in
+  sh /run/in/run.sh /run/out >/run/out/run.log 2>&1
+  echo "$?" >/run/out/run.rc
+  cd /
+  tail -n 40 /run/out/run.log
+else
+  echo "fleetprof-guest: no run.sh on the input disk" | tee /run/out/run.log
+  echo 127 >/run/out/run.rc
+fi
+echo "fleetprof-guest: run.sh exited $(cat /run/out/run.rc) at $(cut -d' ' -f1 /proc/uptime) s"
+tar -cf /dev/vdc -C /run/out .
+sync
+echo "fleetprof-guest: powering off"
+echo o >/proc/sysrq-trigger
+sleep 60
+EOF
+}
+
+# The root filesystem. Runs under flock; $1 is an empty work folder, the result lands in $2.
+build_image() {
+  local work=$1 dest=$2 root=$1/root mirror
+  mirror=${DEBIAN_MIRROR:-$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | grep -m 1 -E '/debian/?$' || true)}
+  mirror=${mirror:-http://deb.debian.org/debian/}
+  # The dependencies as aarch64 wheels for the guest's CPython 3.11, fetched here (the guest has no
+  # network). pip matches --platform tags exactly, so every manylinux level the guest's glibc (2.36) runs
+  # is named.
+  local plats=() v
+  for v in $(seq 17 36); do plats+=(--platform "manylinux_2_${v}_aarch64"); done
+  mkdir -p "$work/wheels"
+  dependencies >"$work/wheels/requirements.txt"
+  "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: "${plats[@]}" \
+    --platform manylinux2014_aarch64 --python-version 3.11 --implementation cp \
+    -d "$work/wheels" -r "$work/wheels/requirements.txt"
+  guest_init >"$work/init"
+  local packages
+  packages=$(IFS=,; echo "${GUEST_PACKAGES[*]}")
+  # The customize hooks run inside the arm64 root through qemu-user: the venv with the wheels (compiled
+  # to .pyc here, which spares the emulated guest that work on every boot), BCC linked in alone.
+  mmdebstrap --mode=root --variant=minbase --architectures=arm64 --include="$packages" \
+    --customize-hook="cp -r '$work/wheels' \"\$1/tmp/wheels\"" \
+    --customize-hook='chroot "$1" python3 -m venv /opt/fleetprof' \
+    --customize-hook='chroot "$1" /opt/fleetprof/bin/pip install -q --disable-pip-version-check --no-index --find-links /tmp/wheels -r /tmp/wheels/requirements.txt' \
+    --customize-hook='ln -s /usr/lib/python3/dist-packages/bcc "$1/opt/fleetprof/lib/python3.11/site-packages/bcc"' \
+    --customize-hook='rm -rf "$1/tmp/wheels"' \
+    --customize-hook="install -m 0755 '$work/init' \"\$1/sbin/fleetprof-guest-init\"" \
+    --customize-hook='chroot "$1" dpkg-query -W -f "\${Package} \${Version}\n" > "$1/etc/fleetprof-guest-packages"' \
+    --customize-hook='chroot "$1" /opt/fleetprof/bin/pip freeze --all >> "$1/etc/fleetprof-guest-packages"' \
+    "$SUITE" "$root" "$mirror"
+  cp "$(ls "$root"/boot/vmlinuz-* | sort -V | tail -n 1)" "$work/vmlinuz"
+  cp "$(ls "$root"/boot/initrd.img-* | sort -V | tail -n 1)" "$work/initrd.img"
+  cp "$root/etc/fleetprof-guest-packages" "$work/packages.txt"
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  mkfs.ext4 -q -F -L fleetprof-arm64 -d "$root" "$work/root.img" 4G
+  rm -rf "$root" "$work/wheels" "$work/init"
+  mv "$work" "$dest"
+}
+
+# The cache key: the recipe's code (bash prints functions without comments, so a reworded comment keeps
+# the image), the package list and the dependencies.
+recipe_key() {
+  { declare -f build_image guest_init; echo "$SUITE ${GUEST_PACKAGES[*]}"; dependencies; } \
+    | sha256sum | cut -c1-16
+}
+
+guest_dir() { echo "$CACHE/$(recipe_key)"; }
+
+build() {
+  local dir
+  dir=$(guest_dir)
+  [ -f "$dir/root.img" ] && { echo "$dir"; return; }
+  [ "$(id -u)" = 0 ] || die "building the guest needs root (mmdebstrap --mode=root)"
+  for tool in mmdebstrap qemu-system-aarch64 mkfs.ext4; do
+    command -v "$tool" >/dev/null || die "$tool is missing (scripts/setup.sh --test installs the host packages)"
+  done
+  # mmdebstrap runs arm64 package scripts through qemu-user; binfmt_misc must be mounted and enabled.
+  if ! arch-test arm64 >/dev/null 2>&1; then
+    mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+    arch-test arm64 >/dev/null 2>&1 || die "arm64 binaries do not run here (qemu-user-static, binfmt_misc)"
+  fi
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/.lock"
+  flock 9   # one build a machine: a second caller waits, then finds it built
+  [ -f "$dir/root.img" ] && { echo "$dir"; return; }
+  local work start=$SECONDS
+  work=$(mktemp -d "$CACHE/.build.XXXXXX")
+  say "building the arm64 guest into $dir (mmdebstrap + qemu-user: ~10 min; log $CACHE/build.log)"
+  if ! build_image "$work" "$dir" >"$CACHE/build.log" 2>&1; then
+    rm -rf "$work"
+    tail -n 30 "$CACHE/build.log" >&2
+    die "the build failed (log: $CACHE/build.log)"
+  fi
+  echo "$((SECONDS - start))" >"$dir/build-seconds"
+  say "built in $((SECONDS - start)) s"
+  echo "$dir"
+}
+
+run() {
+  local in=${1:?usage: run IN OUT [SECONDS]} out=${2:?usage: run IN OUT [SECONDS]} limit=${3:-600} dir
+  [ -f "$in/run.sh" ] || die "$in/run.sh is missing"
+  dir=$(guest_dir)
+  [ -f "$dir/root.img" ] || die "the guest is not built ($dir): scripts/arm64_guest.sh build"
+  mkdir -p "$out"
+  tmp=$(mktemp -d /var/tmp/fleetprof-arm64-run.XXXXXX)   # global: the EXIT trap runs after run() returns
+  trap 'rm -rf "$tmp"' EXIT
+  tar -C "$in" -cf "$tmp/in.tar" .
+  truncate -s 512M "$tmp/out.img"   # sparse: only what the guest writes takes space
+  local start=$SECONDS rc=0
+  # -nic none: with a network card qemu wants a boot ROM (efi-virtio.rom) Debian's qemu-system-arm lacks.
+  # -cpu max with pauth-impdef: pointer authentication on (return addresses are signed), with QEMU's
+  # cheap hash instead of QARMA, which is slow to emulate. snapshot=on: the cached image is never written.
+  TMPDIR=$tmp timeout -k 10 "$limit" qemu-system-aarch64 -M virt -cpu max,pauth-impdef=on -m 4096 -smp 2 \
+    -nographic -nic none -no-reboot \
+    -kernel "$dir/vmlinuz" -initrd "$dir/initrd.img" \
+    -append 'root=/dev/vda rw console=ttyAMA0 init=/sbin/fleetprof-guest-init panic=-1 quiet' \
+    -drive "file=$dir/root.img,format=raw,if=virtio,snapshot=on" \
+    -drive "file=$tmp/in.tar,format=raw,if=virtio,readonly=on" \
+    -drive "file=$tmp/out.img,format=raw,if=virtio" \
+    -device virtio-rng-pci \
+    </dev/null >"$out/console.log" 2>&1 || rc=$?
+  echo "$((SECONDS - start))" >"$out/boot-seconds"
+  if ! tar -xf "$tmp/out.img" -C "$out" 2>/dev/null; then
+    tail -n 40 "$out/console.log" >&2
+    die "the guest wrote no results (qemu exit $rc after $((SECONDS - start)) s; console: $out/console.log)"
+  fi
+  [ "$rc" = 0 ] || say "qemu exited $rc (results were written; console: $out/console.log)"
+  say "guest ran $((SECONDS - start)) s; run.sh exited $(cat "$out/run.rc" 2>/dev/null || echo '?')"
+}
+
+case "${1:-}" in
+  build) build ;;
+  path) d=$(guest_dir); [ -f "$d/root.img" ] && echo "$d" || exit 1 ;;
+  key) recipe_key ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,8p' "$0" >&2; exit 2 ;;
+esac
