@@ -42,15 +42,15 @@ from fleetprof._proto.pyroscope import querier_pb2  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
 from fleetprof.agent.batch import process_wire_id, stack_wire_id  # noqa: E402
-from fleetprof.collector.api import QueryApi  # noqa: E402
 from fleetprof.collector.ingest.decode import decode_payload  # noqa: E402
 from fleetprof.collector.model.ids import labels_id, labels_json, stack_id  # noqa: E402
 from fleetprof.collector.model.profile import FrameKey  # noqa: E402
 from fleetprof.collector.model.rows import ProfileRows, Selection  # noqa: E402
 from fleetprof.collector.model.selector import Selector  # noqa: E402
-from fleetprof.collector.querier import Querier  # noqa: E402
 from fleetprof.collector.query.selector import parse_selector  # noqa: E402
 from fleetprof.collector.render.tree import top_functions  # noqa: E402
+from fleetprof.collector.serve.http import QueryApi  # noqa: E402
+from fleetprof.collector.serve.pyroscope import Querier  # noqa: E402
 from fleetprof.collector.store.base import ProfileStore  # noqa: E402
 from fleetprof.collector.store.durable import DurableStore  # noqa: E402
 from fleetprof.collector.store.memory import MemoryStore  # noqa: E402

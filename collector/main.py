@@ -12,8 +12,6 @@ import grpc
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from fleetprof.auth import TokenFile
-from fleetprof.collector.api import QueryApi
-from fleetprof.collector.connect import connect_error
 from fleetprof.collector.ingest.auth import TokenInterceptor
 from fleetprof.collector.ingest.peer import NODE_BINDINGS
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
@@ -26,7 +24,9 @@ from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
 from fleetprof.collector.model.gpu import GpuWindow
 from fleetprof.collector.model.rows import ProfileRows
-from fleetprof.collector.querier import Querier
+from fleetprof.collector.serve.connect import connect_error
+from fleetprof.collector.serve.http import QueryApi
+from fleetprof.collector.serve.pyroscope import Querier
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore

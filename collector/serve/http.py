@@ -16,6 +16,7 @@ from fleetprof.collector.model.selector import Matcher, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import SeriesError, auto_step, check_step, top_lines
 from fleetprof.collector.query.timerange import TimeRangeError, resolve_range
+from fleetprof.collector.query.typed import DEFAULT_THREADS, THREADS, TYPES, UNITS, TypedStore
 from fleetprof.collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
 from fleetprof.collector.render.html import render_html
@@ -25,10 +26,9 @@ from fleetprof.collector.render.svg import render_svg
 from fleetprof.collector.render.tree import to_folded, to_json, top_functions, tree_json_text, truncate
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
-from fleetprof.collector.store.typed import DEFAULT_THREADS, THREADS, TYPES, UNITS, TypedStore
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
-WEB_DIR = Path(__file__).parent / "web"
+WEB_DIR = Path(__file__).parent.parent / "web"
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".css": "text/css"}
 # Enough for every frame wider than ~0.5 px of a 1200 px graph in practice, small enough that a browser
 # draws it at once; the long tail of each kept frame is merged into one "other" frame.

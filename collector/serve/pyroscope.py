@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
-from fleetprof.collector.connect import ConnectError, ConnectService, Method
 from fleetprof.collector.model.profile import internal_label
 from fleetprof.collector.model.selector import DERIVED_LABELS, Selector, SelectorError
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.series import BUCKET_S, SeriesError, check_step, top_lines
+from fleetprof.collector.query.typed import TYPES, TypedStore
 from fleetprof.collector.render.flamebearer import to_flamebearer
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.tree import truncate
+from fleetprof.collector.serve.connect import ConnectError, ConnectService, Method
 from fleetprof.collector.store.base import ProfileStore
-from fleetprof.collector.store.typed import TYPES, TypedStore
 
 SERVICE = "querier.v1.QuerierService"
 # Pyroscope's other QuerierService methods: a client calling one learns it is not served here.
@@ -47,7 +47,7 @@ class ProfileType:
     period_type: str
     period_unit: str
     in_nanoseconds: bool  # values are nanoseconds, else samples
-    store_type: str = "cpu"  # what it counts (collector/store/typed.py)
+    store_type: str = "cpu"  # what it counts (collector/query/typed.py)
 
 
 PROFILE_TYPES = {
