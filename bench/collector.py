@@ -48,8 +48,9 @@ from fleetprof.collector.model.profile import FrameKey  # noqa: E402
 from fleetprof.collector.model.rows import ProfileRows, Selection  # noqa: E402
 from fleetprof.collector.model.selector import Selector  # noqa: E402
 from fleetprof.collector.query.selector import parse_selector  # noqa: E402
+from fleetprof.collector.query.service import QueryService  # noqa: E402
 from fleetprof.collector.render.tree import top_functions  # noqa: E402
-from fleetprof.collector.serve.http import QueryApi  # noqa: E402
+from fleetprof.collector.serve.http import HttpApi  # noqa: E402
 from fleetprof.collector.serve.pyroscope import Querier  # noqa: E402
 from fleetprof.collector.store.base import ProfileStore  # noqa: E402
 from fleetprof.collector.store.durable import DurableStore  # noqa: E402
@@ -427,8 +428,9 @@ def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -
     """Grafana's flame graph call (SelectMergeStacktraces through the Connect handler: decode, select,
     flamebearer at Pyroscope's 8,192 nodes, encode) against the UI's /api/v1/profile JSON (2,048 nodes),
     in process, on the same store: the HTTP transport is the same for both."""
-    api = QueryApi(store, CollectorRegistry(auto_describe=False), clock=clock)
-    connect = Querier(store, clock=clock).service()
+    query = QueryService(store)
+    api = HttpApi(query, CollectorRegistry(auto_describe=False), clock=clock)
+    connect = Querier(query, clock=clock).service()
     out = []
     for span, label in ((60, "now (60 s)"), (86400, "24 h")):
         body = querier_pb2.SelectMergeStacktracesRequest(

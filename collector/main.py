@@ -24,8 +24,9 @@ from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
 from fleetprof.collector.model.gpu import GpuWindow
 from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.query.service import QueryService
 from fleetprof.collector.serve.connect import connect_error
-from fleetprof.collector.serve.http import QueryApi
+from fleetprof.collector.serve.http import HttpApi
 from fleetprof.collector.serve.pyroscope import Querier
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
@@ -155,10 +156,10 @@ class Collector:
         # (python_info), as every Prometheus client process exports them.
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
-        timed = TimedStore(self.store, self.query_timer)
-        api = QueryApi(timed, self.registry, gpu_usage=self.gpu_usage)
+        query = QueryService(TimedStore(self.store, self.query_timer), self.gpu_usage)
+        api = HttpApi(query, self.registry)
         # Grafana's Pyroscope datasource: Connect RPCs on the same port, behind the same TLS and token.
-        pyroscope = Querier(timed).service()
+        pyroscope = Querier(query).service()
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(
             host or "127.0.0.1",

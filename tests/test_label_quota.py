@@ -16,9 +16,9 @@ import pytest
 
 from fleetprof._proto.pyroscope import types_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector import querier
 from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.query import service as query_service
 from tests.conftest import RunningCollector, http_get, start_collector
 from tests.wire import BatchBuilder, push
 
@@ -183,7 +183,7 @@ def test_label_values_of_the_sets_match_selects(listed: RunningCollector) -> Non
 
 def test_connect_label_values_are_bounded(listed: RunningCollector, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pyroscope's LabelValues has no limit: the first MAX_LABEL_VALUES, sorted."""
-    monkeypatch.setattr(querier, "MAX_LABEL_VALUES", 4)
+    monkeypatch.setattr(query_service, "MAX_LABEL_VALUES", 4)
     body = types_pb2.LabelValuesRequest(name="pod").SerializeToString()
     req = urllib.request.Request(
         f"{listed.url}/querier.v1.QuerierService/LabelValues",

@@ -13,7 +13,18 @@ import numpy as np
 from fleetprof.collector.model.ids import labels_id, stack_id
 from fleetprof.collector.model.profile import Labels, Stack, SyscallRow
 
+# The stores' finest time bucket, in seconds: a window's rows count in the bucket of its midpoint, and a
+# query's step is a whole number of buckets (a shorter one gives no more points).
+BUCKET_S = 10
+
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def period_ns(frequency_hz: int | None) -> int:
+    """The nanoseconds one sample at `frequency_hz` stands for (0 when the frequency is unknown)."""
+    return round(1e9 / frequency_hz) if frequency_hz else 0
+
+
 _FIRST = itemgetter(0)
 
 

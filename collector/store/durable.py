@@ -41,7 +41,7 @@ import duckdb
 
 from fleetprof.collector.model.ids import KEY_BYTES, ContentKeyError, use_key
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.cold.chunk import Chunk
@@ -55,7 +55,6 @@ from fleetprof.collector.store.wal import WalError, WriteAheadLog, WriteFn
 
 log = logging.getLogger(__name__)
 
-BUCKET_S = 10
 SEEN_WINDOW = 4096  # sequences remembered per agent (the agent's resend queue holds at most 64)
 MAINTAIN_EVERY_S = 600.0
 KEY_FILE = "content-id.key"

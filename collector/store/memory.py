@@ -12,7 +12,7 @@ import numpy as np
 from fleetprof.collector.model.id_index import IdIndex
 from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 
 
@@ -111,7 +111,7 @@ class MemoryStore:
 
     COMPACT_EVERY = 30  # expired buckets between compactions (5 minutes of 10 s buckets)
 
-    def __init__(self, retention_s: float = 3600.0, bucket_s: float = 10.0, clock=time.time):  # noqa: ANN001
+    def __init__(self, retention_s: float = 3600.0, bucket_s: float = BUCKET_S, clock=time.time):  # noqa: ANN001
         if retention_s < 15 * 60:
             raise ValueError("the recent window must keep at least 15 minutes")
         self.retention_s = retention_s

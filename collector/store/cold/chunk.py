@@ -9,7 +9,7 @@ import numpy as np
 
 from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack
-from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
 
 
 @dataclass
@@ -17,7 +17,7 @@ class Chunk:
     """Rows not yet in the database, in numpy column parts ready for one bulk insert (the flusher's unit
     of work), with the definitions they use."""
 
-    bucket_s: int = 10
+    bucket_s: int = BUCKET_S
     # parts of (bucket, lid, sid, freq, count) columns; bucket and freq are one value per part
     parts: list[tuple[int, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
     # each window's stack table with its content ids: definitions are read only for stacks new to the

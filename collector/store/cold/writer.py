@@ -11,6 +11,7 @@ import numpy as np
 
 from fleetprof.collector.model.ids import frame_ids, labels_json
 from fleetprof.collector.model.profile import Stack
+from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database, rollback
 
@@ -37,14 +38,18 @@ class ChunkWriter:
                 if chunk.rows:
                     con.register("chunk_samples", chunk.sample_columns())
                     con.execute(
-                        "INSERT INTO samples SELECT 10, bucket, lid, sid, freq, sum(count) "
+                        f"INSERT INTO samples SELECT {BUCKET_S}, bucket, lid, sid, freq, sum(count) "
                         "FROM chunk_samples GROUP BY bucket, lid, sid, freq"
                     )
                     con.unregister("chunk_samples")
                 if chunk.sys_rows:
-                    con.executemany("INSERT INTO syscalls VALUES (10, ?, ?, ?, ?, ?, ?)", chunk.sys_rows)
+                    con.executemany(
+                        f"INSERT INTO syscalls VALUES ({BUCKET_S}, ?, ?, ?, ?, ?, ?)", chunk.sys_rows
+                    )
                 if chunk.hist_rows:
-                    con.executemany("INSERT INTO syscall_hist VALUES (10, ?, ?, ?, ?, ?)", chunk.hist_rows)
+                    con.executemany(
+                        f"INSERT INTO syscall_hist VALUES ({BUCKET_S}, ?, ?, ?, ?, ?)", chunk.hist_rows
+                    )
                 if chunk.seen:
                     con.execute(
                         "INSERT INTO seen SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), "
