@@ -23,6 +23,7 @@ from fleetprof.collector.metrics.ingest import IngestMetrics
 from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
 from fleetprof.collector.model.gpu import GpuWindow
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.query.service import QueryService
 from fleetprof.collector.serve.connect import connect_error
@@ -112,28 +113,42 @@ class Protections:
         return self.tls is None and self.ingest_tokens is None and self.api_tokens is None
 
 
-def open_store(config: CollectorConfig) -> ProfileStore:
-    """The store the flags ask for: in memory, or durable in config.data_dir."""
+def open_store(config: CollectorConfig) -> tuple[ProfileStore, ContentIds]:
+    """The store the flags ask for (in memory, or durable in config.data_dir) and the content ids its rows
+    are made under: a random key in memory, the data directory's key on disk."""
     if config.data_dir is None:
-        return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
-    from fleetprof.collector.ingest.decode import Decoder, decode_payload
-    from fleetprof.collector.store.durable import DurableStore
+        return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S), ContentIds()
+    from fleetprof.collector.ingest.decode import Decoder
+    from fleetprof.collector.store.durable import DurableStore, content_key
 
-    decoder = Decoder()
-    return DurableStore(
-        Path(config.data_dir),
-        decode=lambda payload: decode_payload(payload, decoder),
+    data_dir = Path(config.data_dir)
+    ids = ContentIds(content_key(data_dir))
+    store = DurableStore(
+        data_dir,
+        decode=Decoder(ids).decode_payload,
+        ids=ids,
         retention_s=config.retention_s or DEFAULT_DISK_RETENTION_S,
         flush_s=config.flush_s,
         fsync=config.wal_fsync,
     )
+    return store, ids
 
 
 class Collector:
-    def __init__(self, config: CollectorConfig, store: ProfileStore | None = None):
+    """`store` (tests): a store opened already, with the content ids its rows are made under (`ids`)."""
+
+    def __init__(
+        self, config: CollectorConfig, store: ProfileStore | None = None, ids: ContentIds | None = None
+    ):
         self.config = config
         self.protections = Protections(config)  # first: bad TLS or token files stop us before the store opens
-        self.store = store or open_store(config)
+        if store is None:
+            store, ids = open_store(config)
+        elif ids is None:
+            raise ValueError(
+                "a store given to the collector comes with the ContentIds its rows are made under"
+            )
+        self.store, self.ids = store, ids
         self.syscall_metrics = SyscallMetrics()
         self.cpu_metrics = CpuMetrics()
         self.query_timer = QueryTimer()
@@ -145,6 +160,7 @@ class Collector:
             on_rows=self._export_rows,
             on_gpu=self._observe_gpu,
             node_binding=self.protections.node_binding,
+            ids=self.ids,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(IngestMetrics(self.ingest, self.store))

@@ -10,7 +10,6 @@ from typing import NamedTuple
 import numpy as np
 
 from fleetprof.collector.model.id_index import IdIndex
-from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
 from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector, label_value, matching_sets
@@ -159,13 +158,7 @@ class MemoryStore:
         dense = {lset: int(d) for (_, lset), d in zip(profile.label_sets, label_map, strict=True)}
         sys_bucket = self._sys_buckets.setdefault(bucket_key, {})
         for labels, name, agg in profile.syscalls:
-            d = dense.get(labels)
-            if d is None:
-                lid = labels_id(labels)
-                d = dense[labels] = int(
-                    self._label_map(np.array([lid]), [(lid, labels)], profile.frequency_hz)[0]
-                )
-            key = (d, name)
+            key = (dense[labels], name)  # a syscall row's label set is in the window's table
             cur = sys_bucket.get(key)
             if cur is None:
                 sys_bucket[key] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack
 from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
 
@@ -43,10 +42,7 @@ class Chunk:
         if profile.syscalls:
             ids = {lset: lid for lid, lset in profile.label_sets}
             for lset, name, agg in profile.syscalls:
-                lid = ids.get(lset)
-                if lid is None:
-                    lid = ids[lset] = labels_id(lset)
-                    self.labels[lid] = lset
+                lid = ids[lset]  # a syscall row's label set is in the window's table
                 self.sys_rows.append((b, lid, name, agg.count, agg.timed, agg.timed_ns))
                 self.hist_rows.extend((b, lid, name, i, v) for i, v in enumerate(agg.hist) if v)
 

@@ -9,7 +9,7 @@ from itertools import chain
 import duckdb
 import numpy as np
 
-from fleetprof.collector.model.ids import frame_ids, labels_json
+from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.profile import Stack
 from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.store.cold.chunk import Chunk
@@ -19,8 +19,9 @@ from fleetprof.collector.store.cold.database import Database, rollback
 class ChunkWriter:
     """The flusher thread's side of the database."""
 
-    def __init__(self, db: Database, fault: Callable[[str], None] | None = None):
+    def __init__(self, db: Database, ids: ContentIds, fault: Callable[[str], None] | None = None):
         self._db = db
+        self._ids = ids  # frame ids: ingest interned these frames moments ago
         # The fault seam: called at each step of a flush ("definitions", "rows", "commit", "committed");
         # tests raise from it to fail a flush there, as a full disk or an I/O error would.
         self._fault = fault or (lambda step: None)
@@ -115,7 +116,7 @@ class ChunkWriter:
         addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
         _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
         frames = [flat[i] for i in first.tolist()]
-        fids = np.array(frame_ids(frames), dtype=np.int64)
+        fids = np.array(self._ids.frame_ids(frames), dtype=np.int64)
         known = self._db.known.frames
         new = [i for i, fid in enumerate(fids.tolist()) if fid not in known]
         new_fids = np.zeros(0, np.int64)
