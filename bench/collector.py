@@ -49,6 +49,7 @@ from fleetprof.collector.model.rows import ProfileRows, Selection  # noqa: E402
 from fleetprof.collector.model.selector import Selector  # noqa: E402
 from fleetprof.collector.query.selector import parse_selector  # noqa: E402
 from fleetprof.collector.query.service import QueryService  # noqa: E402
+from fleetprof.collector.render.names import Demangler  # noqa: E402
 from fleetprof.collector.render.tree import top_functions  # noqa: E402
 from fleetprof.collector.serve.http import HttpApi  # noqa: E402
 from fleetprof.collector.serve.pyroscope import Querier  # noqa: E402
@@ -430,8 +431,9 @@ def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -
     flamebearer at Pyroscope's 8,192 nodes, encode) against the UI's /api/v1/profile JSON (2,048 nodes),
     in process, on the same store: the HTTP transport is the same for both."""
     query = QueryService(store)
-    api = HttpApi(query, CollectorRegistry(auto_describe=False), clock=clock)
-    connect = Querier(query, clock=clock).service()
+    demangler = Demangler()  # names as the collector shows them
+    api = HttpApi(query, CollectorRegistry(auto_describe=False), demangler.display_name, clock=clock)
+    connect = Querier(query, demangler.display_name, clock=clock).service()
     out = []
     for span, label in ((60, "now (60 s)"), (86400, "24 h")):
         body = querier_pb2.SelectMergeStacktracesRequest(
@@ -463,6 +465,7 @@ def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -
                     "samples": f"{len(res.body):,} bytes",
                 }
             )
+    demangler.close()
     return out
 
 

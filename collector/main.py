@@ -26,6 +26,7 @@ from fleetprof.collector.model.gpu import GpuWindow
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.query.service import QueryService
+from fleetprof.collector.render.names import Demangler
 from fleetprof.collector.serve.connect import connect_error
 from fleetprof.collector.serve.http import HttpApi
 from fleetprof.collector.serve.pyroscope import Querier
@@ -173,9 +174,11 @@ class Collector:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         query = QueryService(TimedStore(self.store, self.query_timer), self.gpu_usage)
-        api = HttpApi(query, self.registry)
+        # C++ and Rust names are demangled when rendered, by one helper process per collector.
+        self.demangler = Demangler()
+        api = HttpApi(query, self.registry, self.demangler.display_name)
         # Grafana's Pyroscope datasource: Connect RPCs on the same port, behind the same TLS and token.
-        pyroscope = Querier(query).service()
+        pyroscope = Querier(query, self.demangler.display_name).service()
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(
             host or "127.0.0.1",
@@ -247,6 +250,7 @@ class Collector:
         self.grpc.stop(grace=2).wait()
         self.http.stop()
         self.store.close()
+        self.demangler.close()
         self._stopped.set()
 
     def wait(self) -> None:

@@ -11,7 +11,7 @@ import gzip
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
 from fleetprof.collector.model.rows import period_ns
-from fleetprof.collector.render.names import display_name
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 KERNEL_FILE = "[kernel.kallsyms]"
@@ -84,6 +84,7 @@ def pprof_message(
     end_s: float | None = None,
     comments: tuple[str, ...] = (),
     nanoseconds: str | None = None,
+    names: Names = as_stored,
 ) -> bytes:
     """A profile.proto Profile, serialized: one sample per stack, values [samples, cpu nanoseconds].
 
@@ -111,7 +112,7 @@ def pprof_message(
         loc = location_ids.get(frame)
         if loc is None:
             loc = location_ids[frame] = len(location_ids) + 1
-            name = string(display_name(frame.function) or UNKNOWN_FRAME)
+            name = string(names(frame.function) or UNKNOWN_FRAME)
             system_name = string(frame.function or UNKNOWN_FRAME)
             filename = string(frame.module or (KERNEL_FILE if frame.kernel else ""))
             # Function and location ids are the same number: one function per distinct frame.
@@ -158,6 +159,8 @@ def to_pprof(
     end_s: float | None = None,
     comments: tuple[str, ...] = (),
     nanoseconds: str | None = None,
+    names: Names = as_stored,
 ) -> bytes:
     """pprof_message() gzipped: a profile.pb.gz as `go tool pprof` reads it."""
-    return gzip.compress(pprof_message(stacks, frequency_hz, start_s, end_s, comments, nanoseconds), mtime=0)
+    message = pprof_message(stacks, frequency_hz, start_s, end_s, comments, nanoseconds, names)
+    return gzip.compress(message, mtime=0)

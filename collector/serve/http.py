@@ -17,6 +17,7 @@ from fleetprof.collector.query.service import QueryService, comparison
 from fleetprof.collector.render.diff import SORTS, function_diff, limit_pair, render_diff_svg
 from fleetprof.collector.render.grafana import diff_flamegraph_frame, flamegraph_frame
 from fleetprof.collector.render.html import render_html
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.speedscope import to_speedscope
 from fleetprof.collector.render.svg import render_svg
@@ -38,10 +39,12 @@ class HttpApi:
         self,
         query: QueryService,
         registry: CollectorRegistry,
+        names: Names = as_stored,
         clock: Callable[[], float] = time.time,
     ):
         self._query = query
         self._registry = registry
+        self._names = names  # the collector's Demangler's display_name
         self._clock = clock
 
     def routes(self) -> dict[str, Callable[[Request], Response]]:
@@ -74,12 +77,13 @@ class HttpApi:
         scope = p.scope()
         sel = self._query.profile(scope)
         if fmt == "folded":  # the raw interface: never truncated (offcpu and wall count nanoseconds)
-            return text_response(to_folded(sel.stacks))
+            return text_response(to_folded(sel.stacks, self._names))
         kind, total, freq = scope.kind, sel.total, sel.frequency_hz
         stacks = truncate(sel.stacks, max_nodes)
         amount = f"{total} samples" if kind == "cpu" else f"{total / 1e9:.3f} s {kind}"
         description = f"{scope.selector} · {_fmt_time(scope.start)} – {_fmt_time(scope.end)} · {amount}"
         look = {"title": f"{TITLES[kind]} flame graph", "unit": "samples" if kind == "cpu" else "ns"}
+        look["names"] = self._names
         if fmt == "svg":
             svg = render_svg(stacks, subtitle=description, frequency_hz=freq, **look)
             return Response(svg.encode(), "image/svg+xml")
@@ -89,14 +93,14 @@ class HttpApi:
         if fmt == "pprof":
             ns = None if kind == "cpu" else kind
             comments = (f"fleetprof {description}",)
-            body = to_pprof(stacks, freq, scope.start, scope.end, comments=comments, nanoseconds=ns)
+            body = to_pprof(stacks, freq, scope.start, scope.end, comments, ns, self._names)
             headers = {"Content-Disposition": 'attachment; filename="profile.pb.gz"'}
             return Response(body, "application/octet-stream", headers=headers)
         if fmt == "speedscope":
-            return json_response(to_speedscope(stacks, freq, name=f"fleetprof {description}"))
+            return json_response(to_speedscope(stacks, freq, f"fleetprof {description}", self._names))
         if fmt == "grafana":
-            return json_response(flamegraph_frame(stacks, name=str(scope.selector)))
-        body = to_json(stacks, total_samples=total, frequency_hz=freq)
+            return json_response(flamegraph_frame(stacks, str(scope.selector), self._names))
+        body = to_json(stacks, total_samples=total, frequency_hz=freq, names=self._names)
         body["from"], body["until"], body["query"] = scope.start, scope.end, str(scope.selector)
         body["type"], body["unit"] = kind, scope.unit
         body.update(_notes(self._query.notes(scope, total)))
@@ -146,13 +150,13 @@ class HttpApi:
             per_side, body["warnings"] = self._query.diff_notes(d)
             for name, side_notes in per_side.items():
                 body[name]["empty_reason"] = side_notes.empty_reason
-            body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort, lines)
+            body["functions"] = function_diff(base.stacks, comp.stacks, limit, sort, lines, self._names)
             return json_response(body)
         base_stacks, comp_stacks = limit_pair(base.stacks, comp.stacks, max_nodes)
         b, c = d.baseline, d.comparison
         if fmt == "grafana":
             return json_response(
-                diff_flamegraph_frame(base_stacks, comp_stacks, name=f"{b.selector} vs {c.selector}")
+                diff_flamegraph_frame(base_stacks, comp_stacks, f"{b.selector} vs {c.selector}", self._names)
             )
         subtitle = (
             f"baseline {b.selector} {_fmt_time(b.start)} – {_fmt_time(b.end)} ({base.total}) vs "
@@ -164,6 +168,7 @@ class HttpApi:
             title=f"{TITLES[kind]} diff flame graph",
             subtitle=subtitle,
             unit="" if kind == "cpu" else "ns",
+            names=self._names,
         )
         return Response(svg.encode(), "image/svg+xml")
 
@@ -187,7 +192,7 @@ class HttpApi:
                 "from": scope.start,
                 "until": scope.end,
                 "query": str(scope.selector),
-                "functions": top_functions(sel.stacks, limit, sort, lines),
+                "functions": top_functions(sel.stacks, limit, sort, lines, self._names),
                 **_notes(self._query.notes(scope, sel.total)),
             }
         )
@@ -281,11 +286,12 @@ class HttpApi:
                     "seconds": r.seconds,
                     "cpu_samples_gpu_idle": r.cpu_samples_gpu_idle,
                     "cpu_samples_gpu_busy": r.cpu_samples_gpu_busy,
-                    "idle_top_functions": top_functions(r.idle_stacks, functions) if functions else [],
+                    # without `functions` the stacks are empty, and so are their lists
+                    "idle_top_functions": top_functions(r.idle_stacks, functions, names=self._names),
                     "idle_wall_seconds": r.idle_wall_seconds,
-                    "idle_wall_top_functions": top_functions(r.idle_wall_stacks, functions)
-                    if functions
-                    else [],
+                    "idle_wall_top_functions": top_functions(
+                        r.idle_wall_stacks, functions, names=self._names
+                    ),
                 }
             )
         body = {"from": start, "until": end, "query": str(selector), "type": scope.kind, "unit": scope.unit}

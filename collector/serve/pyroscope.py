@@ -20,6 +20,7 @@ from fleetprof.collector.query.series import SeriesError, check_step
 from fleetprof.collector.query.service import QueryService
 from fleetprof.collector.query.types import PROFILE_TYPES, ProfileType
 from fleetprof.collector.render.flamebearer import to_flamebearer
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.pprof import pprof_message
 from fleetprof.collector.render.tree import truncate
 from fleetprof.collector.serve.connect import ConnectError, ConnectService, Encoded, Method
@@ -55,8 +56,9 @@ def _profile_type(type_id: str) -> ProfileType:
 
 
 class Querier:
-    def __init__(self, query: QueryService, clock: Callable[[], float] = time.time):
+    def __init__(self, query: QueryService, names: Names = as_stored, clock: Callable[[], float] = time.time):
         self._query = query
+        self._names = names  # the collector's Demangler's display_name
         self._clock = clock
 
     def service(self) -> ConnectService:
@@ -165,7 +167,7 @@ class Querier:
         start, end = _range_ms(req.start, req.end)
         max_nodes = self._max_nodes(req)
         sel = self._query.profile(Scope(selector, start, end, kind.kind))
-        fb = to_flamebearer(sel.stacks, max_nodes, kind.scale(sel.frequency_hz))
+        fb = to_flamebearer(sel.stacks, max_nodes, kind.scale(sel.frequency_hz), self._names)
         return querier_pb2.SelectMergeStacktracesResponse(
             flamegraph=querier_pb2.FlameGraph(
                 names=fb.names,
@@ -182,7 +184,8 @@ class Querier:
         max_nodes = self._max_nodes(req)
         sel = self._query.profile(Scope(selector, start, end, kind.kind))
         ns = None if kind.kind == "cpu" else kind.sample_type
-        body = pprof_message(truncate(sel.stacks, max_nodes), sel.frequency_hz, start, end, nanoseconds=ns)
+        stacks = truncate(sel.stacks, max_nodes)
+        body = pprof_message(stacks, sel.frequency_hz, start, end, nanoseconds=ns, names=self._names)
         return Encoded(profile_pb2.Profile, body)
 
     def select_series(self, req: querier_pb2.SelectSeriesRequest) -> querier_pb2.SelectSeriesResponse:
