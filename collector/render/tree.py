@@ -57,6 +57,7 @@ def _checked_count(stack: tuple[FrameKey, ...], count: int) -> int:
 def build_tree(stacks: Stacks, root_name: str = "all", names: Names = as_stored) -> Node:
     """Merge root-first stacks into one call tree under a synthetic root; zero-count stacks add nothing.
     Each node's `display` is names(its raw name)."""
+    shown = None if names is as_stored else names  # as stored: no call per node (truncate's trees)
     root = Node(name=root_name, module="", kernel=False, display=root_name)
     for stack, count in stacks.items():
         if not _checked_count(stack, count):
@@ -66,7 +67,8 @@ def build_tree(stacks: Stacks, root_name: str = "all", names: Names = as_stored)
         for frame in stack:
             child = node.children.get(frame)
             if child is None:
-                child = Node(frame.function, frame.module, frame.kernel, display=names(frame.function))
+                display = frame.function if shown is None else shown(frame.function)
+                child = Node(frame.function, frame.module, frame.kernel, display=display)
                 node.children[frame] = child
             child.total += count
             node = child
