@@ -41,7 +41,7 @@ ALLOWED = {
 AGENT_STAGES = (
     # BCC and the kernel, and what the BPF programs share with user space: maps, offsets, unwind tables
     ("bpf", ("bpf", "kernel", "bpfmaps", "memory", "offcpu", "python.offsets", "unwind.kernel_maps")),
-    ("sampler", ("sampler", "syscalls")),  # drain the maps
+    ("sampler", ("sampler", "syscalls", "syscall_table")),  # drain the maps (and name the syscalls)
     # pid -> process and pod, addresses -> symbols (native, Python, kernel), GPU state and its owners
     (
         "resolver",
