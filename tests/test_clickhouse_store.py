@@ -70,7 +70,7 @@ class _Recorder(IngestService):
     """Acknowledges every batch and keeps its wire bytes: a real agent's batches, as they came."""
 
     def __init__(self) -> None:
-        super().__init__(store=None)  # type: ignore[arg-type]  # nothing is stored
+        super().__init__(store=None, ids=ContentIds())  # type: ignore[arg-type]  # nothing is stored
         self.payloads: list[bytes] = []
 
     def ingest(self, batch: pb.Batch, payload: bytes | None = None, peer: Peer = ANONYMOUS) -> bool:
