@@ -10,6 +10,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 DEVICE_LABELS = ["node", "gpu", "uuid", "model"]
 
+# Upper bounds of the GPU idle-gap histogram's buckets (10 µs .. 1 s); the last bucket is everything longer.
+# Fixed by the wire contract (CudaActivity.gap_histogram): the agent counts gaps into them, the collector
+# adds them up and shows them.
+GAP_BUCKETS_NS = (10_000, 100_000, 1_000_000, 10_000_000, 100_000_000, 1_000_000_000)
+
 
 @dataclass(frozen=True)
 class DeviceReading:

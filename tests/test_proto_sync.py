@@ -35,8 +35,8 @@ def test_generated_code_matches_the_proto_sources(fresh: Path, package: str) -> 
 
 
 def test_sections_keep_their_field_ranges() -> None:
-    """20-29 belong to the syscall section, 30-39 to the GPU section and 40-49 to the off-CPU section;
-    nothing else may take them."""
+    """20-29 belong to the syscall section, 30-39 to the GPU section, 40-49 to the off-CPU section and
+    50-59 to the CUDA section; nothing else may take them."""
     from fleetprof._proto.v1 import ingest_pb2 as pb
 
     by_number = {f.number: f.name for f in pb.Batch.DESCRIPTOR.fields}
@@ -44,6 +44,8 @@ def test_sections_keep_their_field_ranges() -> None:
     assert all(name.startswith("gpu") for n, name in by_number.items() if 30 <= n < 40)
     assert all(name.startswith("offcpu") for n, name in by_number.items() if 40 <= n < 50)
     assert {n for n in by_number if 40 <= n < 50} == {40, 41}
+    assert all(name.startswith("cuda") for n, name in by_number.items() if 50 <= n < 60)
+    assert {n for n in by_number if 50 <= n < 60} == {50, 51, 52, 53, 54}
 
 
 # Grafana's datasource and Profiles Drilldown speak Pyroscope's numbers: ours must be the same.

@@ -13,6 +13,7 @@ import grpc
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from fleetprof.agent.batch import process_wire_id, stack_wire_id
+from fleetprof.agent.gpu.activity import Gap, GapStats
 
 
 class Row(NamedTuple):
@@ -34,6 +35,21 @@ def offcpu_rows(batch: pb.Batch) -> list[Row]:
     c = batch.offcpu_columns
     gpus = list(c.gpu) or [pb.GPU_STATE_NONE] * len(c.process)
     return [Row(*r) for r in zip(c.process, c.stack, c.blocked_ns, gpus, strict=True)]
+
+
+def cuda_launch_rows(batch: pb.Batch) -> list[Row]:
+    """Every CUDA launch row of the batch (`count`: launches, scaled)."""
+    c = batch.cuda_launch_columns
+    gpus = list(c.gpu) or [pb.GPU_STATE_NONE] * len(c.process)
+    return [Row(*r) for r in zip(c.process, c.stack, c.count, gpus, strict=True)]
+
+
+def gpu_kernel_rows(batch: pb.Batch) -> list[Row]:
+    """Every GPU kernel-time row of the batch (`count`: kernel nanoseconds)."""
+    c = batch.cuda_kernel_columns
+    return [
+        Row(p, k, ns, pb.GPU_STATE_NONE) for p, k, ns in zip(c.process, c.stack, c.kernel_ns, strict=True)
+    ]
 
 
 class BatchBuilder:
@@ -126,9 +142,85 @@ class BatchBuilder:
         if cols.idle:
             cols.idle.append(idle)
 
+    def cuda_launch(self, process: int, stack: int, count: int, gpu: int = pb.GPU_STATE_NONE) -> None:
+        """A CUDA launch row: `count` launches (scaled) of the process from `stack` (the kernel its leaf)."""
+        cols = self.batch.cuda_launch_columns
+        if gpu != pb.GPU_STATE_NONE and not cols.gpu:
+            cols.gpu.extend([pb.GPU_STATE_NONE] * len(cols.process))
+        cols.process.append(process)
+        cols.stack.append(stack)
+        cols.count.append(count)
+        if cols.gpu or gpu != pb.GPU_STATE_NONE:
+            cols.gpu.append(gpu)
+
+    def gpu_kernel(self, process: int, stack: int, kernel_ns: int) -> None:
+        """A GPU kernel-time row: `kernel_ns` of kernels launched from `stack` (the kernel its leaf)."""
+        cols = self.batch.cuda_kernel_columns
+        cols.process.append(process)
+        cols.stack.append(stack)
+        cols.kernel_ns.append(kernel_ns)
+
+    def cuda_call(
+        self,
+        process: int,
+        call: str,
+        count: int,
+        timed_ns: int,
+        hist: Sequence[int],
+        timed: int | None = None,
+    ) -> None:
+        """A CUDA API call row: `count` calls of `call`, `timed` of them (default: all, the histogram's
+        sum) taking `timed_ns` together."""
+        self.batch.cuda_calls.append(
+            pb.CudaCallStats(
+                process=process,
+                call=self.string(call),
+                count=count,
+                timed=sum(hist) if timed is None else timed,
+                timed_ns=timed_ns,
+                latency_log2_ns=list(hist),
+            )
+        )
+
+    def cuda_activity(
+        self,
+        process: int,
+        device: int = 0,
+        *,
+        known_ns: int,
+        gaps_ns: Sequence[int] = (),
+        idle_ns: int | None = None,
+        uuid: str = "",
+        records_lost: int = 0,
+    ) -> None:
+        """A GPU activity row of the process on a device: `known_ns` covered, gaps of the lengths
+        `gaps_ns` ending in the window (counted into the proto's buckets by the agent's own GapStats), idle
+        time their sum unless given."""
+        stats = GapStats.of([Gap(0, n, clipped=False) for n in gaps_ns])
+        self.batch.cuda_activity.append(
+            pb.CudaActivity(
+                process=process,
+                device=device,
+                uuid=self.string(uuid) if uuid else 0,
+                known_ns=known_ns,
+                idle_ns=stats.idle_ns if idle_ns is None else idle_ns,
+                gaps=stats.count,
+                gap_histogram=list(stats.histogram) if stats.count else [],
+                longest_gap_ns=stats.longest_ns,
+                records_lost=records_lost,
+            )
+        )
+
     def build(self) -> pb.Batch:
         self.batch.strings.extend(self._strings)  # insertion order is id order
         return self.batch
+
+
+def kernel_stack(
+    frames: Sequence[tuple[str, str]], kernel: str, module: str = "[cuda]"
+) -> list[tuple[str, str]]:
+    """A launch stack as the agent sends it: the launching CPU frames, root first, the kernel as the leaf."""
+    return [*frames, (kernel, module)]
 
 
 def make_batch(seq: int = 1, agent_id: str | None = None, node: str = "node-a", count: int = 5) -> pb.Batch:

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetprof.agent.gpu.cupti_ring import KIND_KERNEL, KernelRecord, LaunchRecord, RingBatch
+from fleetprof.gpu_families import GAP_BUCKETS_NS  # the wire's fixed buckets (CudaActivity.gap_histogram)
 
 MIN_GAP_NS = 1_000
-# Upper bounds of the gap-length histogram's buckets; the last bucket is everything longer.
-GAP_BUCKETS_NS = (10_000, 100_000, 1_000_000, 10_000_000, 100_000_000, 1_000_000_000)
 MAX_INTERVALS = 1_000_000  # per device: 16 MB; older intervals are dropped first
 HORIZON_NS = 300 * 1_000_000_000  # intervals that ended longer ago than this before the newest are dropped
 MAX_LAUNCHES = 1_000_000  # sampled launches remembered for joining kernels that arrive later

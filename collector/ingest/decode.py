@@ -21,6 +21,9 @@ from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
 from fleetprof.collector.model.ids import ContentIds, stack_ids_of
 from fleetprof.collector.model.profile import (
+    CUDA_CALLS,
+    CUDA_LAUNCH,
+    GPU_KERNELS,
     GPU_STATE_NAME,
     IDLE_THREAD,
     OFFCPU,
@@ -426,10 +429,26 @@ class Decoder:
         offcpu_rows = len(batch.offcpu_columns.process)
         if offcpu_rows:
             offcpu = _offcpu_columns(batch)
-            validate.check_sample_columns(seq, offcpu, nproc, nstack, offcpu=True)
+            validate.check_sample_columns(seq, offcpu, nproc, nstack, kind=validate.OFFCPU)
+        launch_rows = len(batch.cuda_launch_columns.process)
+        if launch_rows:
+            launches = _launch_columns(batch)
+            validate.check_sample_columns(seq, launches, nproc, nstack, kind=validate.CUDA_LAUNCHES)
+            validate.check_kernel_leaves(batch, launches[1], validate.CUDA_LAUNCHES)
+        kernel_rows = len(batch.cuda_kernel_columns.process)
+        if kernel_rows:
+            kernels = _kernel_columns(batch)
+            validate.check_sample_columns(seq, kernels, nproc, nstack, kind=validate.GPU_KERNELS)
+            validate.check_kernel_leaves(batch, kernels[1], validate.GPU_KERNELS)
         strings = batch.strings  # read only where something is decoded: most of a batch is known
         if batch.syscalls:
             validate.check_syscalls(batch, nproc, len(strings))
+        if batch.cuda_calls:
+            validate.check_cuda_calls(batch, nproc, len(strings))
+        if batch.cuda_activity:
+            validate.check_cuda_activity(batch, nproc, len(strings))
+        if batch.HasField("cuda_stats"):
+            validate.check_cuda_stats(batch)
         if batch.gpu_devices or batch.gpu_processes or batch.HasField("gpu_source"):
             validate.check_gpu_section(batch)
         source = source_key(identity, batch.agent.agent_id)
@@ -447,12 +466,23 @@ class Decoder:
         label_table: list[ProcessEntry] = list(procs)
         if gcol.any():
             pcol = self._tagged_processes(pcol, gcol, label_table)
+        # Other profile types follow the CPU samples, each under its __type__ (ProfileRows.typed_rows).
+        typed = []
         if offcpu_rows:
             opcol, okcol, occol, ogcol = offcpu
             idle = np.array(batch.offcpu_columns.idle, dtype=np.int64) if batch.offcpu_columns.idle else 0
-            opcol = self._tagged_processes(opcol, ogcol + 4 * idle, label_table, offcpu=True)
-            pcol, kcol = np.concatenate((pcol, opcol)), np.concatenate((kcol, okcol))
-            ccol = np.concatenate((ccol, occol))
+            opcol = self._tagged_processes(opcol, ogcol + 4 * idle, label_table, OFFCPU)
+            typed.append((opcol, okcol, occol))
+        if launch_rows:
+            lpcol, lkcol, lccol, lgcol = launches
+            typed.append((self._tagged_processes(lpcol, lgcol, label_table, CUDA_LAUNCH), lkcol, lccol))
+        if kernel_rows:
+            kpcol, kkcol, kccol, kgcol = kernels
+            typed.append((self._tagged_processes(kpcol, kgcol, label_table, GPU_KERNELS), kkcol, kccol))
+        if typed:
+            pcol = np.concatenate((pcol, *(t[0] for t in typed)))
+            kcol = np.concatenate((kcol, *(t[1] for t in typed)))
+            ccol = np.concatenate((ccol, *(t[2] for t in typed)))
         syscalls = [
             (
                 procs[sc.process][1],
@@ -461,6 +491,19 @@ class Decoder:
             )
             for sc in batch.syscalls
         ]
+        # CUDA API calls are stored as syscall rows are, under their process's label set plus
+        # __type__="cuda" (a label set of their own: no syscall query sees them, nor they a syscall).
+        cuda_types: dict[int, Labels] = {}
+        for c in batch.cuda_calls:
+            lset = cuda_types.get(c.process)
+            if lset is None:
+                lset = cuda_types[c.process] = tuple(
+                    sorted((*procs[c.process][1], (PROFILE_TYPE_NAME, CUDA_CALLS)))
+                )
+                label_table.append((self.processes.label_id(lset), lset))
+            syscalls.append(
+                (lset, strings[c.call], SyscallAgg(c.count, c.timed, c.timed_ns, list(c.latency_log2_ns)))
+            )
         return ProfileRows(
             batch.start_unix_ns / 1e9,
             batch.end_unix_ns / 1e9,
@@ -471,7 +514,8 @@ class Decoder:
             kcol,
             ccol.astype(np.int64),
             syscalls,
-            offcpu_rows,
+            offcpu_rows + launch_rows + kernel_rows,
+            len(batch.cuda_calls),
         )
 
     def decode_payload(self, payload: bytes) -> ProfileRows:
@@ -488,13 +532,14 @@ class Decoder:
         return out
 
     def _tagged_processes(
-        self, pcol: np.ndarray, gcol: np.ndarray, table: list[ProcessEntry], offcpu: bool = False
+        self, pcol: np.ndarray, gcol: np.ndarray, table: list[ProcessEntry], profile_type: str = ""
     ) -> np.ndarray:
-        """Samples taken on a GPU go to their process's label set plus gpu_state, and off-CPU rows (all of
-        them, with `offcpu`) to it plus __type__="offcpu", and __thread__="idle" for idle threads' rows: one
-        table entry is appended per (process, state), and those rows repointed to it. `gcol`: the GPU
-        state, plus 4 for an idle thread's off-CPU row."""
-        tagged = np.arange(len(pcol)) if offcpu else np.flatnonzero(gcol)
+        """Samples taken on a GPU go to their process's label set plus gpu_state, and rows of another
+        profile type (all of them, with `profile_type`: off-CPU, CUDA launches, GPU kernel time) to it plus
+        __type__, and __thread__="idle" for idle threads' off-CPU rows: one table entry is appended per
+        (process, state), and those rows repointed to it. `gcol`: the GPU state, plus 4 for an idle
+        thread's off-CPU row."""
+        tagged = np.arange(len(pcol)) if profile_type else np.flatnonzero(gcol)
         keys = pcol[tagged] * 8 + gcol[tagged]
         distinct, which = np.unique(keys, return_inverse=True)
         first = len(table)
@@ -502,8 +547,8 @@ class Decoder:
             process, state = divmod(key, 8)
             idle, state = divmod(state, 4)
             extra = [(GPU_STATE_NAME, GPU_STATE_LABEL[state])] if state else []
-            if offcpu:
-                extra.append((PROFILE_TYPE_NAME, OFFCPU))
+            if profile_type:
+                extra.append((PROFILE_TYPE_NAME, profile_type))
             if idle:
                 extra.append((THREAD_STATE_NAME, IDLE_THREAD))
             lset = tuple(sorted((*table[process][1], *extra)))
@@ -537,6 +582,30 @@ def _offcpu_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray
         np.array(oc.stack, dtype=np.int64),
         np.array(oc.blocked_ns, dtype=np.uint64),
         gpu,
+    )
+
+
+def _launch_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(process, stack, launches, gpu) columns of the CUDA launch section (lengths checked)."""
+    lc = batch.cuda_launch_columns
+    n = len(lc.process)
+    gpu = np.array(lc.gpu, dtype=np.int64) if len(lc.gpu) else np.zeros(n, dtype=np.int64)
+    return (
+        np.array(lc.process, dtype=np.int64),
+        np.array(lc.stack, dtype=np.int64),
+        np.array(lc.count, dtype=np.uint64),
+        gpu,
+    )
+
+
+def _kernel_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(process, stack, kernel ns, no GPU state) columns of the GPU kernel section (lengths checked)."""
+    kc = batch.cuda_kernel_columns
+    return (
+        np.array(kc.process, dtype=np.int64),
+        np.array(kc.stack, dtype=np.int64),
+        np.array(kc.kernel_ns, dtype=np.uint64),
+        np.zeros(len(kc.process), dtype=np.int64),
     )
 
 

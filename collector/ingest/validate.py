@@ -3,6 +3,7 @@ batch, the field and the problem (the agent logs it and drops the batch)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import numpy as np
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.model.profile import GPU_STATE_NAME, MAX_BATCH_AGE_S, PROFILE_TYPE_NAME
 from fleetprof.collector.model.selector import LABEL_NAME
+from fleetprof.gpu_families import GAP_BUCKETS_NS
 
 MAX_COUNT = 1 << 40  # more samples than a node takes in years: a corrupt or negative count
 MAX_SEQUENCE = (1 << 63) - 1  # the database keeps sequences as BIGINT: one above would fail every flush
@@ -37,6 +39,17 @@ AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 DERIVED_LABELS = frozenset({"node", "pid", "comm", GPU_STATE_NAME, PROFILE_TYPE_NAME})
 MAX_GPU_SAMPLES_PER_DEVICE = 100_000
 GPU_STATES = (pb.GPU_STATE_NONE, pb.GPU_STATE_IDLE, pb.GPU_STATE_BUSY)
+MAX_KERNEL_NS = 1 << 53  # one kernel-time row: ~104 days, as MAX_BLOCKED_NS
+# A CUDA API function's name is an exported C symbol; it becomes the `call` label of API answers and
+# Prometheus series, so anything else (spaces, control characters, megabytes) is refused, not shown.
+CUDA_CALL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_CUDA_DEVICE = 255  # CUDA device ordinals: a node has a few GPUs; the ordinal becomes a label value
+MAX_SAMPLE_EVERY = 1 << 20
+# GPM percentages: NVML's may read a little over 100 (counter rounding over a short interval) and are
+# clamped; past this, or negative or not a number, the reading is corrupt and refused.
+MAX_GPM_PERCENT = 200.0
+GPM_FIELDS = ("sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent")
+MIN_GAP_NS = 1_000  # gaps shorter than 1 µs are busy time (agent/gpu/activity.py)
 
 
 class BatchError(ValueError):
@@ -124,6 +137,13 @@ def check_header(batch: pb.Batch, limits: IngestLimits, size: int, now: float | 
     nsamples = len(batch.sample_columns.process)
     if nsamples > limits.max_samples:
         fail(seq, "oversized", f"{nsamples} sample rows is over the limit of {limits.max_samples}")
+    for what, n in (
+        ("off-CPU rows", len(batch.offcpu_columns.process)),
+        ("CUDA launch rows", len(batch.cuda_launch_columns.process)),
+        ("GPU kernel rows", len(batch.cuda_kernel_columns.process)),
+    ):
+        if n > limits.max_samples:
+            fail(seq, "oversized", f"{n} {what} is over the limit of {limits.max_samples}")
 
 
 def _check_window(batch: pb.Batch, limits: IngestLimits, now: float) -> None:
@@ -285,6 +305,17 @@ def check_gpu_section(batch: pb.Batch) -> None:
                 "bad_gpu",
                 f"gpu device {i} has {len(d.samples)} samples (limit {MAX_GPU_SAMPLES_PER_DEVICE})",
             )
+        for j, sample in enumerate(d.samples):
+            for name in GPM_FIELDS:
+                if sample.HasField(name):
+                    v = getattr(sample, name)
+                    if not (math.isfinite(v) and 0.0 <= v <= MAX_GPM_PERCENT):
+                        fail(
+                            seq,
+                            "bad_gpu",
+                            f"gpu device {i} sample {j} {name} is {v}: a GPM percentage must be in "
+                            f"0..{MAX_GPM_PERCENT:g}",
+                        )
     for i, u in enumerate(batch.gpu_processes):
         if u.process >= nproc:
             fail(seq, "bad_gpu", f"gpu process row {i} refers to process {u.process}, but there are {nproc}")
@@ -325,17 +356,47 @@ def check_sample_column_lengths(batch: pb.Batch) -> None:
             f"{len(oc.gpu)} GPU states and {len(oc.idle)} idle flags: process, stack and blocked_ns need one "
             "per row, gpu and idle one per row or none",
         )
+    lc = batch.cuda_launch_columns
+    n = len(lc.process)
+    if len(lc.stack) != n or len(lc.count) != n or len(lc.gpu) not in (0, n):
+        fail(
+            batch.sequence,
+            "bad_cuda_launch",
+            f"cuda_launch_columns have {n} processes, {len(lc.stack)} stacks, {len(lc.count)} counts and "
+            f"{len(lc.gpu)} GPU states: process, stack and count need one per row, gpu one per row or none",
+        )
+    kc = batch.cuda_kernel_columns
+    n = len(kc.process)
+    if len(kc.stack) != n or len(kc.kernel_ns) != n:
+        fail(
+            batch.sequence,
+            "bad_gpu_kernel",
+            f"cuda_kernel_columns have {n} processes, {len(kc.stack)} stacks and {len(kc.kernel_ns)} "
+            "kernel_ns: each needs one per row",
+        )
+
+
+# What each column block's rows are called in refusals, their reason, their value's name and its bound.
+SAMPLES = ("sample", "bad_sample", "count", MAX_COUNT)
+OFFCPU = ("off-CPU row", "bad_offcpu", "blocked_ns", MAX_BLOCKED_NS)
+CUDA_LAUNCHES = ("CUDA launch row", "bad_cuda_launch", "count", MAX_COUNT)
+GPU_KERNELS = ("GPU kernel row", "bad_gpu_kernel", "kernel_ns", MAX_KERNEL_NS)
 
 
 def check_sample_columns(
-    seq: int, columns: Sequence[np.ndarray], nproc: int, nstack: int, offcpu: bool = False
+    seq: int,
+    columns: Sequence[np.ndarray],
+    nproc: int,
+    nstack: int,
+    offcpu: bool = False,
+    kind: tuple[str, str, str, int] | None = None,
 ) -> None:
-    """(process, stack, count, gpu) columns: every reference in range, every count and state valid. With
-    `offcpu`, the off-CPU columns: counts are blocked nanoseconds."""
+    """(process, stack, count, gpu) columns: every reference in range, every count and state valid. `kind`
+    says which block they are (SAMPLES, OFFCPU, CUDA_LAUNCHES, GPU_KERNELS); `offcpu` is OFFCPU."""
+    row, reason, value, limit = kind or (OFFCPU if offcpu else SAMPLES)
     pcol, kcol, ccol, gcol = columns
     if not len(ccol):
         return
-    limit = MAX_BLOCKED_NS if offcpu else MAX_COUNT
     if (
         pcol.max() < nproc
         and kcol.max() < nstack
@@ -349,13 +410,139 @@ def check_sample_columns(
     bad |= (gcol < 0) | (gcol > max(GPU_STATES))
     i = int(np.flatnonzero(bad)[0])
     p, k, c, g = int(pcol[i]), int(kcol[i]), int(ccol[i]), int(gcol[i])
-    row, reason = ("off-CPU row", "bad_offcpu") if offcpu else ("sample", "bad_sample")
     if p >= nproc:
         fail(seq, reason, f"{row} {i} refers to process {p}, but there are {nproc}")
     if k >= nstack:
         fail(seq, reason, f"{row} {i} refers to stack {k}, but there are {nstack}")
     if c == 0 or c > limit:
-        if offcpu:
-            fail(seq, "bad_count", f"{row} {i} has blocked_ns {c}: it must be in 1..{limit}")
-        fail(seq, "bad_count", f"{row} {i} has count {c}: counts must be in 1..{limit}")
+        if value == "count" and row == "sample":
+            fail(seq, "bad_count", f"{row} {i} has count {c}: counts must be in 1..{limit}")
+        fail(seq, "bad_count", f"{row} {i} has {value} {c}: it must be in 1..{limit}")
     fail(seq, reason, f"{row} {i} has an unknown GPU state {g}")
+
+
+def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str, str, str, int]) -> None:
+    """The stacks CUDA rows refer to (checked in range) end in their kernel: none is empty. Read from the
+    Stack messages, so a known stack sent again empty is refused too."""
+    row, reason, _, _ = kind
+    for k in np.unique(stack_col).tolist():
+        if not batch.stacks[k].functions:
+            i = int(np.flatnonzero(stack_col == k)[0])
+            fail(
+                batch.sequence,
+                reason,
+                f"{row} {i} refers to stack {k}, which is empty: its leaf frame must be the kernel",
+            )
+
+
+def check_cuda_calls(batch: pb.Batch, nproc: int, nstr: int) -> None:
+    """CUDA API call rows, as syscall rows, their names C identifiers."""
+    seq = batch.sequence
+    for i, c in enumerate(batch.cuda_calls):
+        if c.process >= nproc:
+            fail(
+                seq,
+                "bad_cuda_call",
+                f"CUDA call row {i} refers to process {c.process}, but there are {nproc}",
+            )
+        check_string(seq, c.call, nstr, f"CUDA call row {i}")
+        name = batch.strings[c.call]
+        if not CUDA_CALL_NAME.fullmatch(name):
+            fail(
+                seq,
+                "bad_cuda_call",
+                f"CUDA call row {i} names the call {name[:80]!r}: a CUDA function's name is a C identifier "
+                "of at most 128 bytes",
+            )
+        if c.count > MAX_COUNT or c.timed > MAX_COUNT:
+            fail(
+                seq,
+                "bad_cuda_call",
+                f"CUDA call row {i}: count {c.count} or timed {c.timed} is over {MAX_COUNT}",
+            )
+        if c.timed_ns > MAX_TIMED_NS:
+            fail(
+                seq,
+                "bad_cuda_call",
+                f"CUDA call row {i}: timed_ns {c.timed_ns} is over the limit of {MAX_TIMED_NS}",
+            )
+        if len(c.latency_log2_ns) > 64 or sum(c.latency_log2_ns) != c.timed:
+            fail(
+                seq,
+                "bad_cuda_call",
+                f"CUDA call row {i}: the latency histogram ({sum(c.latency_log2_ns)} calls in "
+                f"{len(c.latency_log2_ns)} buckets) does not add up to timed {c.timed}",
+            )
+
+
+def check_cuda_activity(batch: pb.Batch, nproc: int, nstr: int) -> None:
+    """GPU activity rows: references in range, one row per (process, device), times within the window,
+    gap counts that a window can hold and a histogram of the proto's fixed buckets that adds up."""
+    seq = batch.sequence
+    window = batch.end_unix_ns - batch.start_unix_ns
+    buckets = len(GAP_BUCKETS_NS) + 1
+    seen: dict[tuple[int, int], int] = {}
+    for i, a in enumerate(batch.cuda_activity):
+        where = f"GPU activity row {i}"
+        if a.process >= nproc:
+            fail(seq, "bad_cuda_activity", f"{where} refers to process {a.process}, but there are {nproc}")
+        check_string(seq, a.uuid, nstr, f"{where} uuid")
+        if a.device > MAX_CUDA_DEVICE:
+            fail(
+                seq, "bad_cuda_activity", f"{where}: device {a.device} is over the limit of {MAX_CUDA_DEVICE}"
+            )
+        if (first := seen.setdefault((a.process, a.device), i)) != i:
+            fail(
+                seq,
+                "bad_cuda_activity",
+                f"{where} repeats process {a.process} on device {a.device} (row {first}): one row each",
+            )
+        if not a.idle_ns <= a.known_ns <= window:
+            fail(
+                seq,
+                "bad_cuda_activity",
+                f"{where}: idle_ns {a.idle_ns} <= known_ns {a.known_ns} <= the window's {window} ns "
+                "does not hold",
+            )
+        # Gaps are at least MIN_GAP_NS long and each ends in this window, so their ends lie that far apart.
+        most = window // MIN_GAP_NS + 1
+        if a.gaps > most:
+            fail(
+                seq,
+                "bad_cuda_activity",
+                f"{where}: {a.gaps} gaps cannot end in a {window} ns window (at most {most})",
+            )
+        hist = a.gap_histogram
+        if (len(hist) != buckets and not (len(hist) == 0 and a.gaps == 0)) or sum(hist) != a.gaps:
+            fail(
+                seq,
+                "bad_cuda_activity",
+                f"{where}: the gap histogram ({sum(hist)} gaps in {len(hist)} buckets) does not add up to "
+                f"gaps {a.gaps} in the {buckets} buckets the proto fixes",
+            )
+        if a.longest_gap_ns > MAX_KERNEL_NS or a.records_lost > MAX_COUNT:
+            fail(
+                seq,
+                "bad_cuda_activity",
+                f"{where}: longest_gap_ns {a.longest_gap_ns} or records_lost {a.records_lost} is out of "
+                "range",
+            )
+
+
+def check_cuda_stats(batch: pb.Batch) -> None:
+    st = batch.cuda_stats
+    seq = batch.sequence
+    if st.launch_sample_every > MAX_SAMPLE_EVERY:
+        fail(
+            seq,
+            "bad_cuda_stats",
+            f"cuda_stats.launch_sample_every {st.launch_sample_every} is over the limit of "
+            f"{MAX_SAMPLE_EVERY}",
+        )
+    if st.launches_sampled > st.launches or st.kernels_attributed > st.kernels:
+        fail(
+            seq,
+            "bad_cuda_stats",
+            f"cuda_stats: launches_sampled {st.launches_sampled} <= launches {st.launches} and "
+            f"kernels_attributed {st.kernels_attributed} <= kernels {st.kernels} do not both hold",
+        )

@@ -16,6 +16,14 @@ GPU_STATE_NAME = "gpu_state"
 # type=cpu|offcpu|wall selects on it, so no query mixes samples with nanoseconds.
 PROFILE_TYPE_NAME = "__type__"
 OFFCPU = "offcpu"
+# CUDA kernel launches (a count per launching stack, the kernel its leaf) and GPU kernel time (nanoseconds
+# under the launching stack) are stored the same way, under these values.
+CUDA_LAUNCH = "cuda_launch"
+GPU_KERNELS = "gpu"
+# CUDA API calls are stored beside the syscalls (same shape: a name, a count, timed latency and its log2
+# histogram) under label sets carrying __type__="cuda": the syscall views select __type__="", the CUDA
+# views this.
+CUDA_CALLS = "cuda"
 
 # Off-CPU rows of threads that were idle in their window (the agent's verdict: they ran under 1% of the
 # time they ran or waited, e.g. a pool waiting for work) carry this label too, valued IDLE_THREAD. Wall

@@ -75,9 +75,11 @@ class ProfileRows:
     stack_index: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row
     counts: np.ndarray = field(default_factory=lambda: _EMPTY)  # int64, per row, > 0
     syscalls: Sequence[SyscallRow] = ()
-    # The last `offcpu_rows` rows are off-CPU time: nanoseconds, under label sets carrying
-    # __type__="offcpu" (collector/model/profile.py), not samples.
-    offcpu_rows: int = 0
+    # The last `typed_rows` rows are other profile types than CPU samples: off-CPU nanoseconds, CUDA
+    # launches, GPU kernel nanoseconds, under label sets carrying __type__ (collector/model/profile.py).
+    typed_rows: int = 0
+    # The last `cuda_call_rows` of `syscalls` are CUDA API calls, under label sets carrying __type__="cuda".
+    cuda_call_rows: int = 0
 
     @classmethod
     def from_rows(
@@ -116,8 +118,18 @@ class ProfileRows:
 
     @property
     def total(self) -> int:
-        """CPU samples (off-CPU rows left out)."""
-        return int(self.counts[: len(self.counts) - self.offcpu_rows].sum())
+        """CPU samples (rows of other profile types left out)."""
+        return int(self.counts[: len(self.counts) - self.typed_rows].sum())
+
+    @property
+    def syscall_rows(self) -> Sequence[SyscallRow]:
+        """The syscall rows, CUDA calls left out."""
+        return self.syscalls[: len(self.syscalls) - self.cuda_call_rows]
+
+    @property
+    def cuda_calls(self) -> Sequence[SyscallRow]:
+        """The CUDA API call rows."""
+        return self.syscalls[len(self.syscalls) - self.cuda_call_rows :]
 
     @property
     def rows(self) -> list[tuple[Labels, Stack, int]]:

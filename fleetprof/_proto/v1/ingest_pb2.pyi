@@ -29,7 +29,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source", "offcpu_columns", "offcpu_stats")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source", "offcpu_columns", "offcpu_stats", "cuda_launch_columns", "cuda_kernel_columns", "cuda_calls", "cuda_activity", "cuda_stats")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,11 @@ class Batch(_message.Message):
     GPU_SOURCE_FIELD_NUMBER: _ClassVar[int]
     OFFCPU_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     OFFCPU_STATS_FIELD_NUMBER: _ClassVar[int]
+    CUDA_LAUNCH_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    CUDA_KERNEL_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    CUDA_CALLS_FIELD_NUMBER: _ClassVar[int]
+    CUDA_ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    CUDA_STATS_FIELD_NUMBER: _ClassVar[int]
     agent: AgentIdentity
     sequence: int
     start_unix_ns: int
@@ -72,7 +77,88 @@ class Batch(_message.Message):
     gpu_source: GpuSource
     offcpu_columns: OffCpuColumns
     offcpu_stats: OffCpuStats
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ..., offcpu_columns: _Optional[_Union[OffCpuColumns, _Mapping]] = ..., offcpu_stats: _Optional[_Union[OffCpuStats, _Mapping]] = ...) -> None: ...
+    cuda_launch_columns: CudaLaunchColumns
+    cuda_kernel_columns: CudaKernelColumns
+    cuda_calls: _containers.RepeatedCompositeFieldContainer[CudaCallStats]
+    cuda_activity: _containers.RepeatedCompositeFieldContainer[CudaActivity]
+    cuda_stats: CudaStats
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ..., offcpu_columns: _Optional[_Union[OffCpuColumns, _Mapping]] = ..., offcpu_stats: _Optional[_Union[OffCpuStats, _Mapping]] = ..., cuda_launch_columns: _Optional[_Union[CudaLaunchColumns, _Mapping]] = ..., cuda_kernel_columns: _Optional[_Union[CudaKernelColumns, _Mapping]] = ..., cuda_calls: _Optional[_Iterable[_Union[CudaCallStats, _Mapping]]] = ..., cuda_activity: _Optional[_Iterable[_Union[CudaActivity, _Mapping]]] = ..., cuda_stats: _Optional[_Union[CudaStats, _Mapping]] = ...) -> None: ...
+
+class CudaLaunchColumns(_message.Message):
+    __slots__ = ("process", "stack", "count", "gpu")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    process: _containers.RepeatedScalarFieldContainer[int]
+    stack: _containers.RepeatedScalarFieldContainer[int]
+    count: _containers.RepeatedScalarFieldContainer[int]
+    gpu: _containers.RepeatedScalarFieldContainer[GpuState]
+    def __init__(self, process: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., count: _Optional[_Iterable[int]] = ..., gpu: _Optional[_Iterable[_Union[GpuState, str]]] = ...) -> None: ...
+
+class CudaKernelColumns(_message.Message):
+    __slots__ = ("process", "stack", "kernel_ns")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_NS_FIELD_NUMBER: _ClassVar[int]
+    process: _containers.RepeatedScalarFieldContainer[int]
+    stack: _containers.RepeatedScalarFieldContainer[int]
+    kernel_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, process: _Optional[_Iterable[int]] = ..., stack: _Optional[_Iterable[int]] = ..., kernel_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CudaCallStats(_message.Message):
+    __slots__ = ("process", "call", "count", "timed", "timed_ns", "latency_log2_ns")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMED_FIELD_NUMBER: _ClassVar[int]
+    TIMED_NS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_LOG2_NS_FIELD_NUMBER: _ClassVar[int]
+    process: int
+    call: int
+    count: int
+    timed: int
+    timed_ns: int
+    latency_log2_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, process: _Optional[int] = ..., call: _Optional[int] = ..., count: _Optional[int] = ..., timed: _Optional[int] = ..., timed_ns: _Optional[int] = ..., latency_log2_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CudaActivity(_message.Message):
+    __slots__ = ("process", "device", "uuid", "known_ns", "idle_ns", "gaps", "gap_histogram", "longest_gap_ns", "records_lost")
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_NS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_NS_FIELD_NUMBER: _ClassVar[int]
+    GAPS_FIELD_NUMBER: _ClassVar[int]
+    GAP_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_GAP_NS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_LOST_FIELD_NUMBER: _ClassVar[int]
+    process: int
+    device: int
+    uuid: int
+    known_ns: int
+    idle_ns: int
+    gaps: int
+    gap_histogram: _containers.RepeatedScalarFieldContainer[int]
+    longest_gap_ns: int
+    records_lost: int
+    def __init__(self, process: _Optional[int] = ..., device: _Optional[int] = ..., uuid: _Optional[int] = ..., known_ns: _Optional[int] = ..., idle_ns: _Optional[int] = ..., gaps: _Optional[int] = ..., gap_histogram: _Optional[_Iterable[int]] = ..., longest_gap_ns: _Optional[int] = ..., records_lost: _Optional[int] = ...) -> None: ...
+
+class CudaStats(_message.Message):
+    __slots__ = ("launch_sample_every", "launches", "launches_sampled", "table_full", "kernels", "kernels_attributed")
+    LAUNCH_SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FULL_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_ATTRIBUTED_FIELD_NUMBER: _ClassVar[int]
+    launch_sample_every: int
+    launches: int
+    launches_sampled: int
+    table_full: int
+    kernels: int
+    kernels_attributed: int
+    def __init__(self, launch_sample_every: _Optional[int] = ..., launches: _Optional[int] = ..., launches_sampled: _Optional[int] = ..., table_full: _Optional[int] = ..., kernels: _Optional[int] = ..., kernels_attributed: _Optional[int] = ...) -> None: ...
 
 class OffCpuColumns(_message.Message):
     __slots__ = ("process", "stack", "blocked_ns", "gpu", "idle")
@@ -147,7 +233,7 @@ class GpuDevice(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[int] = ..., name: _Optional[int] = ..., mig_mode: _Optional[bool] = ..., parent_uuid: _Optional[int] = ..., gpu_instance_id: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., xid_errors: _Optional[int] = ..., xid_codes: _Optional[_Iterable[int]] = ..., owner_namespace: _Optional[int] = ..., owner_pod: _Optional[int] = ..., owner_container: _Optional[int] = ..., xid_watched: _Optional[bool] = ...) -> None: ...
 
 class GpuSample(_message.Message):
-    __slots__ = ("time_unix_ns", "gpu_utilization_percent", "memory_utilization_percent", "memory_used_bytes", "memory_total_bytes", "power_milliwatts", "energy_millijoules", "temperature_celsius", "sm_clock_mhz", "clock_event_reasons", "ecc_corrected_errors", "ecc_uncorrected_errors", "pcie_tx_kilobytes_per_second", "pcie_rx_kilobytes_per_second")
+    __slots__ = ("time_unix_ns", "gpu_utilization_percent", "memory_utilization_percent", "memory_used_bytes", "memory_total_bytes", "power_milliwatts", "energy_millijoules", "temperature_celsius", "sm_clock_mhz", "clock_event_reasons", "ecc_corrected_errors", "ecc_uncorrected_errors", "pcie_tx_kilobytes_per_second", "pcie_rx_kilobytes_per_second", "sm_active_percent", "sm_occupancy_percent", "tensor_active_percent", "dram_bandwidth_percent")
     TIME_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     GPU_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_UTILIZATION_PERCENT_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +248,10 @@ class GpuSample(_message.Message):
     ECC_UNCORRECTED_ERRORS_FIELD_NUMBER: _ClassVar[int]
     PCIE_TX_KILOBYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     PCIE_RX_KILOBYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SM_ACTIVE_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    SM_OCCUPANCY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_ACTIVE_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    DRAM_BANDWIDTH_PERCENT_FIELD_NUMBER: _ClassVar[int]
     time_unix_ns: int
     gpu_utilization_percent: int
     memory_utilization_percent: int
@@ -176,7 +266,11 @@ class GpuSample(_message.Message):
     ecc_uncorrected_errors: int
     pcie_tx_kilobytes_per_second: int
     pcie_rx_kilobytes_per_second: int
-    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_utilization_percent: _Optional[int] = ..., memory_utilization_percent: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_milliwatts: _Optional[int] = ..., energy_millijoules: _Optional[int] = ..., temperature_celsius: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_corrected_errors: _Optional[int] = ..., ecc_uncorrected_errors: _Optional[int] = ..., pcie_tx_kilobytes_per_second: _Optional[int] = ..., pcie_rx_kilobytes_per_second: _Optional[int] = ...) -> None: ...
+    sm_active_percent: float
+    sm_occupancy_percent: float
+    tensor_active_percent: float
+    dram_bandwidth_percent: float
+    def __init__(self, time_unix_ns: _Optional[int] = ..., gpu_utilization_percent: _Optional[int] = ..., memory_utilization_percent: _Optional[int] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., power_milliwatts: _Optional[int] = ..., energy_millijoules: _Optional[int] = ..., temperature_celsius: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_corrected_errors: _Optional[int] = ..., ecc_uncorrected_errors: _Optional[int] = ..., pcie_tx_kilobytes_per_second: _Optional[int] = ..., pcie_rx_kilobytes_per_second: _Optional[int] = ..., sm_active_percent: _Optional[float] = ..., sm_occupancy_percent: _Optional[float] = ..., tensor_active_percent: _Optional[float] = ..., dram_bandwidth_percent: _Optional[float] = ...) -> None: ...
 
 class GpuProcessUsage(_message.Message):
     __slots__ = ("process", "device", "polls", "state_polls", "idle_polls", "memory_used_bytes", "sm_utilization_percent", "memory_utilization_percent")
