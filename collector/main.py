@@ -21,7 +21,7 @@ from fleetprof.collector.metrics.gpu import GpuMetrics
 from fleetprof.collector.metrics.http import HttpMetrics
 from fleetprof.collector.metrics.ingest import IngestMetrics
 from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
-from fleetprof.collector.metrics.syscalls import SyscallMetrics
+from fleetprof.collector.metrics.syscalls import CUDA_FAMILIES, SyscallMetrics
 from fleetprof.collector.model.gpu import GpuWindow
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
@@ -166,6 +166,7 @@ class Collector:
             )
         self.store, self.ids = store, ids
         self.syscall_metrics = SyscallMetrics()
+        self.cuda_metrics = SyscallMetrics(families=CUDA_FAMILIES)
         self.cpu_metrics = CpuMetrics()
         self.query_timer = QueryTimer()
         self.gpu_metrics = GpuMetrics()
@@ -185,6 +186,7 @@ class Collector:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(IngestMetrics(self.ingest, self.store))
         self.registry.register(self.syscall_metrics)
+        self.registry.register(self.cuda_metrics)
         self.registry.register(self.gpu_metrics)
         self.registry.register(self.cpu_metrics)
         self.registry.register(self.query_timer)
@@ -237,8 +239,10 @@ class Collector:
 
     def _export_rows(self, rows: ProfileRows) -> None:
         self.cpu_metrics.observe(rows)
-        if rows.syscalls:
-            self.syscall_metrics.observe(rows.syscalls)
+        if rows.syscall_rows:
+            self.syscall_metrics.observe(rows.syscall_rows)
+        if rows.cuda_calls:
+            self.cuda_metrics.observe(rows.cuda_calls)
 
     @property
     def http_port(self) -> int:

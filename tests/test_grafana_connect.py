@@ -21,7 +21,7 @@ from tests.certs import Ca
 from tests.conftest import RunningCollector, free_port, settled_profile, start_agent, stop_agent
 from tests.connect import Answer, ConnectClient
 from tests.cpu_time import CPU_BOUND_TIMEOUT_S
-from tests.test_pyroscope_api import CPU, OFFCPU, SAMPLES, WALL, nodes
+from tests.test_pyroscope_api import CPU, CUDA_LAUNCH, GPU, OFFCPU, SAMPLES, WALL, nodes
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -212,6 +212,8 @@ def test_labels_series_profile_types_and_stats(answers: dict[str, Answer], profi
         (SAMPLES, "samples", "count"),
         (OFFCPU, "offcpu", "nanoseconds"),
         (WALL, "wall", "nanoseconds"),
+        (CUDA_LAUNCH, "launches", "count"),
+        (GPU, "gpu", "nanoseconds"),
     }
     assert {"pid", "comm", "node", "service_name", "__profile_type__"} <= set(_ok(answers, "names").names)
     assert list(_ok(answers, "pids").names) == [str(profiled.pid)]
@@ -307,5 +309,5 @@ def test_the_api_token_is_needed_and_enough(secured: tuple[str, Path], codec: st
     got = dict(
         zip(("types", "merged"), ConnectClient(url, binary, headers=bearer, ca=ca).calls(calls), strict=True)
     )
-    assert {t.ID for t in _ok(got, "types").profile_types} == {CPU, SAMPLES, OFFCPU, WALL}
+    assert {t.ID for t in _ok(got, "types").profile_types} == {CPU, SAMPLES, OFFCPU, WALL, CUDA_LAUNCH, GPU}
     assert _ok(got, "merged").flamegraph.total == 0  # nothing ingested here

@@ -21,6 +21,8 @@ CPU = "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
 SAMPLES = "process_cpu:samples:count:cpu:nanoseconds"
 OFFCPU = "process_offcpu:offcpu:nanoseconds:offcpu:nanoseconds"
 WALL = "wall:wall:nanoseconds:wall:nanoseconds"
+CUDA_LAUNCH = "cuda_launch:launches:count:launches:count"
+GPU = "gpu:gpu:nanoseconds:gpu:nanoseconds"
 PERIOD_NS = round(1e9 / 19)
 SERVICE = "/querier.v1.QuerierService/"
 
@@ -172,12 +174,14 @@ def test_label_names_values_series_types_and_stats(fleet: RunningCollector) -> N
         querier_pb2.ProfileTypesRequest(start=1000, end=4000),
         querier_pb2.ProfileTypesResponse,
     )  # Grafana's health check
-    assert {t.ID for t in types.profile_types} == {CPU, SAMPLES, OFFCPU, WALL}
+    assert {t.ID for t in types.profile_types} == {CPU, SAMPLES, OFFCPU, WALL, CUDA_LAUNCH, GPU}
     assert {(t.sample_type, t.sample_unit) for t in types.profile_types} == {
         ("cpu", "nanoseconds"),
         ("samples", "count"),
         ("offcpu", "nanoseconds"),
         ("wall", "nanoseconds"),
+        ("launches", "count"),
+        ("gpu", "nanoseconds"),
     }
     stats = call(
         fleet, "GetProfileStats", types_pb2.GetProfileStatsRequest(), types_pb2.GetProfileStatsResponse
@@ -303,7 +307,7 @@ def test_the_api_token_guards_the_connect_methods(tmp_path) -> None:  # noqa: AN
             querier_pb2.ProfileTypesResponse,
             headers={"Authorization": "Bearer s3cret-token"},
         )
-        assert len(ok.profile_types) == 4
+        assert len(ok.profile_types) == 6
     finally:
         col.collector.stop()
 

@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from fleetprof.collector.model.profile import PROFILE_TYPE_NAME
+from fleetprof.collector.model.profile import OFFCPU, PROFILE_TYPE_NAME
 from fleetprof.collector.model.rows import ProfileRows
 
 SERIES_LABELS = ("node", "namespace", "pod", "container")
@@ -45,6 +45,8 @@ class CpuMetrics:
         # off-CPU time goes where its CPU time goes).
         self._offcpu_ns: dict[tuple[str, ...], int] = {}
         self._offcpu_sets: set[int] = set()  # label set ids of off-CPU rows
+        # Label set ids of rows that are neither (CUDA launches, GPU kernel time): no CPU series' business.
+        self._other_sets: set[int] = set()
 
     def observe(self, rows: ProfileRows) -> None:
         # Sum per label set first, in numpy: a batch has thousands of rows but only hundreds of processes.
@@ -56,17 +58,22 @@ class CpuMetrics:
         now = self._clock()
         series_of = self._series_of
         with self._lock:
-            if len(series_of) > self.MAX_CACHED:
+            if len(series_of) > self.MAX_CACHED or len(self._other_sets) > self.MAX_CACHED:
                 series_of.clear()
                 self._offcpu_sets.clear()
+                self._other_sets.clear()
             for (lid, labels), n in zip(rows.label_sets, per_set, strict=True):
-                if not n:
+                if not n or lid in self._other_sets:
                     continue
                 key = series_of.get(lid)
                 if key is None:
                     lb = dict(labels)
+                    kind = lb.get(PROFILE_TYPE_NAME)
+                    if kind not in (None, OFFCPU):
+                        self._other_sets.add(lid)
+                        continue
                     key = series_of[lid] = tuple(lb.get(name, "") for name in SERIES_LABELS)
-                    if PROFILE_TYPE_NAME in lb:
+                    if kind == OFFCPU:
                         self._offcpu_sets.add(lid)
                 named = self._named.setdefault(key[0], set())
                 if key not in named:

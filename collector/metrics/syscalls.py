@@ -1,4 +1,5 @@
-"""Prometheus series for syscalls per pod: exact counts and a latency histogram, with a cardinality cap."""
+"""Prometheus series for syscalls per pod, and CUDA API calls per pod the same way: exact counts and a latency
+histogram, with a cardinality cap."""
 
 from __future__ import annotations
 
@@ -12,6 +13,35 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from fleetprof.collector.model.profile import SyscallRow
 
 SERIES_LABELS = ("node", "namespace", "pod", "container", "syscall")
+
+
+@dataclass(frozen=True)
+class CallFamilies:
+    """What a SyscallMetrics exports: its two families' names and help, and its call-name label."""
+
+    calls: str
+    calls_help: str
+    duration: str
+    duration_help: str
+    name_label: str
+
+
+SYSCALL_FAMILIES = CallFamilies(
+    "fleetprof_syscalls",
+    "System calls, counted exactly in the kernel",
+    "fleetprof_syscall_duration_seconds",
+    "Latency of timed syscalls (the agent times one call in N; fleetprof_syscalls_total is exact)",
+    "syscall",
+)
+# CUDA API calls (synchronizations, copies, allocations, NCCL), counted by uprobes: the same shape, series
+# per pod and the same cap and buckets (their latencies span µs to seconds too).
+CUDA_FAMILIES = CallFamilies(
+    "fleetprof_cuda_calls",
+    "CUDA API calls where the CPU waits for the GPU or the allocator, counted exactly by uprobes",
+    "fleetprof_cuda_call_duration_seconds",
+    "Latency of timed CUDA API calls, entry to return",
+    "call",
+)
 # Histogram bounds: every second power of two from 1 µs to 17 s (2^10 .. 2^34 ns). Syscalls live in the µs
 # range, where Prometheus's default buckets (5 ms and up) say nothing.
 BUCKET_LOG2 = tuple(range(10, 36, 2))
@@ -61,8 +91,13 @@ class SyscallMetrics:
     `expire_s`, and `sum by (pod)` is exact at every moment."""
 
     def __init__(
-        self, per_pod_limit: int = 12, expire_s: float = 3600.0, clock: Callable[[], float] = time.time
+        self,
+        per_pod_limit: int = 12,
+        expire_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        families: CallFamilies = SYSCALL_FAMILIES,
     ):
+        self._families = families
         self._limit = per_pod_limit
         self._expire_s = expire_s
         self._clock = clock
@@ -143,14 +178,10 @@ class SyscallMetrics:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             items = [(k, s.count, s.timed, s.timed_ns, list(s.buckets)) for k, s in self._series.items()]
-        calls = CounterMetricFamily(
-            "fleetprof_syscalls", "System calls, counted exactly in the kernel", labels=list(SERIES_LABELS)
-        )
-        latency = HistogramMetricFamily(
-            "fleetprof_syscall_duration_seconds",
-            "Latency of timed syscalls (the agent times one call in N; fleetprof_syscalls_total is exact)",
-            labels=list(SERIES_LABELS),
-        )
+        fam = self._families
+        labels = [*SERIES_LABELS[:-1], fam.name_label]
+        calls = CounterMetricFamily(fam.calls, fam.calls_help, labels=labels)
+        latency = HistogramMetricFamily(fam.duration, fam.duration_help, labels=labels)
         for key, count, timed, timed_ns, buckets in sorted(items):
             calls.add_metric(list(key), count)
             cumulative, running = [], 0

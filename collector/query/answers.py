@@ -99,6 +99,23 @@ class SyscallRow:
 
 
 @dataclass(frozen=True)
+class CudaCallRow:
+    """One group's CUDA API calls: `labels` name the call (as "call") and the group's labels; `seconds` is
+    the estimated time of all calls (timed time x count / timed); `histogram` the timed calls' latencies as
+    (upper bound in seconds, calls) per non-empty log2 bucket: the calls in [2^i, 2^(i+1)) ns."""
+
+    labels: dict[str, str]
+    count: int
+    rate_per_second: float
+    timed: int
+    seconds: float
+    mean_seconds: float | None
+    p50_seconds: float | None
+    p99_seconds: float | None
+    histogram: list[tuple[float, int]]
+
+
+@dataclass(frozen=True)
 class Listing:
     values: list[str]
     truncated: bool

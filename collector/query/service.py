@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleetprof.collector.model.profile import GPU_STATE_NAME
+from fleetprof.collector.model.profile import CUDA_CALLS, GPU_STATE_NAME, PROFILE_TYPE_NAME, SyscallAgg
 from fleetprof.collector.model.rows import BUCKET_S, Selection
 from fleetprof.collector.model.selector import DERIVED_LABELS, Matcher, Selector
 from fleetprof.collector.query.answers import (
+    CudaCallRow,
     Diff,
     Group,
     Groups,
@@ -180,12 +181,14 @@ class QueryService:
             out.append(report)
         return out
 
-    # -- syscalls ----------------------------------------------------------------------------------------
+    # -- syscalls and CUDA calls -------------------------------------------------------------------------
     def syscalls(self, scope: Scope, by: list[str], sort: str, limit: int) -> tuple[list[SyscallRow], int]:
         """Syscalls of the scope's series grouped by `by` ("syscall" is a group-by name too), the `limit`
-        first by total time (sort="time") or calls ("count"); and the calls of all groups."""
+        first by total time (sort="time") or calls ("count"); and the calls of all groups. CUDA calls,
+        stored beside them under __type__="cuda", are left out."""
         start, end = scope.start, scope.end
-        groups = self._store.syscalls(scope.selector, start, end, by)
+        selector = Selector((*scope.selector.matchers, _UNTYPED))
+        groups = self._store.syscalls(selector, start, end, by)
         duration = max(end - start, 1e-9)
         rows = []
         for values, agg in groups.items():
@@ -205,6 +208,23 @@ class QueryService:
         # Ties broken by the labels: which rows make the limit must not depend on the store's row order.
         if sort == "time":
             rows.sort(key=lambda r: (-r.total_seconds, -r.count, tuple(r.labels.values())))
+        else:
+            rows.sort(key=lambda r: (-r.count, tuple(r.labels.values())))
+        return rows[:limit], sum(a.count for a in groups.values())
+
+    def cuda_calls(self, scope: Scope, by: list[str], sort: str, limit: int) -> tuple[list[CudaCallRow], int]:
+        """CUDA API calls of the scope's series grouped by `by` ("call" is a group-by name too), the `limit`
+        first by total time (sort="time") or calls ("count"); and the calls of all groups."""
+        start, end = scope.start, scope.end
+        selector = Selector((*scope.selector.matchers, _CUDA_CALLS))
+        # The store keeps a call's name where it keeps a syscall's: its group-by name is "syscall".
+        groups = self._store.syscalls(selector, start, end, ["syscall" if b == "call" else b for b in by])
+        duration = max(end - start, 1e-9)
+        rows = [
+            _cuda_row(dict(zip(by, values, strict=True)), agg, duration) for values, agg in groups.items()
+        ]
+        if sort == "time":
+            rows.sort(key=lambda r: (-r.seconds, -r.count, tuple(r.labels.values())))
         else:
             rows.sort(key=lambda r: (-r.count, tuple(r.labels.values())))
         return rows[:limit], sum(a.count for a in groups.values())
@@ -276,7 +296,7 @@ class QueryService:
         by = [n for n in wanted if n not in (PROFILE_TYPE_LABEL, NAME_LABEL)]
         keys: dict[str, set[tuple[str, ...]]] = {kind: set() for kind in TYPES}
         for sel in match:
-            for kind in ("cpu", "offcpu"):
+            for kind in ("cpu", "offcpu", "cuda_launch", "gpu"):
                 keys[kind].update(self.typed(kind).group(sel, start, end, by).totals)
         keys["wall"] = keys["cpu"] | keys["offcpu"]
         typed = PROFILE_TYPE_LABEL in wanted or NAME_LABEL in wanted
@@ -309,6 +329,26 @@ def _host_processes_by_comm(by_comm: dict[tuple[str, ...], int], by: list[str]) 
             key[pod_at] = HOST_GROUP_PREFIX + values[-1]
         totals[tuple(key)] = totals.get(tuple(key), 0) + n
     return totals
+
+
+_UNTYPED = Matcher(PROFILE_TYPE_NAME, "=", "")
+_CUDA_CALLS = Matcher(PROFILE_TYPE_NAME, "=", CUDA_CALLS)
+
+
+def _cuda_row(labels: dict[str, str], agg: SyscallAgg, duration: float) -> CudaCallRow:
+    p50, p99 = agg.quantile_ns(0.5), agg.quantile_ns(0.99)
+    histogram = [(round((1 << (i + 1)) / 1e9, 9), n) for i, n in enumerate(agg.hist) if n]
+    return CudaCallRow(
+        labels,
+        agg.count,
+        round(agg.count / duration, 3),
+        agg.timed,
+        round(agg.estimated_ns / 1e9, 6),
+        round(agg.timed_ns / agg.timed / 1e9, 9) if agg.timed else None,
+        round(p50 / 1e9, 9) if p50 is not None else None,
+        round(p99 / 1e9, 9) if p99 is not None else None,
+        histogram,
+    )
 
 
 def _round(x: float | None) -> float | None:

@@ -2,13 +2,22 @@
 
 Off-CPU rows live beside the samples under label sets carrying __type__="offcpu" (ingest adds it), and idle
 threads' off-CPU rows also carry __thread__="idle": a typed view of the store only adds matchers, or for
-`wall` merges the two, CPU samples scaled to nanoseconds by their sampling period."""
+`wall` merges the two, CPU samples scaled to nanoseconds by their sampling period. CUDA launches and GPU
+kernel time are rows under __type__="cuda_launch" and "gpu": their views only add the matcher."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleetprof.collector.model.profile import IDLE_THREAD, OFFCPU, PROFILE_TYPE_NAME, THREAD_STATE_NAME, Stack
+from fleetprof.collector.model.profile import (
+    CUDA_LAUNCH,
+    GPU_KERNELS,
+    IDLE_THREAD,
+    OFFCPU,
+    PROFILE_TYPE_NAME,
+    THREAD_STATE_NAME,
+    Stack,
+)
 from fleetprof.collector.model.rows import Grouped, Selection, TimeSeries, period_ns
 from fleetprof.collector.model.selector import Matcher, Selector
 from fleetprof.collector.query.types import DEFAULT_THREADS, NS_HZ, THREADS, TYPES, UNITS
@@ -17,6 +26,12 @@ from fleetprof.collector.store.base import ProfileStore
 _CPU = Matcher(PROFILE_TYPE_NAME, "=", "")
 _OFFCPU = Matcher(PROFILE_TYPE_NAME, "=", OFFCPU)
 _ACTIVE = Matcher(THREAD_STATE_NAME, "!=", IDLE_THREAD)
+# Types read straight from their own rows: the matcher, and the frequency their counts are read at (GPU
+# nanoseconds as samples at 1 GHz, as off-CPU's; launches have none: they are no time).
+_OWN_ROWS = {
+    "cuda_launch": (Matcher(PROFILE_TYPE_NAME, "=", CUDA_LAUNCH), None),
+    "gpu": (Matcher(PROFILE_TYPE_NAME, "=", GPU_KERNELS), NS_HZ),
+}
 
 
 def _with(selector: Selector, *matchers: Matcher) -> Selector:
@@ -48,6 +63,9 @@ class TypedStore:
         self._off = (_OFFCPU, _ACTIVE) if threads == "active" else (_OFFCPU,)
 
     def select(self, selector: Selector, start: float, end: float) -> Selection:
+        if self.kind in _OWN_ROWS:
+            matcher, hz = _OWN_ROWS[self.kind]
+            return Selection(self.store.select(_with(selector, matcher), start, end).stacks, hz)
         if self.kind == "cpu":
             return self.store.select(_with(selector, _CPU), start, end)
         off = self.store.select(_with(selector, *self._off), start, end)
@@ -63,10 +81,16 @@ class TypedStore:
         wall = _wall(cpu, active)
         if self.kind == "cpu":
             return cpu, wall
+        if self.kind in _OWN_ROWS:
+            return self.select(selector, start, end), wall
         off = active if self.threads == "active" else self.store.select(_with(selector, _OFFCPU), start, end)
         return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), wall
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
+        if self.kind in _OWN_ROWS:
+            matcher, hz = _OWN_ROWS[self.kind]
+            own = self.store.group(_with(selector, matcher), start, end, by)
+            return Grouped(own.by, own.totals, hz)
         if self.kind == "cpu":
             return self.store.group(_with(selector, _CPU), start, end, by)
         off = self.store.group(_with(selector, *self._off), start, end, by)
@@ -82,6 +106,10 @@ class TypedStore:
     def series(
         self, selector: Selector, start: float, end: float, step_s: float, by: Sequence[str]
     ) -> TimeSeries:
+        if self.kind in _OWN_ROWS:
+            matcher, hz = _OWN_ROWS[self.kind]
+            own = self.store.series(_with(selector, matcher), start, end, step_s, by)
+            return TimeSeries(own.by, own.step_s, own.points, hz)
         if self.kind == "cpu":
             return self.store.series(_with(selector, _CPU), start, end, step_s, by)
         off = self.store.series(_with(selector, *self._off), start, end, step_s, by)

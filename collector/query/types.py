@@ -6,7 +6,8 @@ datasource names them by.
 went, running or waiting. Idle threads' off-CPU rows (pools waiting for work: the agent's verdict, per
 window) count or not as `threads` says: `all` (the default for offcpu: where threads wait, all of them) or
 `active` (the default for wall, so that a pod's sleeping pools do not drown where its working threads' time
-went). query/typed.py applies them to a store."""
+went). `cuda_launch` is CUDA kernel launches (a count) and `gpu` nanoseconds of GPU kernel time, both by
+the CPU stack that launched the kernel, the kernel its leaf frame. query/typed.py applies them to a store."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ from dataclasses import dataclass
 
 from fleetprof.collector.model.rows import period_ns
 
-TYPES = ("cpu", "offcpu", "wall")
-UNITS = {"cpu": "samples", "offcpu": "nanoseconds", "wall": "nanoseconds"}
+TYPES = ("cpu", "offcpu", "wall", "cuda_launch", "gpu")
+UNITS = {
+    "cpu": "samples",
+    "offcpu": "nanoseconds",
+    "wall": "nanoseconds",
+    "cuda_launch": "launches",
+    "gpu": "nanoseconds",
+}
 THREADS = ("active", "all")
-DEFAULT_THREADS = {"cpu": "all", "offcpu": "all", "wall": "active"}
+# Threads are told apart by off-CPU rows only: every other type counts all of them.
+DEFAULT_THREADS = {"cpu": "all", "offcpu": "all", "wall": "active", "cuda_launch": "all", "gpu": "all"}
+# Types whose values are nanoseconds.
+NANOSECOND_TYPES = frozenset(k for k, unit in UNITS.items() if unit == "nanoseconds")
 # Nanoseconds read as samples at 1 GHz, so every renderer that turns samples into seconds with the
 # frequency shows nanosecond profiles in seconds too.
 NS_HZ = 1_000_000_000
@@ -91,6 +101,27 @@ PROFILE_TYPES = {
             "nanoseconds",
             True,
             "wall",
+        ),
+        # CUDA kernel launches by launching stack (a count), and GPU kernel time by launching stack.
+        ProfileType(
+            "cuda_launch:launches:count:launches:count",
+            "cuda_launch",
+            "launches",
+            "count",
+            "launches",
+            "count",
+            False,
+            "cuda_launch",
+        ),
+        ProfileType(
+            "gpu:gpu:nanoseconds:gpu:nanoseconds",
+            "gpu",
+            "gpu",
+            "nanoseconds",
+            "gpu",
+            "nanoseconds",
+            True,
+            "gpu",
         ),
     )
 }

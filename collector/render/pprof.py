@@ -85,6 +85,7 @@ def pprof_message(
     comments: tuple[str, ...] = (),
     nanoseconds: str | None = None,
     names: Names = as_stored,
+    counts: str | None = None,
 ) -> bytes:
     """A profile.proto Profile, serialized: one sample per stack, values [samples, cpu nanoseconds].
 
@@ -92,11 +93,14 @@ def pprof_message(
     frequency only the sample count is written. Kernel frames get the file "[kernel.kallsyms]". A function's
     name is the shown (demangled) one and its system_name the raw one, as the agent sent it.
     With `nanoseconds` (a sample type's name: "offcpu", "wall"), the counts are nanoseconds already and
-    are written as the one sample type (`nanoseconds`, nanoseconds).
+    are written as the one sample type (`nanoseconds`, nanoseconds); with `counts` (a sample type's name:
+    "launches"), the counts are events, no time, written as the one sample type (`counts`, count).
     """
     string = _Strings()
     if nanoseconds:
         period, value_types = 0, [(nanoseconds, "nanoseconds")]
+    elif counts:
+        period, value_types = 0, [(counts, "count")]
     else:
         period = period_ns(frequency_hz)
         value_types = [("samples", "count")] + ([("cpu", "nanoseconds")] if period else [])
@@ -160,7 +164,8 @@ def to_pprof(
     comments: tuple[str, ...] = (),
     nanoseconds: str | None = None,
     names: Names = as_stored,
+    counts: str | None = None,
 ) -> bytes:
     """pprof_message() gzipped: a profile.pb.gz as `go tool pprof` reads it."""
-    message = pprof_message(stacks, frequency_hz, start_s, end_s, comments, nanoseconds, names)
+    message = pprof_message(stacks, frequency_hz, start_s, end_s, comments, nanoseconds, names, counts)
     return gzip.compress(message, mtime=0)

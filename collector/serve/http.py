@@ -28,7 +28,15 @@ from fleetprof.httpserve import HttpError, Request, Response, json_response, tex
 
 FORMATS = ("json", "folded", "svg", "html", "pprof", "speedscope", "grafana")
 DIFF_FORMATS = ("json", "svg", "grafana")
-TITLES = {"cpu": "CPU", "offcpu": "Off-CPU", "wall": "Wall-clock"}
+TITLES = {
+    "cpu": "CPU",
+    "offcpu": "Off-CPU",
+    "wall": "Wall-clock",
+    "cuda_launch": "CUDA launch",
+    "gpu": "GPU kernel",
+}
+# What a flame graph's values are called, per type: counts of samples or launches; the rest nanoseconds.
+COUNTED = {"cpu": "samples", "cuda_launch": "launches"}
 
 
 class HttpApi:
@@ -54,6 +62,7 @@ class HttpApi:
             "/api/v1/diff": self.diff,
             "/api/v1/labels": self.labels,
             "/api/v1/syscalls": self.syscalls,
+            "/api/v1/cuda": self.cuda,
             "/api/v1/gpus": self.gpus,
             "/api/v1/series": self.series,
             "/metrics": self.metrics,
@@ -80,9 +89,9 @@ class HttpApi:
             return text_response(to_folded(sel.stacks, self._names))
         kind, total, freq = scope.kind, sel.total, sel.frequency_hz
         stacks = truncate(sel.stacks, max_nodes)
-        amount = f"{total} samples" if kind == "cpu" else f"{total / 1e9:.3f} s {kind}"
+        amount = f"{total} {COUNTED[kind]}" if kind in COUNTED else f"{total / 1e9:.3f} s {kind}"
         description = f"{scope.selector} · {_fmt_time(scope.start)} – {_fmt_time(scope.end)} · {amount}"
-        look = {"title": f"{TITLES[kind]} flame graph", "unit": "samples" if kind == "cpu" else "ns"}
+        look = {"title": f"{TITLES[kind]} flame graph", "unit": COUNTED.get(kind, "ns")}
         look["names"] = self._names
         if fmt == "svg":
             svg = render_svg(stacks, subtitle=description, frequency_hz=freq, **look)
@@ -91,9 +100,10 @@ class HttpApi:
             html = render_html(stacks, subtitle=description, frequency_hz=freq, **look)
             return text_response(html, "text/html; charset=utf-8")
         if fmt == "pprof":
-            ns = None if kind == "cpu" else kind
+            ns = None if kind in COUNTED else kind
+            counts = COUNTED[kind] if kind in COUNTED and kind != "cpu" else None
             comments = (f"fleetprof {description}",)
-            body = to_pprof(stacks, freq, scope.start, scope.end, comments, ns, self._names)
+            body = to_pprof(stacks, freq, scope.start, scope.end, comments, ns, self._names, counts)
             headers = {"Content-Disposition": 'attachment; filename="profile.pb.gz"'}
             return Response(body, "application/octet-stream", headers=headers)
         if fmt == "speedscope":
@@ -167,7 +177,7 @@ class HttpApi:
             comp_stacks,
             title=f"{TITLES[kind]} diff flame graph",
             subtitle=subtitle,
-            unit="" if kind == "cpu" else "ns",
+            unit="" if kind in COUNTED else "ns",
             names=self._names,
         )
         return Response(svg.encode(), "image/svg+xml")
@@ -310,6 +320,19 @@ class HttpApi:
         rows, total = self._query.syscalls(Scope(selector, start, end), by, sort, limit)
         body = {"by": by, "from": start, "until": end, "query": str(selector)}
         return json_response({**body, "syscalls": [asdict(r) for r in rows], "total_count": total})
+
+    def cuda(self, req: Request) -> Response:
+        """CUDA API calls (synchronizations, copies, allocations, NCCL) for a selection grouped by `by`
+        (default namespace,pod,call): count, estimated seconds, latency quantiles and histogram."""
+        p = self._params(req)
+        limit = p.whole_number("limit", 50, 1, 10_000)
+        by = p.by(default="namespace,pod,call")
+        sort = p.choice("sort", ("time", "count"), "time")
+        selector = p.selector()
+        start, end = p.time_range()
+        rows, total = self._query.cuda_calls(Scope(selector, start, end), by, sort, limit)
+        body = {"by": by, "from": start, "until": end, "query": str(selector), "total_count": total}
+        return json_response({**body, "calls": [asdict(r) for r in rows]})
 
     # -- labels --------------------------------------------------------------------------------------
     def labels(self, req: Request) -> Response:

@@ -183,9 +183,12 @@ class Querier:
         start, end = _range_ms(req.start, req.end)
         max_nodes = self._max_nodes(req)
         sel = self._query.profile(Scope(selector, start, end, kind.kind))
-        ns = None if kind.kind == "cpu" else kind.sample_type
+        ns = kind.sample_type if kind.kind != "cpu" and kind.in_nanoseconds else None
+        counts = kind.sample_type if kind.kind != "cpu" and not kind.in_nanoseconds else None
         stacks = truncate(sel.stacks, max_nodes)
-        body = pprof_message(stacks, sel.frequency_hz, start, end, nanoseconds=ns, names=self._names)
+        body = pprof_message(
+            stacks, sel.frequency_hz, start, end, nanoseconds=ns, names=self._names, counts=counts
+        )
         return Encoded(profile_pb2.Profile, body)
 
     def select_series(self, req: querier_pb2.SelectSeriesRequest) -> querier_pb2.SelectSeriesResponse:

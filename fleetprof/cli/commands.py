@@ -20,6 +20,7 @@ from fleetprof.cli.parser import (
     format_of,
 )
 from fleetprof.cli.tables import (
+    format_cuda,
     format_diff,
     format_gpus,
     format_groups,
@@ -222,6 +223,16 @@ def cmd_syscalls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cuda(args: argparse.Namespace) -> int:
+    base = _range_params(args) | {"by": args.by, "limit": str(args.limit)}
+    by_time = fetch_json(args.collector, "/api/v1/cuda", base | {"sort": "time"}, _credentials(args))
+    by_count = fetch_json(args.collector, "/api/v1/cuda", base | {"sort": "count"}, _credentials(args))
+    print(format_cuda(by_time, "time"))
+    print()
+    print(format_cuda(by_count, "count"))
+    return 0
+
+
 def _output_format(command: str, output: str | None, formats: dict[str, str], default: str) -> str | None:
     """The format `output`'s extension names (`default` without a file); None, said on stderr, if none."""
     if not output:
@@ -366,6 +377,7 @@ COMMANDS = {
     "top": cmd_top,
     "pods": cmd_pods,
     "syscalls": cmd_syscalls,
+    "cuda": cmd_cuda,
     "gpus": cmd_gpus,
     "flame": cmd_flame,
     "diff": cmd_diff,

@@ -261,11 +261,13 @@ def _add_query_args(p: argparse.ArgumentParser) -> None:
 def _add_type_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--type",
-        choices=("cpu", "offcpu", "wall"),
+        choices=("cpu", "offcpu", "wall", "cuda_launch", "gpu"),
         default="cpu",
         help="what to count: cpu (CPU samples), offcpu (nanoseconds threads spent switched out, by the stack "
-        "they left with), wall (both in nanoseconds: CPU samples x period plus off-CPU time). Folded output "
-        "of offcpu and wall counts nanoseconds",
+        "they left with), wall (both in nanoseconds: CPU samples x period plus off-CPU time), cuda_launch "
+        "(CUDA kernel launches by the stack that launched them, the kernel as the leaf), gpu (nanoseconds "
+        "of GPU kernel time by launching stack; needs the CUPTI library in the workload). Folded output "
+        "of offcpu, wall and gpu counts nanoseconds",
     )
     p.add_argument(
         "--threads",
@@ -624,6 +626,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--by", default="syscall", help="group by these labels (e.g. pod,syscall; default syscall)"
     )
     sc.add_argument(
+        "--limit", type=_positive_int, default=15, metavar="N", help="rows to print in each table"
+    )
+
+    cu = add_parser(
+        "cuda", help="top CUDA API calls (synchronize, copies, allocations, NCCL) by time and count"
+    )
+    _add_query_args(cu)
+    cu.add_argument(
+        "--by", default="namespace,pod,call", help="group by these labels (call is the CUDA function's name)"
+    )
+    cu.add_argument(
         "--limit", type=_positive_int, default=15, metavar="N", help="rows to print in each table"
     )
 

@@ -61,8 +61,10 @@ def format_top(data: dict) -> str:
 
     span = f"{clock(data['from'])}–{clock(data['until'])}"
     ns = data.get("unit") == "nanoseconds"
-    if ns:  # off-CPU or wall time: values are nanoseconds
+    if ns:  # off-CPU, wall or GPU kernel time: values are nanoseconds
         lines = [f"{data['query']}  {span}  {_seconds_text(total / 1e9)} of {data['type']} time"]
+    elif data.get("unit") == "launches":
+        lines = [f"{data['query']}  {span}  {total} CUDA kernel launches"]
     else:
         cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
         lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
@@ -90,6 +92,10 @@ def format_groups(data: dict) -> str:
         lines = [f"{data['query']}  by {','.join(by)}  {_seconds_text(total / 1e9)} of {kind} time"]
         header = (*[b.upper() for b in by], f"{kind.upper()}%", f"{kind.upper()}_S")
         amount: tuple = ()
+    elif data.get("unit") == "launches":
+        lines = [f"{data['query']}  by {','.join(by)}  {total} CUDA kernel launches"]
+        header = (*[b.upper() for b in by], "LAUNCHES%", "-", "LAUNCHES")
+        amount = ("value",)
     else:
         cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
         lines = [f"{data['query']}  by {','.join(by)}  {total} samples{cpu}"]
@@ -193,6 +199,29 @@ def format_syscalls(data: dict, sort: str) -> str:
         )
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def format_cuda(data: dict, sort: str) -> str:
+    """/api/v1/cuda as a table: per group, calls, rate, estimated time, latency quantiles."""
+    by = data["by"]
+    lines = [f"{data['query']}  top CUDA calls by {sort}  ({data['total_count']} calls)"]
+    if not data["calls"]:
+        lines.append("no CUDA calls in this range")
+        return "\n".join(lines)
+    header = (*[b.upper() for b in by], "CALLS", "CALLS/S", "TIME", "MEAN", "P50", "P99")
+    rows = [
+        (
+            *[r["labels"][b] or "-" for b in by],
+            str(r["count"]),
+            f"{r['rate_per_second']:.1f}",
+            _seconds_text(r["seconds"]) if r["timed"] else "-",
+            _seconds_text(r["mean_seconds"]),
+            _seconds_text(r["p50_seconds"]),
+            _seconds_text(r["p99_seconds"]),
+        )
+        for r in data["calls"]
+    ]
+    return "\n".join(lines + _table(header, rows, align="l" * len(by) + "r" * 6))
 
 
 def format_diff(data: dict) -> str:
