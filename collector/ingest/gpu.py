@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector.model.gpu import GpuWindow, PodGpuUse
+from fleetprof.collector.model.gpu import GAP_BUCKETS, GpuWindow, PodGpuActivity, PodGpuUse
 from fleetprof.gpu_families import DeviceReading, percent, scaled
 
 
 def gpu_window(batch: pb.Batch) -> GpuWindow | None:
-    """None when the agent runs without GPU polling (--no-gpu)."""
-    if not batch.HasField("gpu_source") and not batch.gpu_devices:
+    """None when the agent runs without GPU polling (--no-gpu) and sends no GPU activity."""
+    if not batch.HasField("gpu_source") and not batch.gpu_devices and not batch.cuda_activity:
         return None
     node, strings = batch.agent.node, batch.strings
     return GpuWindow(
@@ -22,12 +22,49 @@ def gpu_window(batch: pb.Batch) -> GpuWindow | None:
         batch.gpu_source.up,
         tuple(_reading(node, d, strings) for d in batch.gpu_devices),
         pod_usage(node, batch) if batch.gpu_processes else {},
+        pod_activity(node, batch) if batch.cuda_activity else {},
     )
 
 
 def gpu_label(d: pb.GpuDevice) -> str:
     """The `gpu` label: "0" for a whole GPU, "0/3" for GPU instance 3 of GPU 0 (as on the agent)."""
     return f"{d.index}/{d.gpu_instance_id}" if d.parent_uuid else str(d.index)
+
+
+def _pod_of(batch: pb.Batch, process: int, device: pb.GpuDevice | None) -> tuple[str, str, str]:
+    """(namespace, pod, container) of a process: its own labels, else the kubelet's owner of the device."""
+    strings = batch.strings
+    labels = {strings[lb.name]: strings[lb.value] for lb in batch.processes[process].labels}
+    ns, pod, container = labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", "")
+    if not (ns and pod) and device is not None and device.owner_pod:
+        ns, pod = strings[device.owner_namespace], strings[device.owner_pod]
+        container = strings[device.owner_container]
+    return ns, pod, container
+
+
+def pod_activity(node: str, batch: pb.Batch) -> dict[tuple[str, ...], PodGpuActivity]:
+    """(node, namespace, pod, container, gpu) -> the pod's exact activity on that GPU in the window, summed
+    over its processes there. The GPU is named as NVML names it where the agent polls the device with the
+    UUID the process's CUDA reports, else by that UUID, else as "cuda<ordinal>" (the process's view)."""
+    strings = batch.strings
+    by_uuid = {strings[d.uuid]: d for d in batch.gpu_devices}
+    sums: dict[tuple[str, ...], list] = {}
+    for a in batch.cuda_activity:
+        uuid = strings[a.uuid]
+        device = by_uuid.get(uuid) if uuid else None
+        ns, pod, container = _pod_of(batch, a.process, device)
+        if not (ns and pod):
+            continue  # a host process: no pod series
+        gpu = gpu_label(device) if device is not None else uuid or f"cuda{a.device}"
+        acc = sums.setdefault((node, ns, pod, container, gpu), [0, 0, 0, [0] * GAP_BUCKETS, 0, 0])
+        acc[0] += a.known_ns
+        acc[1] += a.idle_ns
+        acc[2] += a.gaps
+        for i, n in enumerate(a.gap_histogram):
+            acc[3][i] += n
+        acc[4] = max(acc[4], a.longest_gap_ns)
+        acc[5] += a.records_lost
+    return {k: PodGpuActivity(v[0], v[1], v[2], tuple(v[3]), v[4], v[5]) for k, v in sums.items()}
 
 
 def _latest(samples, name: str) -> float | None:  # noqa: ANN001 - repeated GpuSample

@@ -84,6 +84,17 @@ class PodReport:
     idle_wall_seconds: float
     idle_stacks: Stacks = field(default_factory=dict)
     idle_wall_stacks: Stacks = field(default_factory=dict)
+    # Where idle_ratio comes from ("activity": exact, from CUPTI records; "nvml": NVML's polls), NVML's
+    # reading beside it, and the exact activity's idle time and gaps (gap_histogram: per GAP_BUCKETS_NS
+    # bucket; all zero without the CUPTI library).
+    idle_source: str | None = None
+    nvml_idle_ratio: float | None = None
+    activity_seconds: float = 0.0
+    idle_seconds: float | None = None
+    gaps: int = 0
+    gap_histogram: list[int] = field(default_factory=list)
+    longest_gap_seconds: float | None = None
+    records_lost: int = 0
 
 
 @dataclass(frozen=True)

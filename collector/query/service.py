@@ -143,7 +143,8 @@ class QueryService:
     # -- GPUs --------------------------------------------------------------------------------------------
     def gpu_report(self, scope: Scope, limit: int, functions: bool) -> list[PodReport]:
         """Per pod on a GPU (the pods whose GPUs idled most first, at most `limit`): utilization, memory,
-        idle fraction, and CPU samples while its GPUs were idle and busy (one grouped query for all pods);
+        idle fraction (exact from the GPU activity where the pod loads the CUPTI library, else NVML's), its
+        idle gaps, and CPU samples while its GPUs were idle and busy (one grouped query for all pods);
         with `functions`, the stacks of its idle time as the scope's type counts them and in wall time
         (active threads; without an off-CPU recorder, the CPU time in nanoseconds): a select per pod, as
         the store's protocol has no select grouped by label. The scope's selector selects on node,
@@ -167,6 +168,14 @@ class QueryService:
                 cpu.get((p.namespace, p.pod, "idle"), 0),
                 cpu.get((p.namespace, p.pod, "busy"), 0),
                 0.0,
+                idle_source=p.idle_source,
+                nvml_idle_ratio=_round(p.nvml_idle_ratio),
+                activity_seconds=round(p.activity_known_seconds, 6),
+                idle_seconds=round(p.activity_idle_seconds, 6) if p.activity_known_seconds else None,
+                gaps=p.gaps,
+                gap_histogram=list(p.gap_histogram),
+                longest_gap_seconds=round(p.longest_gap_seconds, 9) if p.gaps else None,
+                records_lost=p.records_lost,
             )
             if functions:
                 pod_idle = (

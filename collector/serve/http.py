@@ -24,10 +24,13 @@ from fleetprof.collector.render.svg import render_svg
 from fleetprof.collector.render.tree import to_folded, to_json, top_functions, tree_json_text, truncate
 from fleetprof.collector.serve.params import Params
 from fleetprof.collector.serve.web import static
+from fleetprof.gpu_families import GAP_BUCKETS_NS
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
 
 FORMATS = ("json", "folded", "svg", "html", "pprof", "speedscope", "grafana")
 DIFF_FORMATS = ("json", "svg", "grafana")
+# The gap histogram's upper bounds in seconds (the last bucket, open-ended, has none).
+GAP_BOUNDS_S = tuple(b / 1e9 for b in GAP_BUCKETS_NS)
 TITLES = {
     "cpu": "CPU",
     "offcpu": "Off-CPU",
@@ -274,8 +277,9 @@ class HttpApi:
 
     # -- GPUs and syscalls ---------------------------------------------------------------------------
     def gpus(self, req: Request) -> Response:
-        """Per pod on a GPU: utilization, memory, idle fraction, and the hottest functions while its GPUs
-        sat idle: as `type` counts them (cpu by default), and in wall time (active threads). `query`
+        """Per pod on a GPU: utilization, memory, idle fraction (exact where the CUPTI library gives the
+        activity: then its idle seconds, gap count and gap lengths too), and the hottest functions while
+        its GPUs sat idle: as `type` counts them (cpu by default), and in wall time (active threads). `query`
         selects on node, namespace, pod, container and gpu."""
         p = self._params(req)
         limit = p.whole_number("limit", 50, 1, 10_000)
@@ -293,7 +297,19 @@ class HttpApi:
                     "utilization_ratio": r.utilization_ratio,
                     "memory_used_bytes": r.memory_used_bytes,
                     "idle_ratio": r.idle_ratio,
+                    "idle_source": r.idle_source,
+                    "nvml_idle_ratio": r.nvml_idle_ratio,
                     "seconds": r.seconds,
+                    # exact GPU activity (CUPTI): covered and idle seconds, gaps by length
+                    "activity_seconds": r.activity_seconds,
+                    "idle_seconds": r.idle_seconds,
+                    "gaps": r.gaps,
+                    "gap_histogram": [
+                        {"le_seconds": le, "count": n}
+                        for le, n in zip((*GAP_BOUNDS_S, None), r.gap_histogram, strict=True)
+                    ],
+                    "longest_gap_seconds": r.longest_gap_seconds,
+                    "records_lost": r.records_lost,
                     "cpu_samples_gpu_idle": r.cpu_samples_gpu_idle,
                     "cpu_samples_gpu_busy": r.cpu_samples_gpu_busy,
                     # without `functions` the stacks are empty, and so are their lists

@@ -139,7 +139,11 @@ def format_pods(data: dict) -> str:
 
 
 def format_gpus(data: dict) -> str:
-    lines = [f"{data['query']}  GPUs by pod (idle: below the agents' threshold, 5% by default)"]
+    lines = [
+        f"{data['query']}  GPUs by pod (idle: no kernel or copy of the pod running, from its CUPTI records "
+        "where it loads fleetprof's library; else NVML's utilization below the agents' threshold, 5% by "
+        "default)"
+    ]
     if not data["pods"]:
         lines.append("no pods on GPUs in this range")
         return "\n".join(lines)
@@ -163,6 +167,8 @@ def format_gpus(data: dict) -> str:
     for r, p in zip([header, *rows], [None, *data["pods"]], strict=True):
         cells = (c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         lines.append("  ".join(cells).rstrip())
+        if p and p.get("idle_source") == "activity":
+            lines.append("    " + _gap_text(p))
         for f in (p or {}).get("idle_top_functions", []):
             lines.append(f"    {f['self_pct']:5.1f}% of its CPU while idle: {f['function']}")
         waits = (p or {}).get("idle_wall_top_functions", [])
@@ -172,6 +178,22 @@ def format_gpus(data: dict) -> str:
                     f"    {f['self_pct']:5.1f}% of its wall time while idle (run or wait): {f['function']}"
                 )
     return "\n".join(lines)
+
+
+def _gap_text(p: dict) -> str:
+    """A pod's exact GPU idle time and its gaps by length: "idle 5.0ms of 900.0ms; gaps <10µs 0, ..." """
+    parts, lower = [], "0"
+    for bucket in p["gap_histogram"]:
+        le = bucket["le_seconds"]
+        span = f"{lower}-{_seconds_text(le)}" if le is not None else f">={lower}"
+        parts.append(f"{span} {bucket['count']}")
+        lower = _seconds_text(le) if le is not None else lower
+    longest = _seconds_text(p["longest_gap_seconds"])
+    lost = f"; {p['records_lost']} records lost" if p.get("records_lost") else ""
+    return (
+        f"IDLE is exact (CUPTI): {_seconds_text(p['idle_seconds'])} of {_seconds_text(p['activity_seconds'])}"
+        f" seen, in {p['gaps']} gaps: {', '.join(parts)}; longest {longest}{lost}"
+    )
 
 
 def format_syscalls(data: dict, sort: str) -> str:

@@ -14,6 +14,9 @@ Tables (`_local` ReplicatedMergeTree tables behind Distributed ones of the plain
   the day of the rows that use them: the writer writes a definition again on each new day it is used,
   so dropping a day's partitions never leaves a retained row without its definitions.
 - `gpu_usage`: per pod and GPU, one row per agent window (the /api/v1/gpus history).
+- `gpu_activity`: per pod and GPU, one row per agent window with exact (CUPTI) activity: known and idle
+  nanoseconds, the gaps that ended in it by length bucket (gap_0 .. gap_6: plain columns, which every
+  server version and both clients insert alike), the longest, records lost.
 - `fleetprof_schema`: a view that holds the schema version and the content-id key. A view, because
   CREATE VIEW is atomic: of two collectors starting at once one creates it and the other reads its key.
 
@@ -79,7 +82,14 @@ TABLES = (
           "container String, gpu String, utilization Nullable(Float64), memory_bytes Nullable(Int64), "
           "idle_ratio Nullable(Float64)", "MergeTree", "intDiv(toInt64(end), 86400)", "(namespace, pod, end)",
           "sipHash64(node)"),
+    Table("gpu_activity", "start Float64, end Float64, node String, namespace String, pod String, "
+          "container String, gpu String, known_ns Int64, idle_ns Int64, gaps Int64, "
+          + ", ".join(f"gap_{i} Int64" for i in range(7)) + ", longest_gap_ns Int64, records_lost Int64",
+          "MergeTree", "intDiv(toInt64(end), 86400)", "(namespace, pod, end)", "sipHash64(node)"),
 )  # fmt: skip
+# Tables added to schema version 1 after it shipped: made where missing whenever a collector opens a
+# database (CREATE ... IF NOT EXISTS, as every statement here), so an older database gains them.
+ADDED_TABLES = ("gpu_activity",)
 ROLLUPS = (("rows_1m", 60), ("rows_10m", 600))
 
 
@@ -106,20 +116,38 @@ class Layout:
         return f" ON CLUSTER {self.cluster}" if self.cluster else ""
 
 
+def _table_ddl(layout: Layout, t: Table) -> str:
+    db, on = layout.database, layout.on_cluster
+    if layout.cluster:
+        path = f"'/clickhouse/tables/{{shard}}/{db}/{t.name}', '{{replica}}'"
+        engine = f"Replicated{t.engine}({path}{', ' + t.engine_args if t.engine_args else ''})"
+    else:
+        engine = f"{t.engine}({t.engine_args})"
+    return (
+        f"CREATE TABLE IF NOT EXISTS {layout.local(t.name)}{on} ({t.columns}) ENGINE = {engine} "
+        f"PARTITION BY {t.partition} ORDER BY {t.order}"
+    )
+
+
+def _distributed_ddl(layout: Layout, t: Table) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {layout.table(t.name)}{layout.on_cluster} AS {layout.local(t.name)} "
+        f"ENGINE = Distributed({layout.cluster}, {layout.database}, {t.name}_local, {t.shard_by})"
+    )
+
+
+def _added_ddl(layout: Layout) -> list[str]:
+    """The statements that make ADDED_TABLES where they are missing."""
+    added = [t for t in TABLES if t.name in ADDED_TABLES]
+    return [_table_ddl(layout, t) for t in added] + (
+        [_distributed_ddl(layout, t) for t in added] if layout.cluster else []
+    )
+
+
 def _ddl(layout: Layout) -> list[str]:
     """Every statement that makes the schema, each idempotent (IF NOT EXISTS)."""
     db, on = layout.database, layout.on_cluster
-    out = []
-    for t in TABLES:
-        if layout.cluster:
-            path = f"'/clickhouse/tables/{{shard}}/{db}/{t.name}', '{{replica}}'"
-            engine = f"Replicated{t.engine}({path}{', ' + t.engine_args if t.engine_args else ''})"
-        else:
-            engine = f"{t.engine}({t.engine_args})"
-        out.append(
-            f"CREATE TABLE IF NOT EXISTS {layout.local(t.name)}{on} ({t.columns}) ENGINE = {engine} "
-            f"PARTITION BY {t.partition} ORDER BY {t.order}"
-        )
+    out = [_table_ddl(layout, t) for t in TABLES]
     for name, width in ROLLUPS:
         out.append(
             f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv{on} TO {layout.local(name)} AS "
@@ -127,11 +155,7 @@ def _ddl(layout: Layout) -> list[str]:
             f"timed, timed_ns FROM {layout.local('rows')} WHERE kind != {MARKER}"
         )
     if layout.cluster:
-        for t in TABLES:
-            out.append(
-                f"CREATE TABLE IF NOT EXISTS {layout.table(t.name)}{on} AS {layout.local(t.name)} "
-                f"ENGINE = Distributed({layout.cluster}, {db}, {t.name}_local, {t.shard_by})"
-            )
+        out += [_distributed_ddl(layout, t) for t in TABLES]
     return out
 
 
@@ -166,7 +190,10 @@ def ensure_schema(conn: Connection, layout: Layout) -> Schema:
                 f"the database {layout.database} holds fleetprof schema version {found.version}, newer than "
                 f"this collector's {SCHEMA_VERSION}: run a collector of the version that made it (or newer)"
             )
-        # Older versions would be migrated here, each step idempotent; version 1 is the first.
+        # Older versions would be migrated here, each step idempotent; version 1 is the first. Tables
+        # added to it since are made where missing.
+        for statement in _added_ddl(layout):
+            conn.query(statement)
         return found
     for statement in _ddl(layout):
         conn.query(statement)
