@@ -255,4 +255,8 @@ def _gpu_sample(s: DeviceSample) -> pb.GpuSample:
         ecc_uncorrected_errors=s.ecc_uncorrected,
         pcie_tx_kilobytes_per_second=s.pcie_tx_kbps,
         pcie_rx_kilobytes_per_second=s.pcie_rx_kbps,
+        sm_active_percent=s.sm_active_percent,
+        sm_occupancy_percent=s.sm_occupancy_percent,
+        tensor_active_percent=s.tensor_active_percent,
+        dram_bandwidth_percent=s.dram_bandwidth_percent,
     )

@@ -38,13 +38,18 @@ class DeviceReading:
     ecc_corrected_errors: float | None = None
     ecc_uncorrected_errors: float | None = None
     xid_errors: float | None = None  # None: XID events not watched on this device
+    # NVML's GPM metrics (Hopper and newer), ratios 0..1 over the interval between two polls.
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_bandwidth_ratio: float | None = None
 
     @property
     def labels(self) -> list[str]:
         return [self.node, self.gpu, self.uuid, self.model]
 
 
-def percent(v: int | None) -> float | None:
+def percent(v: float | None) -> float | None:
     return None if v is None else min(max(v, 0), 100) / 100.0
 
 
@@ -67,6 +72,11 @@ _GAUGES = (
     ),
     ("pcie_tx_bytes_per_second", "pcie_transmit_bytes_per_second", "PCIe throughput sent by the GPU"),
     ("pcie_rx_bytes_per_second", "pcie_receive_bytes_per_second", "PCIe throughput received by the GPU"),
+    # GPM (Hopper and newer): finer than utilization_ratio, which is "any kernel running at all".
+    ("sm_active_ratio", "sm_active_ratio", "Share of SMs with at least one warp resident (NVML GPM)"),
+    ("sm_occupancy_ratio", "sm_occupancy_ratio", "Warps resident on the SMs over their maximum (NVML GPM)"),
+    ("tensor_active_ratio", "tensor_active_ratio", "Share of time a tensor core pipe was busy (NVML GPM)"),
+    ("dram_bandwidth_ratio", "dram_bandwidth_ratio", "DRAM bandwidth used over its peak (NVML GPM)"),
 )
 
 

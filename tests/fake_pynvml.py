@@ -6,6 +6,7 @@ name it defines exists in the real module with the same signature."""
 
 from __future__ import annotations
 
+import ctypes
 import string
 import types
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ ERRORS = {
     "NVML_ERROR_IN_USE": 19,
     "NVML_ERROR_MEMORY": 20,
     "NVML_ERROR_NO_DATA": 21,
+    "NVML_ERROR_ARGUMENT_VERSION_MISMATCH": 25,
     "NVML_ERROR_DEPRECATED": 26,
     "NVML_ERROR_UNKNOWN": 999,
 }
@@ -55,6 +57,60 @@ CONSTANTS = {
     "nvmlEventTypePState": 0x4,
     "nvmlEventTypeXidCriticalError": 0x8,
     "nvmlEventTypeClock": 0x10,
+    "NVML_GPM_SUPPORT_VERSION": 1,
+    "NVML_GPM_METRICS_GET_VERSION": 1,
+    "NVML_GPM_METRIC_MAX": 477,
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": 1,
+    "NVML_GPM_METRIC_SM_UTIL": 2,
+    "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
+    "NVML_GPM_METRIC_INTEGER_UTIL": 4,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5,
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": 10,
+}
+
+
+# nvidia-ml-py's ctypes structures for GPM, field for field (the shape test compares them): the caller
+# fills a c_nvmlGpmMetricsGet_t and NVML writes each metric's value and return code into it.
+class struct_c_nvmlGpmSample_t(ctypes.Structure):
+    pass  # opaque: NVML's own memory
+
+
+c_nvmlGpmSample_t = ctypes.POINTER(struct_c_nvmlGpmSample_t)
+
+
+class c_metricInfo_t(ctypes.Structure):
+    _fields_ = [("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p), ("unit", ctypes.c_char_p)]
+
+
+class c_nvmlGpmMetric_t(ctypes.Structure):
+    _fields_ = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+        ("metricInfo", c_metricInfo_t),
+    ]
+
+
+class c_nvmlGpmMetricsGet_t(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("numMetrics", ctypes.c_uint),
+        ("sample1", c_nvmlGpmSample_t),
+        ("sample2", c_nvmlGpmSample_t),
+        ("metrics", c_nvmlGpmMetric_t * CONSTANTS["NVML_GPM_METRIC_MAX"]),
+    ]
+
+
+class c_nvmlGpmSupport_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("isSupportedDevice", ctypes.c_uint)]
+
+
+STRUCTS = {
+    "struct_c_nvmlGpmSample_t": struct_c_nvmlGpmSample_t,
+    "c_metricInfo_t": c_metricInfo_t,
+    "c_nvmlGpmMetric_t": c_nvmlGpmMetric_t,
+    "c_nvmlGpmMetricsGet_t": c_nvmlGpmMetricsGet_t,
+    "c_nvmlGpmSupport_t": c_nvmlGpmSupport_t,
 }
 E = types.SimpleNamespace(**{k.removeprefix("NVML_ERROR_"): v for k, v in ERRORS.items()})
 
@@ -124,6 +180,10 @@ class FakeGpu:
     not_supported: set[str] = field(default_factory=set)  # pynvml function names answering NOT_SUPPORTED
     migs: list[FakeMig] | None = None  # MIG mode on, with these instances
     xid_supported: bool = True
+    # GPM metrics by NVML_GPM_METRIC_* id per step (the last repeats), as NVML computes them over the
+    # interval ending at a pair's newer sample; a metric left out answers NOT_SUPPORTED. None: a GPU
+    # without GPM (before Hopper): nvmlGpmQueryDeviceSupport says isSupportedDevice = 0.
+    gpm: list[dict[int, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +212,9 @@ class FakeNvml:
         self.calls: list[tuple[str, tuple]] = []
         self.events: list[tuple[str, int]] = []  # (gpu uuid, xid) waiting to be read
         self._registered: set[str] = set()
+        # GPM samples NVML has allocated and not freed: address -> (GPU, step taken; None before a get).
+        self.gpm_samples: dict[int, tuple[FakeGpu, int] | None] = {}
+        self._gpm_keep: dict[int, struct_c_nvmlGpmSample_t] = {}
         self.module = self._build()
 
     def calls_to(self, name: str) -> list[tuple]:
@@ -163,6 +226,8 @@ class FakeNvml:
         m.__dict__.update(CONSTANTS)
         m.__dict__.update(ERROR_CLASSES)
         m.NVMLError = NVMLError
+        m.__dict__.update(STRUCTS)
+        m.c_nvmlGpmSample_t = c_nvmlGpmSample_t
         for name in dir(self):
             if name.startswith("nvml"):
                 m.__dict__[name] = getattr(self, name)
@@ -309,6 +374,55 @@ class FakeNvml:
         return [
             _Obj(pid=p, timeStamp=ts, smUtil=sm, memUtil=mu, encUtil=0, decUtil=0) for p, ts, sm, mu in new
         ]
+
+    def nvmlGpmQueryDeviceSupport(self, device):
+        gpu = self._whole_gpu("nvmlGpmQueryDeviceSupport", device)
+        return c_nvmlGpmSupport_t(CONSTANTS["NVML_GPM_SUPPORT_VERSION"], 1 if gpu.gpm is not None else 0)
+
+    def nvmlGpmSampleAlloc(self):
+        self._enter("nvmlGpmSampleAlloc")
+        struct = struct_c_nvmlGpmSample_t()
+        address = ctypes.addressof(struct)
+        self._gpm_keep[address] = struct
+        self.gpm_samples[address] = None
+        return c_nvmlGpmSample_t(struct)
+
+    def _gpm_sample(self, sample) -> int:  # noqa: ANN001 - c_nvmlGpmSample_t
+        address = ctypes.addressof(sample.contents) if sample else 0
+        if address not in self.gpm_samples:
+            raise NVMLError(E.INVALID_ARGUMENT)  # never allocated, or freed
+        return address
+
+    def nvmlGpmSampleGet(self, device, gpmSample):
+        gpu = self._whole_gpu("nvmlGpmSampleGet", device, gpmSample)
+        if gpu.gpm is None:
+            raise NVMLError(E.NOT_SUPPORTED)
+        self.gpm_samples[self._gpm_sample(gpmSample)] = (gpu, self.step)
+        return gpmSample
+
+    def nvmlGpmMetricsGet(self, metricsGet):
+        self._enter("nvmlGpmMetricsGet", metricsGet)
+        if metricsGet.version != CONSTANTS["NVML_GPM_METRICS_GET_VERSION"]:
+            raise NVMLError(E.ARGUMENT_VERSION_MISMATCH)
+        first = self.gpm_samples[self._gpm_sample(metricsGet.sample1)]
+        second = self.gpm_samples[self._gpm_sample(metricsGet.sample2)]
+        if first is None or second is None or first[0] is not second[0] or first[1] >= second[1]:
+            raise NVMLError(E.INVALID_ARGUMENT)  # not two samples of one GPU, the older first
+        gpu, step = second
+        values = gpu.gpm[min(step, len(gpu.gpm) - 1)] if gpu.gpm else {}
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            if metric.metricId in values:
+                metric.value, metric.nvmlReturn = values[metric.metricId], 0
+            else:
+                metric.value, metric.nvmlReturn = 0.0, E.NOT_SUPPORTED
+        return metricsGet
+
+    def nvmlGpmSampleFree(self, gpmSample):
+        self.calls.append(("nvmlGpmSampleFree", (gpmSample,)))
+        address = self._gpm_sample(gpmSample)
+        del self.gpm_samples[address]
+        del self._gpm_keep[address]
 
     def nvmlEventSetCreate(self):
         self._enter("nvmlEventSetCreate")

@@ -17,7 +17,7 @@ from fleetprof.agent.kube.pods import PodMeta
 from fleetprof.agent.process.cgroups import CgroupIdentity
 from fleetprof.agent.process.table import ProcessInfo
 from fleetprof.agent.resolver import Window
-from tests.fake_pynvml import FakeGpu, FakeNvml
+from tests.fake_pynvml import CONSTANTS, FakeGpu, FakeNvml
 
 T0 = float(int(time.time()) - 60)  # recent: the collector refuses windows older than 2 h
 TRAINER_UID = "0b7c6a52-1111-4c1e-9d1a-aaaaaaaaaaaa"
@@ -58,6 +58,14 @@ def _owner(gpu_uuid: str) -> DeviceAssignment | None:
     return None
 
 
+def _gpm(sm: float, occupancy: float, tensor: float, dram: float) -> dict[int, float]:
+    names = ("SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL", "DRAM_BW_UTIL")
+    return {
+        CONSTANTS[f"NVML_GPM_METRIC_{n}"]: v
+        for n, v in zip(names, (sm, occupancy, tensor, dram), strict=True)
+    }
+
+
 def gpu_batch(monkeypatch: pytest.MonkeyPatch) -> pb.Batch:
     """Four polls one second apart of two GPUs; encoded the way Agent.drain_once does it."""
     us = int(T0 * 1e6)
@@ -67,6 +75,9 @@ def gpu_batch(monkeypatch: pytest.MonkeyPatch) -> pb.Batch:
         compute={1001: 6 * GIB, 1002: 2 * GIB, 3001: GIB // 2},
         # pid 1001's kernels: 60% before the first poll, nothing for two polls, 100% before the fourth
         process_samples=[(1001, us - 500_000, 60, 10)],
+        # GPM (an H100 has it): SM active, occupancy, tensor active, DRAM bandwidth over each poll's
+        # interval; the first poll has no pair yet.
+        gpm=[_gpm(50, 20, 10, 30), _gpm(0, 0, 0, 0), _gpm(0, 0, 0, 0), _gpm(90, 45, 70, 60)],
     )
     infer = FakeGpu(
         "GPU-infer",

@@ -38,6 +38,10 @@ def test_the_batch_carries_the_gpu_section(monkeypatch: pytest.MonkeyPatch) -> N
     assert [x.gpu_utilization_percent for x in train.samples] == [80, 0, 0, 90]
     assert (train.xid_errors, list(train.xid_codes), train.xid_watched) == (1, [79], True)
     assert b.gpu_devices[1].samples[0].HasField("power_milliwatts")  # supported there: present
+    # GPM: from the second poll on (a pair of samples), on the H100 only (the L4 has none).
+    assert [x.sm_active_percent for x in train.samples[1:]] == [0, 0, 90]
+    assert not train.samples[0].HasField("sm_active_percent")
+    assert not any(x.HasField("sm_active_percent") for x in b.gpu_devices[1].samples)
     rows = {b.processes[u.process].pid: u for u in b.gpu_processes}
     assert set(rows) == {1001, 1002, 3001, 2001}
     assert (rows[1001].polls, rows[1001].state_polls, rows[1001].idle_polls) == (4, 4, 2)
@@ -69,7 +73,13 @@ def test_collector_exports_gpu_and_pod_series(
     assert m[("fleetprof_gpu_temperature_celsius", train)] == 50
     assert m[("fleetprof_gpu_sm_clock_hertz", train)] == pytest.approx(1.98e9)
     assert m[("fleetprof_gpu_xid_errors_total", train)] == 1
+    # GPM beside utilization, the window's mean of its readings
+    assert m[("fleetprof_gpu_sm_active_ratio", train)] == pytest.approx(0.30)
+    assert m[("fleetprof_gpu_sm_occupancy_ratio", train)] == pytest.approx(0.15)
+    assert m[("fleetprof_gpu_tensor_active_ratio", train)] == pytest.approx(0.70 / 3)
+    assert m[("fleetprof_gpu_dram_bandwidth_ratio", train)] == pytest.approx(0.20)
     infer = device("1", "GPU-infer", "NVIDIA L4")
+    assert ("fleetprof_gpu_sm_active_ratio", infer) not in m  # no GPM there
     assert m[("fleetprof_gpu_utilization_ratio", infer)] == pytest.approx(0.03)
     assert ("fleetprof_gpu_xid_errors_total", infer) not in m  # XID events not supported there
     assert m[("fleetprof_gpu_source_up", (("node", "gpu-node-1"),))] == 1

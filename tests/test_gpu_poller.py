@@ -3,6 +3,7 @@ GPUs, a missing library, per-process utilization, MIG, XID events and the agent'
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import logging
 import sys
@@ -14,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetprof.agent.gpu.metrics import GpuExporter
 from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
 from tests.conftest import wait_until
-from tests.fake_pynvml import CONSTANTS, ERRORS, FakeGpu, FakeMig, FakeNvml
+from tests.fake_pynvml import CONSTANTS, ERRORS, STRUCTS, FakeGpu, FakeMig, FakeNvml
 
 T0 = 1_700_000_000.0
 
@@ -81,6 +82,15 @@ def test_fake_has_the_real_pynvml_shape() -> None:
         elif callable(value) and name.startswith("nvml"):
             real_params = list(inspect.signature(getattr(real, name)).parameters)
             assert list(inspect.signature(value).parameters) == real_params, name
+        elif name in STRUCTS or name == "c_nvmlGpmSample_t":
+            # ctypes structures: the same fields, each of the same size, in the same order.
+            assert ctypes.sizeof(value) == ctypes.sizeof(getattr(real, name)), name
+            if name == "c_nvmlGpmSample_t":
+                assert value._type_.__name__ == getattr(real, name)._type_.__name__
+            else:
+                mine = [(f, ctypes.sizeof(t)) for f, t in getattr(value, "_fields_", ())]
+                theirs = [(f, ctypes.sizeof(t)) for f, t in getattr(getattr(real, name), "_fields_", ())]
+                assert mine == theirs, name
 
 
 def test_snapshots_match_the_script(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
@@ -358,3 +368,91 @@ def test_stop_wakes_the_thread_from_its_wait_between_polls(monkeypatch: pytest.M
     assert not poller._thread.is_alive()
     assert poller.stats.polls == 1
     assert world.calls[-1][0] == "nvmlShutdown"
+
+
+SM, OCC, TENSOR, DRAM = (
+    CONSTANTS[f"NVML_GPM_METRIC_{n}"] for n in ("SM_UTIL", "SM_OCCUPANCY", "ANY_TENSOR_UTIL", "DRAM_BW_UTIL")
+)
+
+
+def gpm_fields(snap) -> tuple:  # noqa: ANN001 - Snapshot
+    s = snap.devices[0][1]
+    return s.sm_active_percent, s.sm_occupancy_percent, s.tensor_active_percent, s.dram_bandwidth_percent
+
+
+def test_gpm_metrics_come_from_pairs_of_samples(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
+    """Each poll takes a GPM sample; the metrics are NVML's over the pair (this poll's and the previous
+    one's), so the first poll has none. The older sample is freed once used: one stays held per GPU."""
+    gpu = h100(
+        gpm=[
+            {SM: 10.0, OCC: 5.0, TENSOR: 0.0, DRAM: 2.0},
+            {SM: 92.5, OCC: 41.25, TENSOR: 63.0, DRAM: 55.5},
+            {SM: 30.0, OCC: 12.0, TENSOR: 7.5, DRAM: 101.0},
+        ]
+    )
+    world = install(monkeypatch, FakeNvml([gpu]))
+    poller = poller_for(clock)
+    snaps = [tick(world, clock, poller) for _ in range(3)]
+    assert [gpm_fields(s) for s in snaps] == [
+        (None, None, None, None),
+        (92.5, 41.25, 63.0, 55.5),  # the interval ending at step 1's sample
+        (30.0, 12.0, 7.5, 101.0),
+    ]
+    assert len(world.calls_to("nvmlGpmQueryDeviceSupport")) == 1
+    assert len(world.gpm_samples) == 1  # the newest, held for the next pair
+    m = scrape(poller, node="gpu-node-1")
+    labels = (("gpu", "0"), ("model", "NVIDIA H100 80GB HBM3"), ("node", "gpu-node-1"), ("uuid", "GPU-aaaa"))
+    assert m[("fleetprof_gpu_sm_active_ratio", labels)] == pytest.approx(0.30)
+    assert m[("fleetprof_gpu_sm_occupancy_ratio", labels)] == pytest.approx(0.12)
+    assert m[("fleetprof_gpu_tensor_active_ratio", labels)] == pytest.approx(0.075)
+    assert m[("fleetprof_gpu_dram_bandwidth_ratio", labels)] == 1.0  # clamped: NVML's rounding over 100
+    # The drained window carries them to the collector.
+    window = poller.drain()
+    assert [s.sm_active_percent for s in window.devices[0].samples] == [None, 92.5, 30.0]
+    poller.stop()
+    assert world.gpm_samples == {}  # nothing of NVML's memory left behind
+
+
+def test_a_gpu_without_gpm_is_asked_once_and_its_metrics_left_out(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    """Before Hopper, nvmlGpmQueryDeviceSupport answers isSupportedDevice = 0: no sample is ever taken.
+    A driver that predates GPM answers NOT_SUPPORTED: the field is skipped from then on, as any other."""
+    old, driverless = h100("GPU-a100", name="NVIDIA A100"), h100("GPU-old", gpm=[{SM: 50.0}])
+    driverless.not_supported = {"nvmlGpmQueryDeviceSupport"}
+    world = install(monkeypatch, FakeNvml([old, driverless]))
+    poller = poller_for(clock)
+    for _ in range(3):
+        snap = tick(world, clock, poller)
+        assert all(s.sm_active_percent is None for _, s in snap.devices)
+        assert all(s.temperature_c == 50 for _, s in snap.devices)
+    assert len(world.calls_to("nvmlGpmQueryDeviceSupport")) == 2  # once per GPU
+    assert not world.calls_to("nvmlGpmSampleAlloc")
+    assert poller.unsupported == {("GPU-old", "gpm")}
+    assert poller.state == "up"
+
+
+def test_a_metric_the_gpu_does_not_report_is_left_out_alone(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    world = install(monkeypatch, FakeNvml([h100(gpm=[{SM: 70.0, OCC: 20.0, DRAM: 15.0}])]))  # no tensor
+    poller = poller_for(clock)
+    tick(world, clock, poller)
+    assert gpm_fields(tick(world, clock, poller)) == (70.0, 20.0, None, 15.0)
+
+
+def test_a_lost_gpu_frees_its_gpm_samples_and_starts_a_new_pair(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    world = install(monkeypatch, FakeNvml([h100(gpm=[{SM: 10.0}, {SM: 20.0}, {SM: 30.0}, {SM: 40.0}])]))
+    poller = poller_for(clock, max_backoff_s=1.0)
+    tick(world, clock, poller)
+    tick(world, clock, poller)
+    world.lost = True
+    assert tick(world, clock, poller) is None
+    assert world.gpm_samples == {} and poller.state == "lost"
+    world.lost = False
+    clock.t += 5
+    snap = tick(world, clock, poller)
+    assert snap is not None and gpm_fields(snap)[0] is None  # a new session: its first sample
+    assert gpm_fields(tick(world, clock, poller))[0] == 40.0

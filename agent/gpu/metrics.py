@@ -33,6 +33,10 @@ def reading(node: str, ident: DeviceIdentity, s: DeviceSample, xid_errors: int |
         ecc_corrected_errors=s.ecc_corrected,
         ecc_uncorrected_errors=s.ecc_uncorrected,
         xid_errors=xid_errors,
+        sm_active_ratio=percent(s.sm_active_percent),
+        sm_occupancy_ratio=percent(s.sm_occupancy_percent),
+        tensor_active_ratio=percent(s.tensor_active_percent),
+        dram_bandwidth_ratio=percent(s.dram_bandwidth_percent),
     )
 
 

@@ -50,6 +50,15 @@ _UNSUPPORTED = {_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_PERMISSION}
 _LOST = {_GPU_IS_LOST, _UNINITIALIZED, _RESET_REQUIRED, _LIB_RM_VERSION_MISMATCH, _UNKNOWN, DRIVER_NOT_LOADED}
 
 
+# The GPM metrics polled (nvmlGpmMetricId_t names), by the DeviceSample field they fill.
+GPM_METRICS = {
+    "sm_active_percent": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy_percent": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "tensor_active_percent": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_bandwidth_percent": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+}
+
+
 @dataclass(frozen=True)
 class ProcessUtilization:
     """One nvmlDeviceGetProcessUtilization sample (percent over NVML's sample period)."""
@@ -190,6 +199,45 @@ class Nvml:
         tx = self._call("nvmlDeviceGetPcieThroughput", h, self._const("NVML_PCIE_UTIL_TX_BYTES"))
         rx = self._call("nvmlDeviceGetPcieThroughput", h, self._const("NVML_PCIE_UTIL_RX_BYTES"))
         return int(tx), int(rx)
+
+    # -- GPM (GPU Performance Monitoring: Hopper and newer) -----------------------------------------
+
+    def gpm_supported(self, h: Handle) -> bool:
+        """Whether the device has GPM; drivers before it raise NvmlNotSupported (FUNCTION_NOT_FOUND)."""
+        return bool(self._call("nvmlGpmQueryDeviceSupport", h).isSupportedDevice)
+
+    def gpm_sample(self, h: Handle) -> Any:
+        """A new GPM sample of the device (NVML-allocated: gpm_free it)."""
+        sample = self._call("nvmlGpmSampleAlloc")
+        try:
+            self._call("nvmlGpmSampleGet", h, sample)
+        except NvmlError:
+            self.gpm_free(sample)
+            raise
+        return sample
+
+    def gpm_free(self, sample: Any) -> None:
+        try:
+            self._call("nvmlGpmSampleFree", sample)
+        except NvmlError:
+            pass  # freeing after a lost GPU may fail; the driver reclaims it with the session
+
+    def gpm_metrics(self, older: Any, newer: Any) -> dict[str, float | None]:
+        """The GPM_METRICS over the interval between two samples of one device, percent; None for a
+        metric the device does not report (its own nvmlReturn)."""
+        m = self._m
+        get = m.c_nvmlGpmMetricsGet_t()
+        get.version = m.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(GPM_METRICS)
+        get.sample1 = older
+        get.sample2 = newer
+        for i, name in enumerate(GPM_METRICS.values()):
+            get.metrics[i].metricId = self._const(name)
+        self._call("nvmlGpmMetricsGet", get)
+        return {
+            field: float(get.metrics[i].value) if get.metrics[i].nvmlReturn == 0 else None
+            for i, field in enumerate(GPM_METRICS)
+        }
 
     # -- processes -------------------------------------------------------------------------------
 

@@ -45,6 +45,12 @@ class GpuPollerConfig:
     # after the agent started).
     absent_retry_s: float = 300.0
     pcie: bool = True  # PCIe throughput costs ~40 ms per GPU per poll (NVML samples each direction 20 ms)
+    # NVML's GPM metrics (SM active, occupancy, tensor active, DRAM bandwidth) where the GPU has GPM. GPM
+    # reads the GPU's performance counters: CUPTI's profiling APIs (range profiler, PM sampling) and DCGM's
+    # profiling metrics want the same counters. Our CUPTI library records activity (kernel and copy
+    # timestamps) only, which takes no counters, so the two run together; turn this off on nodes where
+    # another tool profiles with counters.
+    gpm: bool = True
     max_pending_polls: int = 3600  # kept for the next drain; older ones are dropped
     idle_below_percent: int = IDLE_BELOW_PERCENT
 
@@ -65,6 +71,8 @@ class _Device:
     mig_instance: bool = False
     has_instances: bool = False  # a MIG-enabled GPU whose instances we list processes on instead
     last_seen_us: int = 0  # newest nvmlDeviceGetProcessUtilization timestamp seen
+    gpm: bool | None = None  # the device has GPM (None: not asked yet)
+    gpm_prev: Any = None  # the previous poll's GPM sample (NVML memory: freed when replaced or closed)
 
 
 class GpuPoller:
@@ -261,6 +269,10 @@ class GpuPoller:
         if self._event_set is not None:
             self._nvml.free_event_set(self._event_set)
             self._event_set = None
+        for d in self._devices:
+            if d.gpm_prev is not None:
+                self._nvml.gpm_free(d.gpm_prev)
+                d.gpm_prev = None
         self._nvml.shutdown()
         self._devices = None
         with self._lock:
@@ -316,6 +328,7 @@ class GpuPoller:
         pcie = (
             self._field(uuid, "pcie", lambda: nvml.pcie_kilobytes_per_second(h)) if self.config.pcie else None
         )
+        gpm = self._gpm(d) if self.config.gpm else {}
         return DeviceSample(
             t_ns,
             gpu_util_percent=util and util[0],
@@ -331,7 +344,38 @@ class GpuPoller:
             ecc_uncorrected=ecc and ecc[1],
             pcie_tx_kbps=pcie and pcie[0],
             pcie_rx_kbps=pcie and pcie[1],
+            **gpm,
         )
+
+    def _gpm(self, d: _Device) -> dict[str, float | None]:
+        """The GPM metrics since the previous poll (a pair of samples: none at the first poll). A GPU
+        without GPM (before Hopper) is asked once per NVML session; a driver without the calls answers
+        NOT_SUPPORTED, which marks the field as any other."""
+        nvml, h, uuid = self._nvml, d.handle, d.ident.uuid
+        if d.gpm is False or (uuid, "gpm") in self.unsupported:
+            return {}
+        if d.gpm is None:
+            supported = self._field(uuid, "gpm", lambda: nvml.gpm_supported(h))
+            if supported is None:
+                return {}  # not supported (marked), or failed this time (asked again next poll)
+            d.gpm = bool(supported)
+            if not supported:
+                log.info("GPU %s has no GPM (Hopper and newer): SM-level metrics are not polled", uuid)
+                return {}
+        new = self._field(uuid, "gpm", lambda: nvml.gpm_sample(h))
+        prev = d.gpm_prev
+        d.gpm_prev = new
+        if prev is None or new is None:
+            if prev is not None:
+                nvml.gpm_free(prev)
+            return {}
+        try:
+            return self._field(uuid, "gpm", lambda: nvml.gpm_metrics(prev, new)) or {}
+        finally:
+            nvml.gpm_free(prev)
+            if (uuid, "gpm") in self.unsupported and d.gpm_prev is not None:
+                nvml.gpm_free(d.gpm_prev)
+                d.gpm_prev = None
 
     def _processes(self, d: _Device) -> list[ProcessSample]:
         nvml, h, uuid = self._nvml, d.handle, d.ident.uuid

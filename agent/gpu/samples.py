@@ -48,6 +48,11 @@ class DeviceSample:
     ecc_uncorrected: int | None = None
     pcie_tx_kbps: int | None = None
     pcie_rx_kbps: int | None = None
+    # NVML GPM metrics (Hopper and newer), percent over the interval since the previous poll's GPM sample.
+    sm_active_percent: float | None = None
+    sm_occupancy_percent: float | None = None
+    tensor_active_percent: float | None = None
+    dram_bandwidth_percent: float | None = None
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,11 @@ def _reading(node: str, d: pb.GpuDevice, strings) -> DeviceReading:  # noqa: ANN
         ecc_corrected_errors=_latest(s, "ecc_corrected_errors"),
         ecc_uncorrected_errors=_latest(s, "ecc_uncorrected_errors"),
         xid_errors=d.xid_errors if d.xid_watched else None,
+        # GPM: the window's mean, as utilization (each reading covers the interval since the poll before).
+        sm_active_ratio=percent(_mean(s, "sm_active_percent")),
+        sm_occupancy_ratio=percent(_mean(s, "sm_occupancy_percent")),
+        tensor_active_ratio=percent(_mean(s, "tensor_active_percent")),
+        dram_bandwidth_ratio=percent(_mean(s, "dram_bandwidth_percent")),
     )
 
 
