@@ -25,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.parse
 from pathlib import Path
@@ -330,6 +331,9 @@ VARIANTS = {
         "grafana": {"datasource": {"enabled": True}},
     },
     "auth off": {"auth": {"enabled": False}, "grafana": {"datasource": {"enabled": True}}},
+    "the CUPTI library on every node": {
+        "agent": {"cupti": {"enabled": True, "hostPath": "/opt/gpu/fleetprof"}}
+    },
     "tls by cert-manager, each agent with its node's kubelet certificate": {
         "tls": {
             "enabled": True,
@@ -779,6 +783,87 @@ def test_the_grafana_data_source_is_the_one_deploy_grafana_provisions() -> None:
     (profiles,) = [v for v in dashboard["templating"]["list"] if f"${{{v['name']}}}" == PROFILES_DS["uid"]]
     assert profiles["current"]["value"] == source["uid"] == chart_values()["grafana"]["datasource"]["uid"]
     assert profile_queries(dashboard)
+
+
+def _install_cupti(objects: list[dict]) -> dict | None:
+    ds = _find(objects, "DaemonSet")
+    return next(iter(ds["spec"]["template"]["spec"].get("initContainers", [])), None)
+
+
+def test_the_cupti_library_is_put_on_the_node_only_when_asked() -> None:
+    """Off by default: the agent's pod is as before. On: an init container of the agent image puts the
+    library into a hostPath directory; the notes print what a workload adds to load it from there."""
+    default = all_objects(render_chart({}))
+    assert _install_cupti(default) is None
+    volumes = _find(default, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    assert "cupti" not in {v["name"] for v in volumes}
+    assert "CUDA_INJECTION64_PATH" not in render_notes()
+
+    values = VARIANTS["the CUPTI library on every node"]
+    objects = all_objects(render_chart(values))
+    init = _install_cupti(objects)
+    assert (
+        init is not None
+        and init["image"]
+        == "fleetprof/agent:" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    )
+    assert init["volumeMounts"] == [{"name": "cupti", "mountPath": "/host-cupti"}]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    volumes = _find(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "cupti",
+        "hostPath": {"path": "/opt/gpu/fleetprof", "type": "DirectoryOrCreate"},
+    } in volumes
+
+    notes = render_notes(values)
+    lines = notes.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip() == "env:")
+    last = next(i for i, line in enumerate(lines) if "then see" in line)
+    snippet = textwrap.dedent("\n".join(lines[first:last]))
+    container, pod = (
+        yaml.safe_load(snippet[: snippet.index("volumes:")]),
+        yaml.safe_load(snippet[snippet.index("volumes:") :]),
+    )
+    (env,), (mount,), (volume,) = container["env"], container["volumeMounts"], pod["volumes"]
+    assert env["name"] == "CUDA_INJECTION64_PATH"
+    assert env["value"] == mount["mountPath"] + "/libfleetprof_cupti.so" and mount["readOnly"]
+    assert mount["name"] == volume["name"] and volume["hostPath"] == {
+        "path": "/opt/gpu/fleetprof",
+        "type": "Directory",
+    }
+    quiet = {"agent": {"cupti": {"enabled": True, "printOptIn": False}}}
+    assert "CUDA_INJECTION64_PATH" not in render_notes(quiet)
+
+
+def test_the_install_command_renames_a_new_library_into_place_and_never_fails_the_pod(tmp_path: Path) -> None:
+    """The init container's own shell command, run here with the node directory and the image's file
+    moved under tmp_path: the library lands as a new file (a process that maps the old one keeps its
+    pages), and an image without it says so and exits 0 (the agent starts all the same)."""
+    init = _install_cupti(all_objects(render_chart(VARIANTS["the CUPTI library on every node"])))
+    assert init is not None
+    script = init["command"][2]
+    image_lib, node = tmp_path / "image" / "libfleetprof_cupti.so", tmp_path / "node"
+    image_lib.parent.mkdir()
+    node.mkdir()
+    script = script.replace("/opt/fleetprof/lib/libfleetprof_cupti.so", str(image_lib)).replace(
+        "/host-cupti", str(node)
+    )
+    image_lib.write_bytes(b"\x7fELF version 1")
+    assert subprocess.run(["sh", "-c", script], capture_output=True, text=True).returncode == 0
+    installed = node / "libfleetprof_cupti.so"
+    first = installed.stat()
+    assert installed.read_bytes() == b"\x7fELF version 1" and first.st_mode & 0o777 == 0o755
+    with installed.open("rb") as mapped:  # a workload holding the old library
+        image_lib.write_bytes(b"\x7fELF version 2")
+        assert subprocess.run(["sh", "-c", script], capture_output=True, text=True).returncode == 0
+        assert mapped.read() == b"\x7fELF version 1"  # its file is untouched
+    assert installed.read_bytes() == b"\x7fELF version 2" and installed.stat().st_ino != first.st_ino
+    assert sorted(p.name for p in node.iterdir()) == ["libfleetprof_cupti.so"]
+    image_lib.unlink()
+    missing = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+    assert (
+        missing.returncode == 0 and "is not in this image: no CUPTI library put on the node" in missing.stderr
+    )
 
 
 def test_notes_tell_how_to_get_the_token_and_the_ca() -> None:
