@@ -105,7 +105,8 @@ def agent_batches(workload_bin: Callable[[str], Path]) -> list[bytes]:
 
 def wire_batches(monkeypatch: pytest.MonkeyPatch) -> list[pb.Batch]:
     """Batches with what a short agent run may lack: idle and active off-CPU rows, GPU-tagged samples,
-    syscalls with latency histograms, escaped names, an empty stack, two frequencies, a GPU section."""
+    syscalls with latency histograms, escaped names, an empty stack, two frequencies, a GPU section, CUDA
+    launches, kernel time, calls and GPU activity."""
     out = []
     now = time.time_ns()
     for seq, (node, hz) in enumerate((("node-a", 49), ("node-b", 19), ("node-a", 49)), start=1):
@@ -128,6 +129,17 @@ def wire_batches(monkeypatch: pytest.MonkeyPatch) -> list[pb.Batch]:
         b.offcpu(trainer, kern, 700 * MS * seq, pb.GPU_STATE_IDLE)
         b.offcpu(loader, odd, 300 * MS, idle=True)
         b.offcpu(loader, deep, 123 * MS + seq)
+        # CUDA: launches (one GPU-tagged), kernel time, API calls and exact GPU activity
+        gemm = b.stack([("main", "app"), ("step", "app"), ("ampere_sgemm_128x64_nn", "libcublasLt.so.12")])
+        b.cuda_launch(trainer, gemm, 40 * seq, pb.GPU_STATE_IDLE)
+        b.cuda_launch(trainer, odd, 3)
+        b.gpu_kernel(trainer, gemm, 90 * MS + seq)
+        b.gpu_kernel(host, b.stack([("void k<float>(float*)", "[cuda]")]), 7_000)
+        b.cuda_call(trainer, "cudaStreamSynchronize", 10 * seq, 12 * MS, hist(b20=4, b23=6 * seq - 4))
+        b.cuda_call(loader, "cudaMalloc", 2, 4_000, hist(b11=2))
+        b.cuda_activity(
+            trainer, 0, known_ns=4_000 * MS, gaps_ns=[5 * MS, 20_000 * seq, 300 * MS], uuid="GPU-x"
+        )
         out.append(
             with_syscalls(
                 b.build(),
@@ -222,7 +234,8 @@ def _queries(start: float, end: float) -> list[tuple[str, dict[str, str]]]:
     second = {"since": "", "from2": repr(mid), "until2": repr(end)}
     out: list[tuple[str, dict[str, str]]] = []
     # cpu counts every thread; offcpu and wall, each with its default and the other choice
-    for kind, threads in (("cpu", ""), ("offcpu", ""), ("offcpu", "active"), ("wall", ""), ("wall", "all")):
+    for kind, threads in (("cpu", ""), ("offcpu", ""), ("offcpu", "active"), ("wall", ""), ("wall", "all"),
+                          ("cuda_launch", ""), ("gpu", "")):  # fmt: skip
         t = {"type": kind, **({"threads": threads} if threads else {})}
         out += [
             ("/api/v1/profile", {**rng, **t, "format": "json"}),
@@ -242,6 +255,9 @@ def _queries(start: float, end: float) -> list[tuple[str, dict[str, str]]]:
         ("/api/v1/syscalls", {**rng, "by": "syscall"}),
         ("/api/v1/syscalls", {**rng, "by": "pod,syscall", "sort": "count"}),
         ("/api/v1/syscalls", {**rng, "by": "comm", "query": '{comm!="systemd"}'}),
+        ("/api/v1/cuda", {**rng}),
+        ("/api/v1/cuda", {**rng, "by": "call", "sort": "count"}),
+        ("/api/v1/cuda", {**rng, "by": "comm,call", "query": '{namespace="ml"}'}),
         ("/api/v1/labels", rng),
         ("/api/v1/labels/comm/values", rng),
         ("/api/v1/labels/node/values", rng),
@@ -265,6 +281,8 @@ def _connect_calls(start: float, end: float) -> list[tuple[str, object]]:
         "process_cpu:samples:count:cpu:nanoseconds",
         "process_offcpu:offcpu:nanoseconds:offcpu:nanoseconds",
         "wall:wall:nanoseconds:wall:nanoseconds",
+        "cuda_launch:launches:count:launches:count",
+        "gpu:gpu:nanoseconds:gpu:nanoseconds",
     ):
         sel = {"profile_typeID": kind, "start": s, "end": e}
         out += [
