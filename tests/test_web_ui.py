@@ -613,3 +613,34 @@ def test_a_type_without_data_says_so_in_its_own_unit(page: Page, profiled: Runni
     assert empty == ["no off-CPU time in this range"] * 3
     assert text_of(page, "chart-unit") == "off-CPU seconds per 10 s step"
     assert page.errors() == []
+
+
+@pytest.fixture(scope="module")
+def cuda() -> Iterator[RunningCollector]:
+    """A collector of its own holding trainer-0's launches and GPU kernel time (tests/test_cuda_collector.py)
+    and 4 CPU samples."""
+    from tests.test_cuda_collector import trainer_batch
+
+    col = start_collector()
+    try:
+        running = RunningCollector(col)
+        assert push(running.grpc_target, [trainer_batch()]) == [1]
+        yield running
+    finally:
+        col.stop()
+
+
+def test_type_switch_shows_gpu_kernel_time_and_cuda_launches(page: Page, cuda: RunningCollector) -> None:
+    """The GPU type in seconds of kernel time and the Launches type in launches, each with the kernels as
+    the flame graph's leaves; the choice is in the link."""
+    from tests.test_cuda_collector import GEMM, RELU
+
+    open_ui(page, cuda)
+    pick_type(page, "gpu", "0.68 s GPU kernel")  # 675 ms
+    assert {GEMM, RELU} <= set(frame_names(page))
+    assert top_rows(page)[GEMM][2:4] == ["0.60 s", "88.89%"]
+    assert hash_params(page)["type"] == "gpu"
+    pick_type(page, "cuda_launch", "6300 launches")
+    assert {GEMM, RELU, "noop"} <= set(frame_names(page))
+    assert top_rows(page)["noop"][2:4] == ["5000", "79.37%"]
+    assert text_of(page, "chart-unit").startswith("launches per ")

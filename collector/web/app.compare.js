@@ -153,8 +153,8 @@ window.FleetprofCompare = (function () {
         ['side-title', SIDES[key]],
         measure.ns
           ? ['side-cpu', F.fmtNs(total) + ' ' + F.TYPES[measure.type].word]
-          : ['side-cpu', hz > 0 ? (total / hz).toFixed(2) + ' CPU s' : total + ' samples'],
-        ['side-detail', measure.ns ? total + ' ns' : total + ' samples' + (hz > 0 ? ' at ' + hz + ' Hz' : '')],
+          : ['side-cpu', hz > 0 ? (total / hz).toFixed(2) + ' CPU s' : total + ' ' + measure.counts],
+        ['side-detail', measure.ns ? total + ' ns' : total + ' ' + measure.counts + (hz > 0 ? ' at ' + hz + ' Hz' : '')],
         ['side-query', String(side.query == null ? '' : side.query)],
         ['side-range', Number.isFinite(from) && Number.isFinite(until) ? F.fmtSpan(from, until) : ''],
       ];
@@ -174,7 +174,7 @@ window.FleetprofCompare = (function () {
         compared[key] = Number.isFinite(from) && Number.isFinite(until) ? { from, until } : null;
         showSideTotal(el.side[key].total, key, sides[key], measure);
       }
-      el.measure.textContent = F.TYPES[measure.type].word + ' time';
+      el.measure.textContent = F.TYPES[measure.type].word + (measure.ns || measure.type === 'cpu' ? ' time' : 's');
       const warnings = Array.isArray(body.warnings) ? body.warnings.map(String) : [];
       el.warnings.textContent = warnings.join('\n');
       el.warnings.hidden = !warnings.length;
@@ -201,7 +201,7 @@ window.FleetprofCompare = (function () {
         tbody.appendChild(tr);
       }
       const hzA = Number(sides.a.frequency_hz) || 0, hzB = Number(sides.b.frequency_hz) || 0;
-      const amount = (n, hz) => (measure.ns ? F.fmtNs(n) : F.fmtCpu(n, hz));
+      const amount = (n, hz) => (measure.ns ? F.fmtNs(n) : hz > 0 ? F.fmtCpu(n, hz) : n + ' ' + measure.counts);
       const maxDelta = Math.max(1e-9, ...rows.map((fn) => Math.abs(Number(fn[kind + '_delta_pct']) || 0)));
       for (const fn of rows) {
         const a = Number(fn['baseline_' + kind]) || 0, b = Number(fn['comparison_' + kind]) || 0;

@@ -3,9 +3,10 @@
 'use strict';
 
 window.FleetprofFormat = (function () {
-  // The profile types (the API's `type`) in the page's words. cpu counts samples; offcpu and wall count
-  // nanoseconds (unit "nanoseconds", frequency_hz 1e9), which the page shows as seconds. `threads`: the
-  // API's default for `threads` (which threads' off-CPU time counts), and what each choice counts.
+  // The profile types (the API's `type`) in the page's words. cpu counts samples and cuda_launch kernel
+  // launches; offcpu, wall and gpu count nanoseconds (unit "nanoseconds", frequency_hz 1e9), which the page
+  // shows as seconds. `threads`: the API's default for `threads` (which threads' off-CPU time counts), and
+  // what each choice counts.
   const TYPES = {
     cpu: { word: 'CPU', chart: 'CPU over time', threads: null },
     offcpu: {
@@ -24,24 +25,28 @@ window.FleetprofFormat = (function () {
         all: 'Wall of every thread (CPU and all waits), idle pools included, as off-CPU counts by default.',
       },
     },
+    gpu: { word: 'GPU kernel', chart: 'GPU kernel time over time', threads: null },
+    cuda_launch: { word: 'CUDA launch', chart: 'CUDA launches over time', threads: null },
   };
 
   function isType(type) {
     return typeof type === 'string' && Object.prototype.hasOwnProperty.call(TYPES, type);
   }
 
-  // What an answer counts: the type it was served as (a collector without types serves CPU samples) and
-  // whether its values are nanoseconds.
+  // What an answer counts: the type it was served as (a collector without types serves CPU samples),
+  // whether its values are nanoseconds, and else what they count ("samples", "launches").
   function measureOf(body) {
+    const unit = body && typeof body.unit === 'string' ? body.unit : 'samples';
     return {
       type: body && isType(body.type) ? body.type : 'cpu',
-      ns: Boolean(body) && body.unit === 'nanoseconds',
+      ns: unit === 'nanoseconds',
+      counts: unit === 'nanoseconds' ? 'samples' : unit,
     };
   }
 
-  // "no samples in this range" for CPU, "no off-CPU time in this range" for the others.
+  // "no samples in this range" for CPU, "no launches …" for CUDA launches, "no off-CPU time …" for the rest.
   function nothingIn(measure, where) {
-    return 'no ' + (measure.ns ? TYPES[measure.type].word + ' time' : 'samples') + ' ' + where;
+    return 'no ' + (measure.ns ? TYPES[measure.type].word + ' time' : measure.counts) + ' ' + where;
   }
 
   // Why an answer is empty, by its empty_reason: the selector matched nothing ("no_match": the range holds

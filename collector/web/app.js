@@ -181,7 +181,7 @@
       ], event);
       return;
     }
-    const lines = [F.fmtSpan(point.t, point.t + point.step - 1), point.samples + ' samples'];
+    const lines = [F.fmtSpan(point.t, point.t + point.step - 1), point.samples + ' ' + measure.counts];
     if (state.seriesHz > 0) {
       const cpu = point.samples / state.seriesHz;
       lines.push(cpu.toFixed(2) + ' CPU s, ' + (cpu / point.step).toFixed(3) + ' cores on average');
@@ -211,7 +211,7 @@
     chart.draw(body, F.nothingFor(body, measure, 'in this range'));
     // Titled by the type asked for, so a failed answer still shows which view this is.
     el.chartTitle.textContent = F.TYPES[profileType()].chart;
-    const unit = measure.ns ? F.TYPES[measure.type].word + ' seconds' : state.seriesHz ? 'CPU seconds' : 'samples';
+    const unit = measure.ns ? F.TYPES[measure.type].word + ' seconds' : state.seriesHz ? 'CPU seconds' : measure.counts;
     el.chartUnit.textContent = body ? unit + ' per ' + F.fmtDuration(Number(body.step) || 10) + ' step' : '';
     el.zoomOut.disabled = !state.timeStack.length;
     compare.drawBands();

@@ -75,7 +75,7 @@ window.FleetprofProfile = (function () {
         lines.push(F.TYPES[measure.type].word + ' time: ' + F.fmtNs(node.value) + share(node.value));
         lines.push('self: ' + F.fmtNs(node.self) + share(node.self));
       } else {
-        lines.push('samples: ' + node.value + share(node.value));
+        lines.push(measure.counts + ': ' + node.value + share(node.value));
         lines.push('self: ' + node.self + share(node.self));
         if (hz > 0) lines.push('time: ' + (node.value / hz).toFixed(2) + ' s at ' + hz + ' Hz');
       }
@@ -85,7 +85,7 @@ window.FleetprofProfile = (function () {
     function setTotal(body) {
       if (!body) { el.total.textContent = 'no data'; return; }
       if (measure.ns) { el.total.textContent = F.fmtNs(total) + ' ' + F.TYPES[measure.type].word; return; }
-      let text = total + ' samples';
+      let text = total + ' ' + measure.counts;
       if (hz > 0) text += ' (' + (total / hz).toFixed(1) + ' s at ' + hz + ' Hz)';
       el.total.textContent = text;
     }
