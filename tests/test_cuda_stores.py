@@ -28,14 +28,12 @@ from tests.stores import Clock, open_durable
 from tests.test_cuda_collector import GEMM, RELU, trainer_batch
 from tests.test_cuda_gpus import window
 
-NOW = time.time()
 
-
-def answers(query: QueryService) -> dict:
-    """What the CUDA views answer over the last minutes."""
+def answers(query: QueryService, now: float) -> dict:
+    """What the CUDA views answer over the minutes around `now` (when the batches were fed)."""
 
     def scope(kind: str = "cpu", q: str = "{}") -> Scope:
-        return Scope(parse_selector(q), NOW - 300, NOW + 60, kind)
+        return Scope(parse_selector(q), now - 300, now + 60, kind)
 
     def leaves(kind: str, q: str = "{}") -> dict[str, int]:
         out: dict[str, int] = {}
@@ -80,7 +78,8 @@ EXPECTED = {
 }
 
 
-def feed(store, usage, source: str = "agent-1") -> None:  # noqa: ANN001 - any ProfileStore, any GpuUsage
+def feed(store, usage, source: str = "agent-1") -> float:  # noqa: ANN001 - any ProfileStore, any GpuUsage
+    """The batches into the store and the usage log, as ingest writes them; the time they end (now)."""
     decoder = Decoder(getattr(store, "ids", None) or ContentIds())
     end = time.time_ns()
     batches = (trainer_batch(), window(1, end - 10**9, [5, 20, 0.02]), window(2, end, [12, 0.004]))
@@ -92,27 +91,28 @@ def feed(store, usage, source: str = "agent-1") -> None:  # noqa: ANN001 - any P
             assert store.write_logged(source, seq, batch.SerializeToString(), rows)
         if (gpu := gpu_window(batch)) is not None:
             usage.observe(gpu)
+    return end / 1e9
 
 
 def test_the_memory_store_answers_the_cuda_views() -> None:
-    store = MemoryStore(clock=Clock(NOW))
-    usage = GpuUsageLog(clock=Clock(NOW))
-    feed(store, usage)
-    assert answers(QueryService(store, usage)) == EXPECTED
+    store = MemoryStore(clock=time.time)
+    usage = GpuUsageLog(clock=time.time)
+    now = feed(store, usage)
+    assert answers(QueryService(store, usage), now) == EXPECTED
 
 
 def test_duckdb_answers_them_after_a_flush_and_a_restart(tmp_path: Path) -> None:
-    clock = Clock(NOW + 30)
+    clock = Clock(time.time() + 30)
     store = open_durable(tmp_path, clock=clock, background=False)
     usage = GpuUsageLog(clock=clock)
-    feed(store, usage)
+    now = feed(store, usage)
     store.flush()
     assert store.stats()["pending_rows"] == 0
-    assert answers(QueryService(store, usage)) == EXPECTED
+    assert answers(QueryService(store, usage), now) == EXPECTED
     store.close()
     again = open_durable(tmp_path, clock=clock, background=False)
     try:
-        assert answers(QueryService(again, usage)) == EXPECTED
+        assert answers(QueryService(again, usage), now) == EXPECTED
     finally:
         again.close()
 
@@ -136,7 +136,7 @@ def chdb() -> Iterator[object]:
 @pytest.mark.clickhouse
 @pytest.mark.parametrize("backend", ["server", "chdb"])
 def test_clickhouse_answers_them_and_keeps_the_activity(backend: str, request: pytest.FixtureRequest) -> None:
-    database = f"cuda_{backend}_{int(NOW)}"
+    database = f"cuda_{backend}_{time.time_ns()}"
     if backend == "server":
         url = parse_url(f"{request.getfixturevalue('server').url}/{database}")
         store = open_clickhouse(url, 7 * 86400.0, connection=NativeConnection(url), background=False)
@@ -145,8 +145,8 @@ def test_clickhouse_answers_them_and_keeps_the_activity(backend: str, request: p
             ChdbConnection(request.getfixturevalue("chdb")), Layout(database, None), background=False
         )
     try:
-        feed(store, store.gpu_usage)
-        assert answers(QueryService(store, store.gpu_usage)) == EXPECTED
+        now = feed(store, store.gpu_usage)
+        assert answers(QueryService(store, store.gpu_usage), now) == EXPECTED
     finally:
         store.close()
 
@@ -155,18 +155,18 @@ def test_clickhouse_answers_them_and_keeps_the_activity(backend: str, request: p
 def test_a_version_1_database_made_before_the_activity_table_gains_it(chdb: object) -> None:
     """A database whose schema predates gpu_activity (dropped here, as it was) gets it when a collector
     opens it, and keeps what it held."""
-    database = f"cuda_old_{int(NOW)}"
+    database = f"cuda_old_{time.time_ns()}"
     conn = ChdbConnection(chdb)
     store = ClickHouseStore(conn, Layout(database, None), background=False)
-    feed(store, store.gpu_usage)
+    now = feed(store, store.gpu_usage)
     store.close()
     conn.query(f"DROP TABLE {database}.gpu_activity")
     again = ClickHouseStore(conn, Layout(database, None), background=False)
     try:
-        got = answers(QueryService(again, again.gpu_usage))
+        got = answers(QueryService(again, again.gpu_usage), now)
         # The activity went with the table; NVML's rows and everything else are as they were.
         assert got["pods"]["trainer-0"][0] == "nvml" and got["launches"] == EXPECTED["launches"]
-        feed(again, again.gpu_usage, "agent-2")
-        assert answers(QueryService(again, again.gpu_usage))["pods"]["trainer-0"][0] == "activity"
+        now = feed(again, again.gpu_usage, "agent-2")
+        assert answers(QueryService(again, again.gpu_usage), now)["pods"]["trainer-0"][0] == "activity"
     finally:
         again.close()
