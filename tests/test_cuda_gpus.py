@@ -7,9 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from tests.conftest import RunningCollector, fleetprof
+from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.wire import BatchBuilder, push
 
 MS = 1_000_000
@@ -96,3 +97,14 @@ def test_gpus_command_prints_the_exact_idle_and_the_gaps(collector: RunningColle
     assert "1.0ms-10.0ms 1" in detail and "10.0ms-100.0ms 2" in detail and "longest 20.0ms" in detail
     server = next(line for line in lines if "infer-0" in line)
     assert server.split()[-2] == "50%" and "IDLE is exact" not in lines[lines.index(server) + 1]
+
+
+def test_prometheus_has_the_exact_idle_of_the_latest_window_beside_nvmls(
+    collector: RunningCollector, pods: dict
+) -> None:
+    text = http_get(f"{collector.url}/metrics").decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    exact = {s.labels["pod"]: s.value for s in families["fleetprof_pod_gpu_exact_idle_ratio"].samples}
+    assert exact == {"trainer-0": pytest.approx(12.004 / 900)}  # the newest window: gaps of 12 ms and 4 µs
+    nvml = {s.labels["pod"]: s.value for s in families["fleetprof_pod_gpu_idle_ratio"].samples}
+    assert nvml == {"trainer-0": 0.0, "infer-0": 0.5}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow, PodGpuUse
+from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow, PodGpuActivity, PodGpuUse
 from fleetprof.gpu_families import DeviceReading, device_families
 
 
@@ -20,6 +20,7 @@ class _Node:
     up: bool = False
     devices: dict[str, DeviceReading] = field(default_factory=dict)  # uuid -> latest reading
     pods: dict[tuple[str, ...], PodGpuUse] = field(default_factory=dict)
+    activity: dict[tuple[str, ...], PodGpuActivity] = field(default_factory=dict)
     xids: dict[str, int] = field(default_factory=dict)  # uuid -> XID events since the collector started
 
 
@@ -47,6 +48,7 @@ class GpuMetrics:
                 node.up = window.up
                 node.devices = {r.uuid: r for r in window.devices}
                 node.pods = window.pods
+                node.activity = window.activity
             node.updated = now
             for name in [n for n, v in self._nodes.items() if now - v.updated > self._expire_s]:
                 del self._nodes[name]
@@ -57,7 +59,13 @@ class GpuMetrics:
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             nodes = {
-                name: replace(n, devices=dict(n.devices), pods=dict(n.pods), xids=dict(n.xids))
+                name: replace(
+                    n,
+                    devices=dict(n.devices),
+                    pods=dict(n.pods),
+                    activity=dict(n.activity),
+                    xids=dict(n.xids),
+                )
                 for name, n in self._nodes.items()
             }
         up = GaugeMetricFamily(
@@ -79,7 +87,16 @@ class GpuMetrics:
             "Share of the window the pod's GPU was idle (utilization below the agent's threshold)",
             labels=list(POD_GPU_LABELS),
         )
+        exact = GaugeMetricFamily(
+            "fleetprof_pod_gpu_exact_idle_ratio",
+            "Share of the window's covered time no kernel or copy of the pod ran on the GPU (from its CUPTI "
+            "records, µs resolution; only where the pod loads fleetprof's CUPTI library)",
+            labels=list(POD_GPU_LABELS),
+        )
         for name, n in sorted(nodes.items()):
+            for key, act in sorted(n.activity.items()):
+                if act.known_ns:
+                    exact.add_metric(list(key), act.idle_ns / act.known_ns)
             up.add_metric([name], 1 if n.up else 0)
             for uuid, r in sorted(n.devices.items()):
                 readings.append(r if r.xid_errors is None else replace(r, xid_errors=n.xids.get(uuid, 0)))
@@ -95,3 +112,4 @@ class GpuMetrics:
         yield util
         yield mem
         yield idle
+        yield exact
