@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,12 +21,15 @@ import pytest
 
 from tests.conftest import REPO, free_port, http_get, require_bpf, wait_until
 from tests.containers import (
+    RUNTIME_FLAGS,
     Container,
+    _security_flags,
     container_from_manifest,
     host_capabilities,
     require_podman,
     workload_spec,
 )
+from tests.gotemplate import all_objects, render_chart
 from tests.installed import WORKLOAD, HttpCollector, assert_hot_function_leads, profile_hot_workload
 
 # Serial: podman's image store and its containers are the machine's, not this test's.
@@ -232,3 +236,31 @@ def test_the_other_architectures_images_run_its_python_with_bcc_and_fleetprof(im
         )  # fmt: skip
         assert ran.returncode == 0, f"{image}: {ran.stderr[-2000:]}"
         assert ran.stdout.split()[0] == machine, ran.stdout
+
+
+def test_the_charts_install_cupti_init_container_puts_the_agent_images_library_on_the_node(
+    images: dict, tmp_path: Path
+) -> None:
+    """The chart with agent.cupti.enabled, its init container run as rendered (its command and security
+    context) on the agent image: the node directory gets the library the image built, which loads and
+    exports the entry point the CUDA driver calls (InitializeInjection)."""
+    objects = all_objects(render_chart({"agent": {"cupti": {"enabled": True}}}))
+    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["image"] == images["agent"]
+    node = tmp_path / "cupti"
+    node.mkdir()  # the kubelet makes it (DirectoryOrCreate)
+    command = init["command"]
+    run = subprocess.run(
+        ["podman", "run", "--rm", *RUNTIME_FLAGS, *_security_flags(pod, init), "-v", f"{node}:/host-cupti",
+         "--entrypoint", command[0], init["image"], *command[1:]],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in node.iterdir()) == ["libfleetprof_cupti.so"] and not run.stderr
+    lib = node / "libfleetprof_cupti.so"
+    loads = subprocess.run(
+        [sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(lib)!r}).InitializeInjection"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert loads.returncode == 0, loads.stderr
