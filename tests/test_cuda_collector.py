@@ -188,6 +188,12 @@ def test_cuda_command_and_type_flags_run_as_the_cli(collector: RunningCollector)
     )
     assert r.returncode == 0, r.stderr
     assert f"main;step (train.py:12);{GEMM} 600000000" in r.stdout.splitlines()
+    r = fleetprof(
+        "diff", "--collector", collector.url, "--since", "5m", "--type", "cuda_launch",
+        "--query", '{pod="trainer-0"}', "--query2", '{comm="bench"}',
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "(1300 launches)" in r.stdout.splitlines()[0] and "(5000 launches)" in r.stdout.splitlines()[1]
 
 
 def _families(collector: RunningCollector) -> dict:

@@ -253,7 +253,11 @@ def format_diff(data: dict) -> str:
         d = data[name]
         span = f"{time.strftime('%H:%M:%S', time.localtime(d['from']))}–"
         span += time.strftime("%H:%M:%S", time.localtime(d["until"]))
-        return f"{name} {d['query']} {span} ({d['total']} samples)"
+        unit = data.get("unit", "samples")
+        amount = (
+            f"{_seconds_text(d['total'] / 1e9)} of {data['type']} time" if unit == "nanoseconds" else None
+        )
+        return f"{name} {d['query']} {span} ({amount or str(d['total']) + ' ' + unit})"
 
     lines = [side("baseline"), side("comparison")]
     if not data["functions"]:
