@@ -32,6 +32,7 @@ from fleetprof.collector.query.types import (
     TYPES,
     ProfileType,
 )
+from fleetprof.collector.query.waits import Waits, blocked_where
 from fleetprof.collector.store.base import GpuUsage, ProfileStore
 
 
@@ -70,6 +71,19 @@ class QueryService:
     def profile(self, scope: Scope) -> Selection:
         """The merged stacks of the scope."""
         return self.typed(scope.kind, scope.threads).select(scope.selector, scope.start, scope.end)
+
+    def blocked(self, scope: Scope) -> tuple[Selection, Waits]:
+        """An off-CPU or wall scope's stacks, and their value by where each thread blocked in its own code
+        and why (query/waits.py): what `top` ranks for these types."""
+        if scope.kind == "cpu":
+            raise QueryError("CPU samples did not block: rank them by frame (rank=frame)")
+        running, waits = self.typed(scope.kind, scope.threads).select_apart(
+            scope.selector, scope.start, scope.end
+        )
+        merged = dict(running.stacks)
+        for stack, value in waits.stacks.items():
+            merged[stack] = merged.get(stack, 0) + value
+        return Selection(merged, waits.frequency_hz), blocked_where(waits.stacks, running.stacks)
 
     def diff(self, baseline: Scope, comparison: Scope) -> Diff:
         """Two scopes' stacks side by side (comparison() makes the second)."""

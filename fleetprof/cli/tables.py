@@ -73,6 +73,12 @@ def format_top(data: dict) -> str:
     def amount(v: int) -> str:
         return _seconds_text(v / 1e9) if ns else str(v)
 
+    if data.get("rank") == "blocked":  # off-CPU or wall time by where threads blocked, and why
+        rows = [
+            (f"{fn['pct']:.1f}%", amount(fn["value"]), fn["reason"], f"{fn['function']}{_where(fn)}")
+            for fn in data["functions"]
+        ]
+        return "\n".join(lines + _table(("SHARE", "TIME", "REASON", "WHERE IT BLOCKED"), rows, align="rrll"))
     lines.append(f"{'SELF%':>7} {'SELF':>8} {'TOTAL%':>7} {'TOTAL':>8}  FUNCTION")
     for fn in data["functions"]:
         lines.append(
