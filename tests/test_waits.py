@@ -224,6 +224,14 @@ CASES = [
         "clock_nanosleep",
     ),
     (
+        "built: std::thread::join walked whole, libstdc++'s frame over glibc's",
+        "main<app>;run_jobs<app>;std::thread::join()<libstdc++.so.6.0.30>;__pthread_clockjoin_ex<libc.so.6>;"
+        f"__futex_abstimed_wait_common<libc.so.6>;{SYSCALL};__x64_sys_futex_[k];do_futex_[k];futex_wait_[k];"
+        "__futex_wait_[k];futex_do_wait_[k];schedule_[k];__schedule_[k]",
+        "run_jobs",
+        "futex",
+    ),
+    (
         "built from arm64's entry names (el0_svc, invoke_syscall, __arm64_sys_*)",
         "main<app>;wait_input<app>;read<libc.so.6>;el0t_64_sync_[k];el0t_64_sync_handler_[k];el0_svc_[k];"
         "do_el0_svc_[k];el0_svc_common.constprop.0_[k];invoke_syscall_[k];__arm64_sys_read_[k];ksys_read_[k];"

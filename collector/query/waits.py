@@ -7,12 +7,13 @@ function of theirs that waited and what it waited for. Each stack is read here, 
 - **the frame**: the innermost frame of the thread's own code. For a thread running Python, its innermost
   Python frame (the native frames under it are the interpreter's, or a library's, way of doing what that
   line asked). Otherwise the innermost user frame outside the C runtime (glibc/musl, the dynamic loader,
-  the vDSO), through whose syscall wrappers nearly every wait passes: a thread in `read()` ranks under the
-  function that called `read`. Where that caller is not in the stack (walked by frame pointer through a
-  wrapper that keeps none, the wrapper's caller is skipped: README, Off-CPU), the next one up is the
-  innermost frame outside the runtime, and so the one ranked. A stack of runtime frames alone ranks its
-  innermost one; a kernel thread (no user frames), its innermost kernel function outside the scheduler
-  (`worker_thread`).
+  the vDSO, and libstdc++/libc++'s layers over them), through whose syscall wrappers nearly every wait
+  passes: a thread in `read()` ranks under the function that called `read`. Where that caller is not in
+  the stack (walked by frame pointer through a wrapper that keeps none, the wrapper's caller is skipped:
+  README, Off-CPU), the next one up is the innermost frame outside the runtime, and so the one ranked. A
+  stack of runtime frames alone ranks its innermost one; a kernel thread (no user frames), its innermost
+  kernel function outside the scheduler (`worker_thread`). Why not the first frame with a name: a
+  wrapper's frame always has one (`read`), and it says what the reason says already.
 - **the reason**, from its kernel frames, as this kernel (6.18, x86-64; arm64's syscall entries too) names
   them (tests/test_waits.py holds the stacks the agent recorded, by shape):
   - `preempted`: the thread was runnable, switched out to let another run: the scheduler entered from a
@@ -96,10 +97,11 @@ _PAGE_FAULT = frozenset(("asm_exc_page_fault", "exc_page_fault", "do_user_addr_f
 _KERNEL_THREAD = frozenset(("kthread", "ret_from_fork"))
 
 # The C runtime: the libraries through which a program makes its syscalls (glibc, musl, the dynamic loader,
-# the vDSO). By file name, as modules are named (the mapped file's base name).
+# the vDSO), and the C++ runtime's thin layers over them (std::thread::join, std::condition_variable::wait
+# live in libstdc++.so or libc++.so). By file name, as modules are named (the mapped file's base name).
 _RUNTIME = re.compile(
-    r"(?:libc|libpthread|libdl|librt|libresolv)(?:[-.].*)?\.so(?:\.[\d.]+)?|libc\.musl-.*"
-    r"|ld-linux.*|ld64\.so.*|ld-musl-.*|\[vdso\]|linux-vdso.*"
+    r"(?:libc|libpthread|libdl|librt|libresolv|libstdc\+\+|libc\+\+)(?:[-.].*)?\.so(?:\.[\d.]+)?"
+    r"|libc\.musl-.*|ld-linux.*|ld64\.so.*|ld-musl-.*|\[vdso\]|linux-vdso.*"
 )
 
 
