@@ -131,19 +131,7 @@ def is_runtime(frame: FrameKey) -> bool:
 def own_frame(stack: Stack) -> FrameKey:
     """The innermost frame of the thread's own code (see the module's docstring); NO_FRAME for an empty
     stack."""
-    user = [f for f in stack if not f.kernel]
-    for frame in reversed(user):
-        if is_python(frame):
-            return frame
-    for frame in reversed(user):
-        if not is_runtime(frame):
-            return frame
-    if user:
-        return user[-1]
-    for frame in reversed(stack):
-        if _SCHEDULER.fullmatch(_method(frame)) is None:
-            return frame
-    return stack[-1] if stack else NO_FRAME
+    return _Reader().own(stack)
 
 
 def _syscall(frame: FrameKey) -> str | None:
@@ -171,12 +159,26 @@ def _preempted(kernel: list[str]) -> bool:
 
 def wait_reason(stack: Stack) -> str:
     """Why the thread of `stack`, a recorded wait, was off the CPU (see the module's docstring)."""
-    kernel = [_method(f) for f in stack if f.kernel]
+    at = _first_kernel(stack)
+    return _reason(stack[at:], at > 0)
+
+
+def _first_kernel(stack: Stack) -> int:
+    """Where the kernel frames start (they are the leaf end of a stack); len(stack) when there are none."""
+    for i in range(len(stack) - 1, -1, -1):
+        if not stack[i].kernel:
+            return i + 1
+    return 0
+
+
+def _reason(tail: Stack, has_user: bool) -> str:
+    """wait_reason() of a stack whose kernel frames are `tail` (and which has user frames before them)."""
+    kernel = [_method(f) for f in tail if f.kernel]
     if "__schedule" not in kernel and "schedule" not in kernel:
         return UNKNOWN  # its kernel stack was lost
     if _preempted(kernel):
         return PREEMPTED
-    for frame in stack:  # root first: the outermost frame that says, says it for the whole wait
+    for frame in tail:  # root first: the outermost frame that says, says it for the whole wait
         if not frame.kernel:
             continue
         if _method(frame) in _PAGE_FAULT:
@@ -184,9 +186,58 @@ def wait_reason(stack: Stack) -> str:
         name = _syscall(frame)
         if name is not None:
             return name
-    if _KERNEL_THREAD.intersection(kernel) and not any(not f.kernel for f in stack):
+    if _KERNEL_THREAD.intersection(kernel) and not has_user:
         return KERNEL_THREAD
     return UNKNOWN
+
+
+_PYTHON, _RUNTIME_FRAME, _OTHER = 0, 1, 2
+
+
+class _Reader:
+    """Reads the stacks of one ranking, each distinct frame and kernel half once: a profile's stacks share
+    most of theirs (bench/top_waits.py)."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[FrameKey, int] = {}
+        self._reasons: dict[tuple[Stack, bool], str] = {}
+
+    def _kind(self, frame: FrameKey) -> int:
+        kind = self._kinds.get(frame)
+        if kind is None:
+            kind = _PYTHON if is_python(frame) else _RUNTIME_FRAME if is_runtime(frame) else _OTHER
+            self._kinds[frame] = kind
+        return kind
+
+    def own(self, stack: Stack, user_end: int | None = None) -> FrameKey:
+        """own_frame(); `user_end`: where the stack's kernel frames start, when known."""
+        end = _first_kernel(stack) if user_end is None else user_end
+        innermost_other = None
+        for i in range(end - 1, -1, -1):
+            frame = stack[i]
+            if frame.kernel:
+                continue
+            kind = self._kind(frame)
+            if kind == _PYTHON:
+                return frame
+            if kind == _OTHER and innermost_other is None:
+                innermost_other = frame
+        if innermost_other is not None:
+            return innermost_other
+        for i in range(end - 1, -1, -1):
+            if not stack[i].kernel:
+                return stack[i]  # runtime frames alone: the innermost
+        for frame in reversed(stack):
+            if _SCHEDULER.fullmatch(_method(frame)) is None:
+                return frame
+        return stack[-1] if stack else NO_FRAME
+
+    def reason(self, stack: Stack, user_end: int) -> str:
+        key = (stack[user_end:], user_end > 0)
+        reason = self._reasons.get(key)
+        if reason is None:
+            reason = self._reasons[key] = _reason(*key)
+        return reason
 
 
 Waits = dict[tuple[FrameKey, str], int]
@@ -197,11 +248,13 @@ def blocked_where(waits: Stacks, running: Stacks | None = None) -> Waits:
     """The value of off-CPU stacks (`waits`) by where the threads blocked in their own code and why; a wall
     view's CPU samples (`running`, in the same unit) rank by their own frame as `running`. Each stack
     counts once, so the values add up to the profile's total."""
+    reader = _Reader()
     out: Waits = {}
     for stacks, running_now in ((waits, False), (running or {}, True)):
         for stack, value in stacks.items():
             if value <= 0:
                 continue
-            key = (own_frame(stack), RUNNING if running_now else wait_reason(stack))
+            end = _first_kernel(stack)
+            key = (reader.own(stack, end), RUNNING if running_now else reader.reason(stack, end))
             out[key] = out.get(key, 0) + value
     return out
