@@ -188,8 +188,12 @@ class QueryService:
                     Matcher(GPU_STATE_NAME, "=", "idle"),
                 )
                 idle = Selector((*selector.matchers, *pod_idle))
-                own, wall = typed.select_with_wall(idle, start, end)
-                report.idle_stacks, report.idle_wall_stacks = own.stacks, wall.stacks
+                own, running, waits = typed.select_with_wall(idle, start, end)
+                wall = dict(running.stacks)
+                for stack, ns in waits.stacks.items():
+                    wall[stack] = wall.get(stack, 0) + ns
+                report.idle_stacks, report.idle_wall_stacks = own.stacks, wall
+                report.idle_wall_waits = blocked_where(waits.stacks, running.stacks)
                 report.idle_wall_seconds = round(sum(report.idle_wall_stacks.values()) / 1e9, 3)
             out.append(report)
         return out

@@ -71,16 +71,19 @@ class TypedStore:
             return Selection({}, NS_HZ), off
         return Selection(_in_ns(self.store.select(_with(selector, _CPU), start, end)), NS_HZ), off
 
-    def select_with_wall(self, selector: Selector, start: float, end: float) -> tuple[Selection, Selection]:
-        """This view's selection and the wall view's of active threads (what the per-pod GPU report shows
-        of a pod's idle time), from the store's selects the two share."""
+    def select_with_wall(
+        self, selector: Selector, start: float, end: float
+    ) -> tuple[Selection, Selection, Selection]:
+        """This view's selection, and the wall view's of active threads in its two halves, its CPU samples in
+        nanoseconds and its off-CPU time (what the per-pod GPU report shows of a pod's idle time, and ranks
+        by where it blocked), from the store's selects they share."""
         cpu = self.store.select(_with(selector, _CPU), start, end)
         active = self.store.select(_with(selector, _OFFCPU, _ACTIVE), start, end)
-        wall = _wall(cpu, active)
+        running, waits = Selection(_in_ns(cpu), NS_HZ), Selection(active.stacks, NS_HZ)
         if self.kind == "cpu":
-            return cpu, wall
+            return cpu, running, waits
         off = active if self.threads == "active" else self.store.select(_with(selector, _OFFCPU), start, end)
-        return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), wall
+        return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), running, waits
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         if self.kind == "cpu":

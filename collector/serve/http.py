@@ -304,6 +304,8 @@ class HttpApi:
                     "idle_wall_top_functions": top_functions(
                         r.idle_wall_stacks, functions, names=self._names
                     ),
+                    # the wall time by where its threads ran or blocked in their own code, and why
+                    "idle_wall_top_waits": top_waits(r.idle_wall_waits, functions, names=self._names),
                 }
             )
         body = {"from": start, "until": end, "query": str(selector), "type": scope.kind, "unit": scope.unit}

@@ -165,9 +165,16 @@ def format_gpus(data: dict) -> str:
         lines.append("  ".join(cells).rstrip())
         for f in (p or {}).get("idle_top_functions", []):
             lines.append(f"    {f['self_pct']:5.1f}% of its CPU while idle: {f['function']}")
-        waits = (p or {}).get("idle_wall_top_functions", [])
-        if waits and (p or {}).get("idle_wall_seconds"):
+        if not (p or {}).get("idle_wall_seconds"):
+            continue
+        waits = p.get("idle_wall_top_waits")
+        if waits is not None:  # where its threads ran or blocked, and why
             for f in waits:
+                lines.append(
+                    f"    {f['pct']:5.1f}% of its wall time while idle: {f['function']} ({f['reason']})"
+                )
+        else:  # a collector from before the ranking of waits: by frame
+            for f in p.get("idle_wall_top_functions", []):
                 lines.append(
                     f"    {f['self_pct']:5.1f}% of its wall time while idle (run or wait): {f['function']}"
                 )
