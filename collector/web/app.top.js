@@ -17,10 +17,11 @@ window.FleetprofTop = (function () {
     return '^' + F.escapeRegex(name) + '$';
   }
 
-  // The table's columns, by how the answer ranks: [heading, cell class].
+  // The table's columns, by how the answer ranks: [heading, cell class]; a heading takes its column's
+  // alignment ("num") only.
   const COLUMNS = {
-    frame: [['Function', ''], ['Module', ''], ['Self', 'num'], ['Self %', 'num'], ['Total', 'num'], ['Total %', 'num']],
-    blocked: [['Where it blocked', ''], ['Module', ''], ['Reason', 'reason'], ['Time', 'num'], ['Share', 'num']],
+    frame: [['Function', ''], ['Module', 'module'], ['Self', 'num'], ['Self %', 'num'], ['Total', 'num'], ['Total %', 'num']],
+    blocked: [['Where it blocked', ''], ['Module', 'module'], ['Reason', 'reason'], ['Time', 'num'], ['Share', 'num']],
   };
   const TITLES = { frame: 'Top functions', blocked: 'Where threads blocked, and why' };
 
@@ -49,7 +50,7 @@ window.FleetprofTop = (function () {
       head.textContent = '';
       for (const [text, cls] of COLUMNS[rank]) {
         const th = document.createElement('th');
-        if (cls) th.className = cls;
+        if (cls === 'num') th.className = cls;
         th.textContent = text;
         head.appendChild(th);
       }
@@ -84,9 +85,7 @@ window.FleetprofTop = (function () {
         const texts = cellsOf(Object.assign({}, fn, { function: name }), rank, amount);
         COLUMNS[rank].forEach(([, cls], i) => {
           const td = document.createElement('td');
-          // the module cell keeps its class (the table's style); the heading row names it only
-          const klass = i === 1 ? 'module' : cls;
-          if (klass) td.className = klass;
+          if (cls) td.className = cls;
           td.textContent = texts[i];
           tr.appendChild(td);
         });
