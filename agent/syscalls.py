@@ -375,7 +375,7 @@ class _DutyCycle(threading.Thread):
         self.join()
 
 
-def _check_layout(table, value_size: int) -> None:  # noqa: ANN001 - BCC table
+def _check_layout(table, value_size: int) -> None:  # BCC table
     """The map's key and (per-CPU: per CPU) value sizes, as BCC read them from the C file, match ours."""
     leaf = getattr(table, "sLeaf", table.Leaf)  # BCC's per-CPU tables keep the one-CPU type in sLeaf
     if ct.sizeof(table.Key) != KEY_LAYOUT.size or ct.sizeof(leaf) != value_size:
