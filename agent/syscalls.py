@@ -40,7 +40,7 @@ STAT_NAMES = (
 TIMING_OPEN, TIMING_EPOCH = 0, 1  # indices of the `timing` array
 
 # Defaults: time 1 call in 16 during a 1 s timing window every 10 s (LatencyDuty); the measurements behind
-# them are in the README ("Syscall tracing cost", bench/syscalls.py). Timing at any rate needs sys_exit
+# them are in bench/README.md ("Syscall tracing", bench/syscalls.py). Timing at any rate needs sys_exit
 # attached, and the machinery of a second tracepoint costs as much as the first: that, not the sampling
 # rate, is the price of latency. So sys_exit is attached only around timing windows (10% of the time plus a
 # tail as long as the window, for calls in flight), and outside them the tracer costs what count-only
