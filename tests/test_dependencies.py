@@ -47,7 +47,7 @@ def _lists() -> dict[str, set[str]]:
 
 
 def _imported_modules(folder: Path) -> dict[str, str]:
-    """Top-level names of the modules imported under `folder` -> one file importing it, counting
+    """Names of the modules imported under `folder` (dotted, as written) -> one file importing it, counting
     `import x`, `from x import y` (absolute only) and `importlib.import_module("x")`."""
     found: dict[str, str] = {}
     for path in sorted(folder.rglob("*.py")):
@@ -68,7 +68,7 @@ def _imported_modules(folder: Path) -> dict[str, str]:
             ):
                 names = [node.args[0].value]
             for name in names:
-                found.setdefault(name.split(".")[0], str(path.relative_to(REPO)))
+                found.setdefault(name, str(path.relative_to(REPO)))
     return found
 
 
@@ -78,13 +78,22 @@ def _third_party(modules: dict[str, str]) -> dict[str, str]:
     owners = importlib.metadata.packages_distributions()
     out: dict[str, str] = {}
     for module, where in modules.items():
-        if module in sys.stdlib_module_names or module in NEWER_STDLIB | FROM_DEBIAN or module == "fleetprof":
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top in NEWER_STDLIB | FROM_DEBIAN or top == "fleetprof":
             continue
-        dists = owners.get(module)
+        dists = owners.get(top, [])
+        if len(dists) > 1:  # a namespace package (google.protobuf beside other google.*): who has this one
+            dists = [d for d in dists if _provides(d, module)] or dists
         assert dists, f"{where} imports {module!r}, which no installed distribution provides"
         for dist in dists:
             out.setdefault(_normalized(dist), where)
     return out
+
+
+def _provides(dist: str, module: str) -> bool:
+    """Whether distribution `dist` installs files under the package path of `module` (its first two parts)."""
+    prefix = "/".join(module.split(".")[:2])
+    return any(str(f).startswith(prefix + "/") for f in importlib.metadata.distribution(dist).files or ())
 
 
 def _imports_of(part: str) -> dict[str, str]:
