@@ -84,7 +84,7 @@ def test_top_names_the_function_that_blocked_and_why(
 
     # The time each thread's function holds, all its reasons together (the reader loops on read() alone,
     # so every wait of it is inside a call it timed), is its clock's within 4.5 sigma of the 1-in-N
-    # sampling: var = (N-1) x sum of d^2 (README, Off-CPU). ~800 waits of ~5 ms: sigma ~0.37 s of ~4 s.
+    # sampling: var = (N-1) x sum of d^2 (docs/offcpu.md). ~800 waits of ~5 ms: sigma ~0.37 s of ~4 s.
     answer = module_collector.json("/api/v1/top", since="10m", type="offcpu", query=query, limit="50")
     assert answer["rank"] == "blocked"
     every = DEFAULT_OFFCPU_SAMPLE_EVERY

@@ -10,7 +10,7 @@ function of theirs that waited and what it waited for. Each stack is read here, 
   the vDSO, and libstdc++/libc++'s layers over them), through whose syscall wrappers nearly every wait
   passes: a thread in `read()` ranks under the function that called `read`. Where that caller is not in
   the stack (walked by frame pointer through a wrapper that keeps none, the wrapper's caller is skipped:
-  README, Off-CPU), the next one up is the innermost frame outside the runtime, and so the one ranked. A
+  docs/offcpu.md), the next one up is the innermost frame outside the runtime, and so the one ranked. A
   stack of runtime frames alone ranks its innermost one; a kernel thread (no user frames), its innermost
   kernel function outside the scheduler (`worker_thread`). Why not the first frame with a name: a
   wrapper's frame always has one (`read`), and it says what the reason says already.
