@@ -63,6 +63,8 @@ def format_top(data: dict) -> str:
     ns = data.get("unit") == "nanoseconds"
     if ns:  # off-CPU or wall time: values are nanoseconds
         lines = [f"{data['query']}  {span}  {_seconds_text(total / 1e9)} of {data['type']} time"]
+        if data.get("rank") == "blocked":
+            lines[0] += ", by where threads blocked in their own code (--by-frame: by frame)"
     else:
         cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
         lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
