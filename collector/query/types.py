@@ -24,10 +24,19 @@ UNITS = {
     "gpu": "nanoseconds",
 }
 THREADS = ("active", "all")
+# How `top` ranks a profile: `blocked` by where each thread blocked in its own code and why
+# (query/waits.py), the default of the off-CPU and wall types; `frame` by leaf and total frames (CPU's, and
+# the CUDA types', which hold no waits).
+RANKS = ("blocked", "frame")
+DEFAULT_RANK = {
+    "cpu": "frame",
+    "offcpu": "blocked",
+    "wall": "blocked",
+    "cuda_launch": "frame",
+    "gpu": "frame",
+}
 # Threads are told apart by off-CPU rows only: every other type counts all of them.
 DEFAULT_THREADS = {"cpu": "all", "offcpu": "all", "wall": "active", "cuda_launch": "all", "gpu": "all"}
-# Types whose values are nanoseconds.
-NANOSECOND_TYPES = frozenset(k for k, unit in UNITS.items() if unit == "nanoseconds")
 # Nanoseconds read as samples at 1 GHz, so every renderer that turns samples into seconds with the
 # frequency shows nanosecond profiles in seconds too.
 NS_HZ = 1_000_000_000

@@ -172,7 +172,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client_tls(args: argparse.Namespace):  # noqa: ANN202 - fleetprof.tls.ClientTlsConfig, imported lazily
+def _client_tls(args: argparse.Namespace):  # fleetprof.tls.ClientTlsConfig, imported lazily
     """TLS to the collector when any TLS flag is given or --collector is an https:// URL (no --tls-ca: the
     system's CAs)."""
     by_url = args.collector.startswith("https://")
@@ -183,7 +183,7 @@ def _client_tls(args: argparse.Namespace):  # noqa: ANN202 - fleetprof.tls.Clien
     return ClientTlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
 
 
-def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
+def _wait_for_signal(on_stop) -> None:
     signal.signal(signal.SIGTERM, lambda *_: on_stop())
     signal.signal(signal.SIGINT, lambda *_: on_stop())
 
@@ -194,7 +194,10 @@ def cmd_top(args: argparse.Namespace) -> int:
         by = params | {"by": args.by}
         print(format_groups(_warn("top", fetch_json(args.collector, "/api/v1/top", by, _credentials(args)))))
         return 0
+    # CPU samples and the CUDA types hold no waits; --sort total ranks frames
+    by_frame = args.by_frame or args.type in ("cpu", "cuda_launch", "gpu") or args.sort != "self"
     params |= {"sort": args.sort, "lines": "1" if args.lines else None}
+    params |= {"rank": "frame" if by_frame else "blocked"}
     data = fetch_json(args.collector, "/api/v1/top", params, _credentials(args))
     print(format_top(_warn("top", data)))
     return 0
