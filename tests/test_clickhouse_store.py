@@ -243,7 +243,10 @@ def _queries(start: float, end: float) -> list[tuple[str, dict[str, str]]]:
             ("/api/v1/profile", {**rng, **t, "format": "grafana"}),
             ("/api/v1/profile", {**rng, **t, "format": "json", "query": '{namespace="ml"}', "gpu": "idle"}),
             ("/api/v1/top", {**rng, **t, "limit": "50"}),
-            ("/api/v1/top", {**rng, **t, "sort": "total", "query": '{comm=~"tr.*|two_funcs"}'}),
+            (
+                "/api/v1/top",
+                {**rng, **t, "sort": "total", "rank": "frame", "query": '{comm=~"tr.*|two_funcs"}'},
+            ),
             ("/api/v1/top", {**rng, **t, "by": "namespace,pod"}),
             ("/api/v1/series", {**rng, **t, "step": "10", "by": "comm"}),
             ("/api/v1/series", {**rng, **t, "step": "7.5", "by": "node", "query": '{node!="node-b"}'}),
