@@ -37,7 +37,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 COLLECTOR_UID = 10001  # the Dockerfile's USER; the StatefulSet's runAsUser and fsGroup must match it
 NODE = "images-test-node"
-INSTALLS = r" RUN .*(apt-get install|-r requirements\.txt)"  # the slow steps of both Dockerfiles
+# The slow steps of both Dockerfiles: packages, Python dependencies, and the agent's CUPTI library stage
+# (which fetches NVIDIA's wheels).
+INSTALLS = r" RUN .*(apt-get install|-r requirements\.txt|scripts/build_cupti\.sh --out)"
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +195,11 @@ def test_images_sh_reuses_the_base_and_the_layers(images: dict, tmp_path: Path) 
     assert again.returncode == 0, again.stderr
     assert "base docker.io/library/debian:bookworm-slim present" in again.stderr
     lines = log.read_text().splitlines()
-    installs = [i for i, ln in enumerate(lines) if ln.startswith("STEP ") and re.search(INSTALLS, ln)]
-    assert len(installs) == 4, lines  # apt-get and the dependencies, in each image
+    # A multi-stage build prefixes its steps with the stage: "[1/2] STEP 3/8: ...".
+    steps = [i for i, ln in enumerate(lines) if re.match(r"(\[\d+/\d+\] )?STEP ", ln)]
+    installs = [i for i in steps if re.search(INSTALLS, lines[i])]
+    # apt-get and the dependencies in each image, and the agent's CUPTI stage's apt-get and build
+    assert len(installs) == 6, lines
     for i in installs:
         assert lines[i + 1].startswith("--> Using cache"), f"rebuilt: {lines[i]}"
 
