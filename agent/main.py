@@ -42,6 +42,7 @@ from fleetprof.agent.sampler import (
     SamplerConfig,
 )
 from fleetprof.agent.shipper import Shipper
+from fleetprof.agent.symbols.debuginfod import Debuginfod, DebuginfodConfig
 from fleetprof.agent.symbols.modules import ModuleWatch
 from fleetprof.agent.symbols.preloader import Preloader
 from fleetprof.agent.symbols.symbolizer import Symbolizer
@@ -73,6 +74,8 @@ class AgentConfig:
     syscall_latency_duty: LatencyDuty | None = None  # None: the tracer's measured default
     python: bool = True  # Python-aware stacks: walk CPython frames in BPF
     unwind: str = "eh_frame"  # user stacks by call-frame information where files have it, or "fp" only
+    unsymbolized: str = "module"  # a stripped file's code: one frame per file, or per "address" (resolver.py)
+    debuginfod: DebuginfodConfig | None = None  # None: no debuginfod server is asked
     # Off-CPU time on sched:sched_switch (agent/sampler.py; defaults measured in bench/offcpu.py).
     off_cpu: bool = SamplerConfig.off_cpu
     offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY
@@ -124,11 +127,19 @@ class Agent:
         self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
         self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
         self.vdso = read_own_vdso()  # the node's vDSO image: tables and names for every process's [vdso]
-        self.symbolizer = Symbolizer(file_errors=self.file_errors, vdso=self.vdso)
+        # OSError: the cache directory cannot be made (the agent does not start: said in one line).
+        self.debuginfod = Debuginfod(config.debuginfod) if config.debuginfod is not None else None
+        self.symbolizer = Symbolizer(file_errors=self.file_errors, vdso=self.vdso, debuginfod=self.debuginfod)
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         # The module list is read before kallsyms (at start()), so a module loaded in between is read again.
-        self.resolver = Resolver(self.processes, self.symbolizer, python=self.python, modules=ModuleWatch())
+        self.resolver = Resolver(
+            self.processes,
+            self.symbolizer,
+            python=self.python,
+            modules=ModuleWatch(),
+            unsymbolized=config.unsymbolized,
+        )
         self.shipper = Shipper(
             config.collector,
             max_batches=config.queue_batches,
@@ -148,6 +159,8 @@ class Agent:
             self.counters, lambda: self.shipper.stats, self._gauges, file_errors=self.file_errors.snapshot
         )
         self.registry.register(GpuExporter(self.gpu, self.identity.node))
+        if self.debuginfod is not None:
+            self.registry.register(self.debuginfod)
         host, port = split_hostport(config.http, "--http")
         metrics_tokens = TokenFile(config.metrics_token_file) if config.metrics_token_file else None
         self.http = HttpServer(
@@ -359,6 +372,8 @@ class Agent:
         if self.pod_watcher is not None:
             self.pod_watcher.start()
         self.preloader.start()
+        if self.debuginfod is not None:
+            self.debuginfod.start()
         self._events_thread = threading.Thread(target=self._poll_events, name="process-events", daemon=True)
         self._events_thread.start()
         log.info(
@@ -442,6 +457,8 @@ class Agent:
         if self._events_thread is not None:
             self._events_thread.join()  # before the sampler frees the ring buffers it waits on
         self.preloader.stop()
+        if self.debuginfod is not None:
+            self.debuginfod.stop()
         if self.unwinder is not None:
             self.unwinder.stop()
         self._wake_events.close()
