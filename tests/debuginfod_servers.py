@@ -133,7 +133,8 @@ class Debuginfod:
         own = os.stat("/proc/self/ns/net").st_ino
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise AssertionError(f"debuginfod exited with {self._proc.returncode}: {self.log.read_text()}")
+                code = self._proc.returncode
+                raise AssertionError(f"debuginfod exited with {code}: {self.log.read_text()}")
             try:
                 exe = os.readlink(f"/proc/{self._proc.pid}/exe")
                 ns = os.stat(f"/proc/{self._proc.pid}/ns/net").st_ino
@@ -153,8 +154,9 @@ class Debuginfod:
                     return r.read()
             except (urllib.error.URLError, OSError):
                 if time.monotonic() > deadline:
+                    tail = self.log.read_text()[-2000:]
                     raise AssertionError(
-                        f"debuginfod did not serve {build_id} within {timeout} s: {self.log.read_text()[-2000:]}"
+                        f"debuginfod did not serve {build_id} within {timeout} s: {tail}"
                     ) from None
                 time.sleep(0.2)
 

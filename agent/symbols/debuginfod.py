@@ -115,6 +115,9 @@ class DebuginfodConfig:
             raise ValueError("debuginfod needs at least one server URL")
         if self.max_cache_bytes < 1 or self.max_answer_bytes < 1 or self.timeout_s <= 0:
             raise ValueError("debuginfod cache size, answer cap and timeout must be positive")
+        if self.max_answer_bytes > self.max_cache_bytes:
+            # A kept answer would push every other file out, then the cache over its bound.
+            raise ValueError("a debuginfod answer may not be larger than the whole cache")
 
 
 class DebugFileCache:
