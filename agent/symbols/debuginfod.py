@@ -123,7 +123,9 @@ class DebuginfodConfig:
 class DebugFileCache:
     """Debug files by build id in one directory (BUILD_ID.debug), with marks for build ids no server had
     (BUILD_ID.missing, holding the time the mark expires) and downloads in progress (.part-*). Files are
-    used least-recently-first out: a hit touches the file's mtime, eviction goes by mtime."""
+    used least-recently-first out: a hit touches the file's mtime, eviction goes by mtime. Each touch sets
+    a time later than the last one this cache set: a filesystem's clock ticks coarsely (ext4 by the jiffy),
+    and two uses in one tick must still be told apart."""
 
     def __init__(
         self, directory: str, max_bytes: int, negative_ttl_s: float, clock: Callable[[], float] = time.time
@@ -135,6 +137,7 @@ class DebugFileCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._bytes = 0
+        self._last_touch_ns = 0
         for entry in os.scandir(directory):
             if entry.name.startswith(_TEMP_PREFIX):  # a download an earlier agent did not finish
                 _unlink(entry.path)
@@ -147,10 +150,17 @@ class DebugFileCache:
         """The cached debug file's path, or None; a hit counts as a use (it moves to the back of the line)."""
         path = self._path(build_id, _DEBUG_SUFFIX)
         try:
-            os.utime(path)
+            self._touch(path)
         except FileNotFoundError:
             return None
         return path
+
+    def _touch(self, path: str) -> None:
+        with self._lock:
+            # A microsecond apart: every filesystem we run on keeps at least that.
+            now = max(int(self._clock() * 1e9), self._last_touch_ns + 1000)
+            self._last_touch_ns = now
+        os.utime(path, ns=(now, now))
 
     def missing(self, build_id: str) -> bool:
         """Whether a mark says no server had the build id, and it has not expired."""
@@ -180,6 +190,7 @@ class DebugFileCache:
         """Keep a checked download as the build id's debug file; older files go while over the cap."""
         path = self._path(build_id, _DEBUG_SUFFIX)
         os.replace(part, path)
+        self._touch(path)
         _unlink(self._path(build_id, _MISSING_SUFFIX))
         self._evict(keep=path)
         return path
@@ -198,7 +209,7 @@ class DebugFileCache:
                         st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue
-                    files.append((st.st_mtime, entry.path, st.st_size))
+                    files.append((st.st_mtime_ns, entry.path, st.st_size))
             total = sum(size for _m, _p, size in files)
             for _mtime, path, size in sorted(files):
                 if total <= self._max_bytes:
