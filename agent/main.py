@@ -217,6 +217,11 @@ class Agent:
             "processes": (len(self.processes), "Processes described in the process table"),
             "symbol_files": (sym.get("files_cached", 0), "ELF files with a cached symbol table"),
             "symbol_bytes": (sym.get("bytes_held", 0), "Bytes held by cached symbol tables"),
+            "symbol_files_unsymbolized": (
+                sym.get("files_from_dynsym", 0),
+                "Cached ELF files named by .dynsym alone: stripped, and no debug file found for them (their "
+                "own functions read as one frame per file: agent/symbols/debuginfo.py)",
+            ),
             "symbol_preloads_pending": (
                 self.preloader.pending(),
                 "New processes whose symbol tables wait to be loaded (agent/symbols/preloader.py)",
