@@ -485,3 +485,19 @@ def test_unsymbolized_frames_merge_into_one_per_module_run():
         unknown_frame("[anon]", 0x20),
     )
     assert module_frame("sha256sum") == Frame("sha256sum", "sha256sum")
+
+
+def test_stop_cuts_a_fetch_in_progress_and_marks_nothing_missing(prog, tmp_path):
+    """An agent that stops does not wait out a silent server: its 600 s timeout would hold it that long."""
+    with servers.HostileServer(servers.SILENT) as silent:
+        d = Debuginfod(config(silent.url, tmp_path / "cache", timeout_s=600.0, connect_timeout_s=600.0))
+        d.start()
+        d.request(prog.build_id, lambda *a: pytest.fail("a silent server sends nothing"))
+        wait_until(lambda: silent.requests, 60, "the request to reach the server")
+        stopping = threading.Thread(target=d.stop, daemon=True)
+        stopping.start()
+        stopping.join(60)  # a guard against a hang (the server stays silent for 120 s), not a speed limit
+        assert not stopping.is_alive(), "stop() waited for the silent server"
+    assert d.pending() == 0
+    assert not any((tmp_path / "cache").iterdir())  # no mark: the server never said it has no such file
+    assert sum(d.stats()[o] for o in debuginfod.OUTCOMES) == 0  # a cut attempt is no server's outcome

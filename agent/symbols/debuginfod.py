@@ -244,6 +244,18 @@ class DebuginfodClient:
         self._config = config
         self._cache = cache
         self._count = count or (lambda outcome: None)
+        # abort(): the socket of the attempt in progress is shut, and no further server is asked.
+        self._aborted = threading.Event()
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+
+    def abort(self) -> None:
+        """End the fetch in progress now (from another thread), and every later one at once: an agent
+        that stops does not wait out a slow server's timeout."""
+        self._aborted.set()
+        with self._lock:
+            if self._sock is not None:
+                _shut(self._sock)
 
     def fetch(self, build_id: str) -> str | None:
         """The path of the build id's debug file, from the cache or the first server that has a good one;
@@ -254,7 +266,11 @@ class DebuginfodClient:
         if cached is not None:
             return cached
         for url in self._config.urls:
+            if self._aborted.is_set():
+                return None  # not marked missing: no server said so
             outcome, path = self._attempt(url, build_id)
+            if self._aborted.is_set():
+                return None  # cut by abort(): whatever the attempt saw says nothing of the server
             self._count(outcome)
             if path is not None:
                 return path
@@ -280,6 +296,10 @@ class DebuginfodClient:
         try:
             conn.connect()
             assert conn.sock is not None
+            with self._lock:
+                self._sock = conn.sock
+            if self._aborted.is_set():
+                return ERROR, None
             # The socket itself, not conn.sock: the connection hands it to the response and forgets it.
             watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, (conn.sock,))
             watchdog.daemon = True
@@ -321,6 +341,8 @@ class DebuginfodClient:
         except (OSError, http.client.HTTPException, ValueError):
             return (TIMEOUT if time.monotonic() >= deadline else ERROR), None
         finally:
+            with self._lock:
+                self._sock = None
             if watchdog is not None:
                 watchdog.cancel()
             conn.close()
@@ -397,8 +419,10 @@ class Debuginfod:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the fetch in progress (at most its timeout)."""
+        """Stop now: the fetch in progress is cut (its build id is asked for again by the next agent); one
+        still connecting takes up to connect_timeout_s."""
         if self._thread is not None:
+            self._client.abort()
             self._queue.put(None)
             self._thread.join()
             self._thread = None
