@@ -7,6 +7,7 @@ function: a stripped build keeps no name of it (.dynsym holds exported names onl
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.agent.symbols.elf import ElfFile, SymbolTable, offset_to_vaddr
+from fleetprof.agent.symbols.elf import ElfFile, SymbolTable, debug_file_path, offset_to_vaddr
 from tests import debuginfod_servers as servers
 from tests.conftest import (
     WORKLOADS,
@@ -212,3 +213,44 @@ def test_without_symbols_a_stripped_binary_ranks_as_one_frame_named_after_it(
     assert (first["function"], first["module"]) == ("sym_bare", "sym_bare"), top
     assert metric(agent, "fleetprof_agent_debuginfod_requests_total", outcome="not_found") >= 1
     assert metric(agent, "fleetprof_agent_stack_outcomes_total", reason="user_stack_unsymbolized") > 0
+
+
+def run_for_cpu_seconds(argv: list[str], seconds: float) -> int:
+    """Run `argv` until it has used `seconds` of CPU time (its own clock, /proc/PID/stat), then kill it."""
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def used() -> bool:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / tick >= seconds  # utime, stime
+
+    try:
+        wait_until(used, CPU_BOUND_TIMEOUT_S, f"{argv[0]} to use {seconds} s of CPU")
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.pid
+
+
+def test_debians_stripped_sha256sum_ranks_first_as_itself(
+    agent: RunningAgent, module_collector: RunningCollector
+) -> None:
+    """The issue's case: Debian's sha256sum is stripped and links libc alone. Its hashing ranked below the
+    kernel's copy routine when split per address; as one frame it ranks first."""
+    with ElfFile("/usr/bin/sha256sum") as elf:
+        build_id = elf.build_id
+    if build_id and os.path.exists(debug_file_path(build_id)):
+        pytest.skip("coreutils' debug symbols are installed here: sha256sum's functions are named")
+    pid = run_for_cpu_seconds(["sha256sum", "/dev/zero"], SECONDS)
+    stacks = settled_profile(module_collector, f'{{pid="{pid}"}}', agent)
+    total = samples_of(stacks)
+    got = share(stacks, lambda f: f == "sha256sum")
+    print(f"sha256sum in {got:.3f} of {total} samples")
+    # Measured here: 99% of its CPU time is user time (hashing; reading /dev/zero costs little), so the
+    # true share is ~0.99; 0.9 is 7 sigma below at n = 300 (as above). Per-address frames read 0.
+    assert total > 300, stacks
+    assert got > 0.9, stacks
+    top = module_collector.json("/api/v1/top", query=f'{{pid="{pid}"}}', since="10m", limit="3")
+    first = top["functions"][0]
+    assert (first["function"], first["module"]) == ("sha256sum", "sha256sum"), top
