@@ -187,7 +187,8 @@ HUGE_CHUNKED = "huge_chunked"  # no length, chunked zeros without end
 TRICKLE = "trickle"  # a plausible length, one byte every 50 ms
 SILENT = "silent"  # accepts the request and says nothing
 FILE = "file"  # the bytes of `body` (an ELF file of another build, or not ELF at all)
-MODES = (HUGE_DECLARED, HUGE_CHUNKED, TRICKLE, SILENT, FILE)
+REDIRECT = "redirect"  # 302 to `body` (a URL base) + the path asked for; with body b"", to itself: a loop
+MODES = (HUGE_DECLARED, HUGE_CHUNKED, TRICKLE, SILENT, FILE, REDIRECT)
 
 
 class HostileServer:
@@ -230,6 +231,12 @@ class HostileServer:
         zeros = bytes(1 << 16)
         if self.mode == SILENT:
             self._stop.wait(120)
+            return
+        if self.mode == REDIRECT:
+            h.send_response(302)
+            h.send_header("Location", self.body.decode() + h.path)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
             return
         h.send_response(200)
         if self.mode == FILE:

@@ -334,6 +334,17 @@ def test_later_servers_are_asked_when_one_answers_badly(prog, server, tmp_path):
     assert Path(path).read_bytes() == prog.debug.read_bytes()
 
 
+def test_redirects_are_followed_to_a_mirror_and_a_loop_ends(prog, server, tmp_path):
+    with servers.HostileServer(servers.REDIRECT, server.url.encode()) as front:
+        outcomes, path = fetch_bounded(config(front.url, tmp_path / "cache"), prog.build_id)
+    assert outcomes == [debuginfod.OK] and Path(path).read_bytes() == prog.debug.read_bytes()
+    assert front.requests == [f"/buildid/{prog.build_id}/debuginfo"]
+    with servers.HostileServer(servers.REDIRECT, b"") as loop:
+        outcomes, path = fetch_bounded(config(loop.url, tmp_path / "cache2"), prog.build_id)
+    assert outcomes == [debuginfod.ERROR] and path is None
+    assert len(loop.requests) == debuginfod.MAX_REDIRECTS + 1
+
+
 # -- a hostile server ------------------------------------------------------------------------------------
 
 CAP = 1 << 20  # the answer cap in these tests

@@ -13,7 +13,8 @@ Why the agent asks, and not the collector (peers such as Parca symbolize central
 Rules this file keeps (an answer is hostile input, as a tenant's file is):
   * nothing waits on the network but the fetch thread: the symbolizer queues build ids (at most
     MAX_QUEUED; more are dropped, counted, and asked for again later) and is called back on an arrival;
-  * one attempt takes at most `timeout_s` from its connect to the last byte, however slowly the bytes come:
+  * one attempt at one server (its redirects included, at most MAX_REDIRECTS) takes at most `timeout_s`
+    from its connect to the last byte, however slowly the bytes come:
     a watchdog shuts the socket at the deadline. A server that says nothing is left after
     `connect_timeout_s` (each read's timeout);
   * one answer holds at most `max_answer_bytes`: refused on its Content-Length before the body is read,
@@ -59,6 +60,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 10.0
 # What elfutils' own client waits before asking again about a build id a server did not have
 # (its cache_miss_s).
 DEFAULT_NEGATIVE_TTL_S = 600.0
+MAX_REDIRECTS = 3  # per server and build id
+_REDIRECTS = (301, 302, 303, 307, 308)
 MAX_QUEUED = 4096  # build ids waiting: a node maps a few thousand distinct files at most
 _READ_STEP = 1 << 20
 
@@ -280,17 +283,37 @@ class DebuginfodClient:
         return None
 
     def _attempt(self, url: str, build_id: str) -> tuple[str, str | None]:
+        """One server's answer for the build id, following up to MAX_REDIRECTS redirects (as elfutils'
+        client does: a server may send its clients to a mirror), all within one timeout_s."""
+        parts = urllib.parse.urlsplit(url)
+        target = urllib.parse.urlunsplit(
+            (parts.scheme, parts.netloc, f"{parts.path.rstrip('/')}/buildid/{build_id}/debuginfo", "", "")
+        )
+        deadline = time.monotonic() + self._config.timeout_s
+        for _hop in range(MAX_REDIRECTS + 1):
+            outcome, path, location = self._get(target, build_id, deadline)
+            if location is None:
+                return outcome, path
+            target = urllib.parse.urljoin(target, location)
+            if urllib.parse.urlsplit(target).scheme not in ("http", "https") or self._aborted.is_set():
+                return ERROR, None
+        return ERROR, None  # a redirect loop, or a chain longer than any real mirror's
+
+    def _get(self, url: str, build_id: str, deadline: float) -> tuple[str, str | None, str | None]:
+        """GET `url`: (outcome, the kept file's path, None), or (ERROR, None, where a redirect points)."""
         cfg = self._config
         parts = urllib.parse.urlsplit(url)
-        target = f"{parts.path.rstrip('/')}/buildid/{build_id}/debuginfo"
-        timeout = min(cfg.connect_timeout_s, cfg.timeout_s)
-        if parts.scheme == "https":
-            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context()
-            )
-        else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-        deadline = time.monotonic() + cfg.timeout_s
+        target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+        timeout = max(0.001, min(cfg.connect_timeout_s, deadline - time.monotonic()))
+        try:
+            if parts.scheme == "https":
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    parts.hostname or "", parts.port, timeout=timeout, context=ssl.create_default_context()
+                )
+            else:
+                conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+        except ValueError:  # a redirect to a port out of range
+            return ERROR, None, None
         watchdog: threading.Timer | None = None
         part: str | None = None
         try:
@@ -299,7 +322,7 @@ class DebuginfodClient:
             with self._lock:
                 self._sock = conn.sock
             if self._aborted.is_set():
-                return ERROR, None
+                return ERROR, None, None
             # The socket itself, not conn.sock: the connection hands it to the response and forgets it.
             watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), _shut, (conn.sock,))
             watchdog.daemon = True
@@ -311,35 +334,37 @@ class DebuginfodClient:
             )
             response = conn.getresponse()
             if response.status == 404:
-                return NOT_FOUND, None
+                return NOT_FOUND, None, None
+            if response.status in _REDIRECTS and response.getheader("Location"):
+                return ERROR, None, response.getheader("Location")
             if response.status != 200:
-                return ERROR, None
+                return ERROR, None, None
             if (response.getheader("Content-Encoding") or "identity").lower() != "identity":
-                return ERROR, None
+                return ERROR, None, None
             declared = response.length
             if declared is not None and declared > cfg.max_answer_bytes:
-                return TOO_LARGE, None
+                return TOO_LARGE, None, None
             fd, part = self._cache.new_part()
             with os.fdopen(fd, "wb") as out:
                 got = 0
                 while chunk := response.read1(min(_READ_STEP, cfg.max_answer_bytes + 1 - got)):
                     got += len(chunk)
                     if got > cfg.max_answer_bytes:
-                        return TOO_LARGE, None
+                        return TOO_LARGE, None, None
                     out.write(chunk)
             if time.monotonic() >= deadline:
-                return TIMEOUT, None  # the watchdog cut it: what came is a short body
+                return TIMEOUT, None, None  # the watchdog cut it: what came is a short body
             if declared is not None and got != declared:
-                return ERROR, None
+                return ERROR, None, None
             outcome = _checked(part, build_id)
             if outcome != OK:
-                return outcome, None
+                return outcome, None, None
             path, part = self._cache.put(build_id, part), None
-            return OK, path
+            return OK, path, None
         except TimeoutError:
-            return TIMEOUT, None
+            return TIMEOUT, None, None
         except (OSError, http.client.HTTPException, ValueError):
-            return (TIMEOUT if time.monotonic() >= deadline else ERROR), None
+            return (TIMEOUT if time.monotonic() >= deadline else ERROR), None, None
         finally:
             with self._lock:
                 self._sock = None
