@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from fleetprof.agent.process.rootfs import FileErrors
+from fleetprof.agent.process.table import ProcessTable
+from fleetprof.agent.resolver import Resolver
+from fleetprof.agent.sampler import STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols import debuginfo, debuginfod
 from fleetprof.agent.symbols.debuginfo import debuglink_candidates, find_symbols
 from fleetprof.agent.symbols.debuginfod import (
@@ -44,7 +47,7 @@ PROGRAM = r"""
 #include <unistd.h>
 static __attribute__((noinline)) int dbg_hidden(int x) { return x * 3 + 1; }
 int main(void) {
-    printf("%p\n", (void *)dbg_hidden);
+    printf("%p %p\n", (void *)dbg_hidden, (void *)main);
     fflush(stdout);
     char buf[16];
     while (read(0, buf, sizeof buf) > 0) {}
@@ -88,6 +91,7 @@ def static_prog(tmp_path_factory: pytest.TempPathFactory) -> Build:
 class Running:
     proc: subprocess.Popen
     hidden: int  # dbg_hidden's address in the process
+    main: int
 
     @property
     def pid(self) -> int:
@@ -107,7 +111,8 @@ def run() -> Iterator[Callable[..., Running]]:
         started.append(proc)
         line = proc.stdout.readline()
         assert line, f"{argv} printed nothing"
-        return Running(proc, int(line, 16))
+        hidden, main = line.split()
+        return Running(proc, int(hidden, 16), int(main, 16))
 
     yield start
     for proc in started:
@@ -512,3 +517,54 @@ def test_stop_cuts_a_fetch_in_progress_and_marks_nothing_missing(prog, tmp_path)
     assert d.pending() == 0
     assert not any((tmp_path / "cache").iterdir())  # no mark: the server never said it has no such file
     assert sum(d.stats()[o] for o in debuginfod.OUTCOMES) == 0  # a cut attempt is no server's outcome
+
+
+# -- through the resolver --------------------------------------------------------------------------------
+
+
+def window_user_frames(resolver: Resolver, pid: int, addrs: tuple[int, ...]) -> tuple[list[Frame], dict]:
+    """One window with 5 samples of `pid` at the user stack `addrs` (leaf first, as BPF stores it)."""
+    row = SampleCount(pid, pid, 0, "prog", 7, STACK_NONE, 5)
+    window = resolver.resolve(Drain(0, 1, [row], {7: addrs}))
+    (sample,) = window.samples
+    return list(sample.frames), window.stats
+
+
+def test_resolver_merges_a_stripped_files_frames_and_names_them_once_debuginfod_answers(
+    prog, server, run, tmp_path
+):
+    """The same process and stack id in every window: the stack named by module before the debug file
+    arrives is forgotten when it does, and named by function from the next window on."""
+    proc = run(str(prog.stripped))
+    # Two addresses of the file, leaf first: in dbg_hidden, and in main (a return address: looked up at -1).
+    addrs = (proc.hidden + 4, proc.main + 9)
+    table = ProcessTable()
+    assert table.refresh(proc.pid) is not None
+    d = Debuginfod(config(server.url, tmp_path / "cache"))
+    symbolizer = Symbolizer(debuginfod=d, **no_host_debug())
+
+    by_address = Resolver(table, Symbolizer(**no_host_debug()), unsymbolized="address")
+    frames, _stats = window_user_frames(by_address, proc.pid, addrs)
+    assert [f.function for f in frames] == [
+        f"[unknown] (prog+0x{a - m.start + m.offset:x})"
+        for a in reversed(addrs)
+        for m in [next(m for m in read_maps(proc.pid) if m.start <= a < m.end)]
+    ]
+
+    resolver = Resolver(table, symbolizer)
+    frames, stats = window_user_frames(resolver, proc.pid, addrs)
+    assert frames == [module_frame("prog")]  # both addresses, one frame
+    assert stats["user_stack_unsymbolized"] == 5
+
+    d.start()
+    try:
+        generation = symbolizer.generation
+        window_user_frames(resolver, proc.pid, addrs)  # with the server started, the lookup is queued
+        wait_until(lambda: symbolizer.generation != generation, 60, "the debug file to arrive")
+        frames, stats = window_user_frames(resolver, proc.pid, addrs)
+    finally:
+        d.stop()
+    assert [f.function for f in frames] == ["main", "dbg_hidden"]
+    assert stats["user_stack_unsymbolized"] == 0
+    with pytest.raises(ValueError, match="unsymbolized must be one of"):
+        Resolver(table, symbolizer, unsymbolized="hex")
