@@ -51,6 +51,25 @@ def test_agent_names_a_bad_debuginfod_urls_variable() -> None:
     )
 
 
+def test_agent_names_a_debuginfod_cache_it_cannot_make() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("this check runs as root (as CI does): the agent stops earlier without privileges")
+    r = fleetprof(
+        "agent",
+        "--http",
+        f"127.0.0.1:{free_port()}",
+        "--debuginfod-url",
+        "http://127.0.0.1:9",
+        "--debuginfod-cache",
+        "/proc/self/no/cache",
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        "fleetprof agent: cannot start: [Errno 2] the debuginfod cache /proc/self/no/cache: "
+        "No such file or directory"
+    )
+
+
 def test_query_commands_say_when_the_collector_is_down() -> None:
     r = fleetprof("top", "--collector", f"http://127.0.0.1:{free_port()}")
     assert r.returncode == 1

@@ -133,7 +133,10 @@ class DebugFileCache:
     def __init__(
         self, directory: str, max_bytes: int, negative_ttl_s: float, clock: Callable[[], float] = time.time
     ) -> None:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"the debuginfod cache {directory}: {e.strerror}") from None
         self.directory = directory
         self._max_bytes = max_bytes
         self._negative_ttl_s = negative_ttl_s
