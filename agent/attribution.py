@@ -10,7 +10,7 @@ from fleetprof.agent.process.table import ProcessInfo
 class PodSource(Protocol):
     """What attribution needs from the pod metadata cache (agent/kube/pods.py PodCache)."""
 
-    def lookup(self, uid: str):  # noqa: ANN201 - PodMeta | None
+    def lookup(self, uid: str):  # PodMeta | None
         ...
 
 

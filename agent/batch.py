@@ -191,7 +191,7 @@ def _trimmed(hist: tuple[int, ...]) -> list[int]:
     return list(hist[:end])
 
 
-def _encode_gpu(batch: pb.Batch, gpu: GpuWindow, strings: _Strings, process_index) -> None:  # noqa: ANN001
+def _encode_gpu(batch: pb.Batch, gpu: GpuWindow, strings: _Strings, process_index) -> None:
     batch.gpu_source.CopyFrom(
         pb.GpuSource(up=gpu.up, state=strings.id(gpu.state), idle_below_percent=gpu.idle_below_percent)
     )

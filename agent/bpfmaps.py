@@ -24,7 +24,7 @@ def possible_cpus() -> int:
     return len(get_possible_cpus())
 
 
-def drain_map(table, key_type, value_type, chunk: int = DRAIN_CHUNK) -> list:  # noqa: ANN001 - BCC table
+def drain_map(table, key_type, value_type, chunk: int = DRAIN_CHUNK) -> list:  # BCC table
     """Look up and delete every entry with BPF_MAP_LOOKUP_AND_DELETE_BATCH, `chunk` at a time.
 
     BCC's own helper allocates buffers for max_entries on every call (16 MB for a stack map); this keeps
@@ -39,18 +39,18 @@ def drain_map(table, key_type, value_type, chunk: int = DRAIN_CHUNK) -> list:  #
     return out
 
 
-def drain_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:  # noqa: ANN001
+def drain_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:
     """drain_map for callers that parse entries with struct.iter_unpack: all keys and all values as two
     byte strings (n x key_size, n x value_size); ~10x faster than ctypes objects for a 16k-entry map."""
     return _map_bytes(table, key_size, value_size, chunk, delete=True)
 
 
-def read_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:  # noqa: ANN001
+def read_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:
     """drain_map_bytes that leaves the entries in place (BPF_MAP_LOOKUP_BATCH): a map BPF owns, read."""
     return _map_bytes(table, key_size, value_size, chunk, delete=False)
 
 
-def _map_bytes(table, key_size: int, value_size: int, chunk: int, delete: bool) -> tuple[bytes, bytes]:  # noqa: ANN001
+def _map_bytes(table, key_size: int, value_size: int, chunk: int, delete: bool) -> tuple[bytes, bytes]:
     def buffers(c: int) -> tuple:
         return (ct.c_char * (key_size * c))(), (ct.c_char * (value_size * c))()
 
@@ -66,7 +66,7 @@ def _map_bytes(table, key_size: int, value_size: int, chunk: int, delete: bool) 
     return b"".join(key_parts), b"".join(value_parts)
 
 
-def drain_percpu_sums(table, key_layout: struct.Struct, words: int) -> list[tuple[tuple, tuple[int, ...]]]:  # noqa: ANN001
+def drain_percpu_sums(table, key_layout: struct.Struct, words: int) -> list[tuple[tuple, tuple[int, ...]]]:
     """Drain a per-CPU hash whose value is `words` u64s: each key, unpacked with `key_layout`, with its
     values summed over CPUs, as a tuple of `words` ints."""
     ncpus = possible_cpus()
@@ -84,7 +84,7 @@ def drain_percpu_sums(table, key_layout: struct.Struct, words: int) -> list[tupl
     return out
 
 
-def write_array(table, first: int, values: bytes, value_size: int, chunk: int = 65536) -> None:  # noqa: ANN001
+def write_array(table, first: int, values: bytes, value_size: int, chunk: int = 65536) -> None:
     """Write consecutive entries [first, first + n) of a BPF array map from `values` (n x value_size bytes)
     with BPF_MAP_UPDATE_BATCH, `chunk` entries a call: a million 8-byte rows in a few system calls, where
     BCC's per-key update takes ~5 us each. Raises OSError naming the map when the kernel refuses."""
@@ -109,7 +109,7 @@ class _NoBatchOps(Exception):
     """The kernel has no batch lookup-and-delete for this map (< 5.6)."""
 
 
-def _batches(table, buffers: Callable[[int], tuple], chunk: int, delete: bool = True) -> Iterator[tuple]:  # noqa: ANN001
+def _batches(table, buffers: Callable[[int], tuple], chunk: int, delete: bool = True) -> Iterator[tuple]:
     """Yield (entries, keys buffer, values buffer) per batch call, deleting what it read unless told not
     to. Buffers are reused, so consume each batch before asking for the next; `buffers(n)` makes a pair
     that holds n entries."""
@@ -151,11 +151,11 @@ def _batches(table, buffers: Callable[[int], tuple], chunk: int, delete: bool = 
             return
 
 
-def _as_bytes(value, size: int) -> bytes:  # noqa: ANN001 - int or ctypes value
+def _as_bytes(value, size: int) -> bytes:  # int or ctypes value
     return value.to_bytes(size, sys.byteorder) if isinstance(value, int) else bytes(value)
 
 
-def _copy(value):  # noqa: ANN001 - ctypes value
+def _copy(value):  # ctypes value
     """ctypes array elements alias the buffer that the next chunk overwrites: copy them out.
 
     (Elements of arrays of simple types already come back as Python ints.)
@@ -165,15 +165,15 @@ def _copy(value):  # noqa: ANN001 - ctypes value
     return type(value).from_buffer_copy(value)
 
 
-def _value(obj):  # noqa: ANN001 - BCC hands out c_uint64 wrappers here, not ints
+def _value(obj):  # BCC hands out c_uint64 wrappers here, not ints
     return obj.value if isinstance(obj, ct._SimpleCData) else _copy(obj)
 
 
-def _read_map_slow(table):  # noqa: ANN001
+def _read_map_slow(table):
     return [(_value(k), _value(v)) for k, v in table.items()]
 
 
-def _drain_map_slow(table):  # noqa: ANN001
+def _drain_map_slow(table):
     out = []
     for k in list(table.keys()):
         try:
@@ -189,7 +189,7 @@ class CounterDeltas:
     """Reads a per-CPU array of cumulative counters (never cleared by BPF) and returns, per call, how much
     each grew since the previous call, named by `names` (index i is counter i)."""
 
-    def __init__(self, table, names: Sequence[str]):  # noqa: ANN001 - a BCC per-CPU array
+    def __init__(self, table, names: Sequence[str]):  # a BCC per-CPU array
         self._table = table
         self._names = tuple(names)
         self._last = [0] * len(self._names)
@@ -211,7 +211,7 @@ class DoubleBuffer:
 
     GRACE_S = 0.02
 
-    def __init__(self, control) -> None:  # noqa: ANN001 - the BCC array "control"
+    def __init__(self, control) -> None:  # the BCC array "control"
         self._control = control
         self._active = 0
         self._control[ct.c_int(0)] = ct.c_uint32(0)

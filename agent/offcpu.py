@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
-# Defaults, from bench/offcpu.py on this machine kind (2 vCPUs, kernel 6.18); the table and the reasoning
-# are in the README ("Off-CPU and wall-clock profiles").
+# Defaults, from bench/offcpu.py on this machine kind (2 vCPUs, kernel 6.18); the table is in bench/README.md
+# ("Off-CPU recording"), the reasoning in docs/offcpu.md.
 DEFAULT_OFFCPU_SAMPLE_EVERY = 8
 DEFAULT_OFFCPU_MIN_BLOCK_US = 0
 

@@ -66,7 +66,7 @@ class _Lru(OrderedDict):
         super().__init__()
         self.size = size
 
-    def put(self, key, value) -> None:  # noqa: ANN001
+    def put(self, key, value) -> None:
         self[key] = value
         self.move_to_end(key)
         if len(self) > self.size:

@@ -408,7 +408,7 @@ class CpuSampler:
         """Deliver pending process events to their callbacks; call from one dedicated thread."""
         self._bpf.ring_buffer_consume()
 
-    def poll_also(self, table, callback: Callable[[object, int, int], None]) -> None:  # noqa: ANN001
+    def poll_also(self, table, callback: Callable[[object, int, int], None]) -> None:
         """Deliver another BPF object's ring buffer (`table`, e.g. the syscall tracer's process events) from
         `consume_events` too: one thread and one epoll descriptor for both. `callback(ctx, data, size)` as
         BCC's."""
@@ -440,7 +440,7 @@ class CpuSampler:
             for pid in pids - self._gpu_pids:
                 try:
                     table[ct.c_uint32(pid)] = ct.c_uint8(1)
-                except Exception:  # noqa: BLE001 - BCC raises bare Exception: the map is full, go untagged
+                except Exception:  # BCC raises bare Exception: the map is full, go untagged
                     continue
                 self._gpu_pids.add(pid)
 

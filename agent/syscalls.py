@@ -40,7 +40,7 @@ STAT_NAMES = (
 TIMING_OPEN, TIMING_EPOCH = 0, 1  # indices of the `timing` array
 
 # Defaults: time 1 call in 16 during a 1 s timing window every 10 s (LatencyDuty); the measurements behind
-# them are in the README ("Syscall tracing cost", bench/syscalls.py). Timing at any rate needs sys_exit
+# them are in bench/README.md ("Syscall tracing", bench/syscalls.py). Timing at any rate needs sys_exit
 # attached, and the machinery of a second tracepoint costs as much as the first: that, not the sampling
 # rate, is the price of latency. So sys_exit is attached only around timing windows (10% of the time plus a
 # tail as long as the window, for calls in flight), and outside them the tracer costs what count-only
@@ -375,7 +375,7 @@ class _DutyCycle(threading.Thread):
         self.join()
 
 
-def _check_layout(table, value_size: int) -> None:  # noqa: ANN001 - BCC table
+def _check_layout(table, value_size: int) -> None:  # BCC table
     """The map's key and (per-CPU: per CPU) value sizes, as BCC read them from the C file, match ours."""
     leaf = getattr(table, "sLeaf", table.Leaf)  # BCC's per-CPU tables keep the one-CPU type in sLeaf
     if ct.sizeof(table.Key) != KEY_LAYOUT.size or ct.sizeof(leaf) != value_size:

@@ -71,7 +71,7 @@ def profile_round(cfg: dict, out: Path, i: int) -> dict:
 
 def agent_windows(cfg: dict, out: Path) -> list[dict]:
     log_path = out / "bench-agent.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - lives with the process
+    log = open(log_path, "wb")  # lives with the process
     # No collector: its batches queue (bounded) and are retried; the sampler's work per sample is the same.
     proc = subprocess.Popen(
         [str(VENV / "bin" / "fleetprof"), "agent", "--collector", "127.0.0.1:7470", "--http", AGENT_HTTP,

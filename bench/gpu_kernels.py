@@ -113,7 +113,7 @@ def read_while_running(proc: subprocess.Popen, timeout_s: float) -> tuple[Proces
     return activity, kernels, {"header": header, "lost": reader.stats.lost, "torn": reader.stats.torn}
 
 
-def run_job(args, library: Path, env_extra: dict[str, str]) -> tuple[ProcessActivity, list, dict, list]:  # noqa: ANN001
+def run_job(args, library: Path, env_extra: dict[str, str]) -> tuple[ProcessActivity, list, dict, list]:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "log.jsonl"
         cmd = [sys.executable, str(JOB), "--backend", args.backend, "--steps", str(args.steps),
@@ -129,7 +129,7 @@ def run_job(args, library: Path, env_extra: dict[str, str]) -> tuple[ProcessActi
     return activity, kernels, info, phases
 
 
-def profiled_run(args) -> dict:  # noqa: ANN001
+def profiled_run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log, prof = Path(tmp) / "log.jsonl", Path(tmp) / "prof.json"
         cmd = [sys.executable, str(JOB), "--backend", "torch", "--steps", str(args.steps), "--log", str(log),
@@ -138,7 +138,7 @@ def profiled_run(args) -> dict:  # noqa: ANN001
         return json.loads(prof.read_text())
 
 
-def loop_rate(args, library: Path | None, every: str | None) -> float:  # noqa: ANN001
+def loop_rate(args, library: Path | None, every: str | None) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "loop.json"
         extra = {"FLEETPROF_CUPTI_SAMPLE_EVERY": every} if every else {}
@@ -148,7 +148,7 @@ def loop_rate(args, library: Path | None, every: str | None) -> float:  # noqa: 
         return json.loads(log.read_text())["per_s"]
 
 
-def demangler():  # noqa: ANN201
+def demangler():
     try:
         from fleetprof.collector.render.cxa_demangle import load
 
@@ -197,14 +197,14 @@ COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 
               9: "HtoH", 10: "PtoP"}  # fmt: skip
 
 
-def row_name(record, show) -> str:  # noqa: ANN001
+def row_name(record, show) -> str:
     """Kernels by their demangled names; copies as torch.profiler names them, without the memory kinds."""
     if isinstance(record, CopyRecord):
         return "Memset" if record.kind == "memset" else f"Memcpy {COPY_KINDS.get(record.copy_kind, '?')}"
     return show(record.name or f"[{record.name_hash:08x}]")
 
 
-def kernel_table(records: list, phases: list[dict], show) -> dict[str, list[int]]:  # noqa: ANN001
+def kernel_table(records: list, phases: list[dict], show) -> dict[str, list[int]]:
     loads = [p for p in phases if p["phase"] == "load"]
     t0, t1 = loads[0]["start"], phases[-1]["end"]
     table: dict[str, list[int]] = {}

@@ -38,7 +38,7 @@ def python312() -> str:
     return found[-1] if found else sys.executable
 
 
-def run_workload(children: Children, ncpus: int, seconds: float, attach=None):  # noqa: ANN001
+def run_workload(children: Children, ncpus: int, seconds: float, attach=None):
     procs = [
         children.start([python312(), str(WORKLOAD), str(seconds)], stdout=subprocess.PIPE)
         for _ in range(ncpus)
@@ -77,12 +77,12 @@ def fetch_folded(collector: Collector, pids: list[int]) -> dict[str, int]:
     return parse_folded(text)
 
 
-def measure(children, collector, workdir, ncpus, seconds, freq, kind):  # noqa: ANN001, ANN201, PLR0913
+def measure(children, collector, workdir, ncpus, seconds, freq, kind):
     """One profiled run: (throughput, BPF ns per sample or None, shares of the top functions)."""
     if kind == "py-spy":
         outs: list[Path] = []
 
-        def attach(pid: int):  # noqa: ANN202
+        def attach(pid: int):
             out = workdir / f"pyspy-{pid}.txt"
             outs.append(out)
             argv = [str(PYSPY), "record", "--native", "--rate", str(freq), "--format", "raw", "-o", str(out)]

@@ -34,9 +34,12 @@ GUEST_PACKAGES=(linux-image-cloud-arm64 linux-headers-cloud-arm64 initramfs-tool
 # The Python that reads pyproject.toml and runs pip here: the project's venv when there is one.
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
-# fleetprof's runtime dependencies, from pyproject.toml: the venv in the image is made from these.
+# fleetprof's runtime dependencies, from pyproject.toml: the common list and both parts' extras (the guest
+# runs the agent and the collector); the venv in the image is made from these. Sorted, so that the cache key
+# follows the set of requirements, not their order in the file.
 dependencies() {
-  "$PY" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")'
+  "$PY" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; x = p["optional-dependencies"]
+print(*sorted(p["dependencies"] + x["agent"] + x["collector"], key=str.lower), sep="\n")'
 }
 
 # The guest's init (PID 1, from the kernel command line): mounts what BPF and the agent need, unpacks the

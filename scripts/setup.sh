@@ -104,12 +104,13 @@ if [ -e "$legacy" ] && [ ! -e "$stamp" ]; then
   echo test > "$stamp" && touch -r "$legacy" "$stamp" && rm -f "$legacy"
 fi
 had=$(cat "$stamp" 2>/dev/null || true)
-EXTRAS=""
-{ [ $WANT_TEST = 1 ] || [ "$had" = test ]; } && EXTRAS="[test]"
+# Both parts' extras (pyproject.toml): this machine runs the agent and the collector; each image installs one.
+EXTRAS="[agent,collector]"
+{ [ $WANT_TEST = 1 ] || [ "$had" = test ]; } && EXTRAS="[agent,collector,test]"
 if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ $WANT_TEST = 1 ] && [ "$had" != test ]; }; then
   say "installing fleetprof$EXTRAS (editable) into $VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check -e ".$EXTRAS"
-  if [ -n "$EXTRAS" ]; then echo test > "$stamp"; else : > "$stamp"; fi
+  if [ "$EXTRAS" = "[agent,collector,test]" ]; then echo test > "$stamp"; else : > "$stamp"; fi
 fi
 
 # BCC's Python module comes from Debian (PyPI's `bcc` is an unrelated package). Link only the bcc

@@ -124,7 +124,7 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
     name = phase["name"]
     result: dict = {"name": name, "agent_args": phase["agent_args"]}
     t0 = time.monotonic()
-    col_log = open(out / f"{name}-collector.log", "wb")  # noqa: SIM115 - lives with the process
+    col_log = open(out / f"{name}-collector.log", "wb")  # lives with the process
     col = subprocess.Popen(
         [FLEETPROF, "collector", "--grpc", GRPC, "--http", HTTP], stdout=col_log, stderr=subprocess.STDOUT
     )
@@ -137,7 +137,7 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
             return result
         log(name, "collector up")
         t1 = time.monotonic()
-        agent_log = open(out / f"{name}-agent.log", "wb")  # noqa: SIM115
+        agent_log = open(out / f"{name}-agent.log", "wb")
         agent = subprocess.Popen(
             [FLEETPROF, "agent", "--collector", GRPC, "--http", AGENT_HTTP, "--node", "arm64-guest",
              "--frequency", str(cfg["frequency"]), "--interval", str(cfg["interval"]),

@@ -17,7 +17,7 @@ from fleetprof.collector.store.clickhouse.connection import ClickHouseError, Col
 _CODE = __import__("re").compile(r"Code: (\d+)\.")
 
 
-def chdb_session(path: Path):  # noqa: ANN201 - chdb.session.Session
+def chdb_session(path: Path):  # chdb.session.Session
     """chdb's engine is one per process: open one session and share it (databases keep stores apart)."""
     from chdb import session
 
@@ -29,10 +29,10 @@ class ChdbConnection:
 
     _lock = threading.Lock()  # one engine in the process: one query at a time
 
-    def __init__(self, shared) -> None:  # noqa: ANN001
+    def __init__(self, shared) -> None:
         self._session = shared
 
-    def _run(self, sql: str, fmt: str = "CSV") -> Any:  # noqa: ANN401
+    def _run(self, sql: str, fmt: str = "CSV") -> Any:
         try:
             return self._session.query(sql, fmt)
         except Exception as err:  # chdb raises its own error type with ClickHouse's text
@@ -74,7 +74,7 @@ class ChdbConnection:
         """The session is its owner's to close."""
 
 
-def _plain(v: Any) -> Any:  # noqa: ANN401
+def _plain(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):

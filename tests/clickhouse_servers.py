@@ -34,7 +34,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:  # noqa: ANN001
+def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc.poll() is not None:
@@ -66,7 +66,7 @@ class ZooKeeper:
         self.proc = subprocess.Popen(
             ["java", "-Xmx256m", "-cp", ZOOKEEPER_CLASSPATH, "-Dzookeeper.jmx.log4j.disable=true",
              "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
-            stdout=open(log, "ab"),  # noqa: SIM115 - lives with the process
+            stdout=open(log, "ab"),  # lives with the process
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
@@ -188,7 +188,7 @@ class ClickHouse:
         log = d / "stdout.log"
         self.proc = subprocess.Popen(
             [SERVER, f"--config-file={d / 'config.xml'}"],
-            stdout=open(log, "ab"),  # noqa: SIM115 - lives with the process
+            stdout=open(log, "ab"),  # lives with the process
             stderr=subprocess.STDOUT,
             cwd=d,
             start_new_session=True,

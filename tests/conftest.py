@@ -227,7 +227,7 @@ def start_agent(
 ) -> RunningAgent:
     require_bpf()
     port = free_port()
-    log = open(os.environ.get("FLEETPROF_AGENT_LOG", os.devnull), "ab")  # noqa: SIM115 - lives with the process
+    log = open(os.environ.get("FLEETPROF_AGENT_LOG", os.devnull), "ab")  # lives with the process
     proc = subprocess.Popen(
         [
             # At nice -10, ahead of the workloads it profiles: under `taskset -c 0` on a machine at load 10

@@ -209,7 +209,7 @@ class HostileServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:  # http.server's name
                 server.requests.append(self.path)
                 try:
                     server._answer(self)

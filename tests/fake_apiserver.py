@@ -247,10 +247,10 @@ def _handler_for(server: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        def log_message(self, format: str, *args: Any) -> None:  # the stdlib's name
             pass
 
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             url = urlsplit(self.path)
             seen = Seen(url.path, url.query, dict(parse_qsl(url.query)), dict(self.headers.items()))
             with server._lock:

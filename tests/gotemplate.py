@@ -385,7 +385,7 @@ class _Files:
     def __init__(self, root: Path):
         self._root = root
 
-    def Get(self, name: str) -> str:  # noqa: N802 - Helm's name
+    def Get(self, name: str) -> str:  # Helm's name
         return (self._root / name).read_text()
 
 

@@ -27,7 +27,7 @@ def rows_of(store: DurableStore, payload: bytes) -> ProfileRows:
     return Decoder(store.ids).decode_payload(payload)
 
 
-def stored_samples(store) -> int:  # noqa: ANN001 - any ProfileStore
+def stored_samples(store) -> int:  # any ProfileStore
     """Every sample the store holds, over all time."""
     return sum(store.select(EVERYTHING, 0, 4e9).stacks.values())
 

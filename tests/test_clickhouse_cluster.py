@@ -85,7 +85,7 @@ def start_collector(servers: list[ClickHouse], directory: Path) -> CollectorProc
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetprof.cli", "collector", "--grpc", f"127.0.0.1:{grpc_port}",
          "--http", f"127.0.0.1:{http_port}", "--clickhouse", f"clickhouse://{hosts}/{DATABASE}?cluster=fleet"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # noqa: SIM115 - lives with the process
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "wb"),  # lives with the process
     )  # fmt: skip
     wait_until_serving(proc, f"http://127.0.0.1:{http_port}/healthz", 60, "a ClickHouse collector")
     return CollectorProcess(proc, grpc_port, http_port, log)

@@ -87,7 +87,7 @@ def terms(fids: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return _mix(fids.view(_U64) ^ _mix((positions.astype(_U64) + _U64(1)) * _POSITION_SEED))
 
 
-def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], bits: int):  # noqa: ANN202
+def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], bits: int):
     """Every pair (one from a, one from b) whose sum has its low `bits` bits zero: (sums, picks)."""
     (av, ap), (bv, bp) = a, b
     mask = _U64((1 << bits) - 1)
@@ -136,7 +136,7 @@ def batch(frames: Frames, node: str, samples: int, seq: int = 1) -> pb.Batch:
     return b.build()
 
 
-def victims_stacks(store, node: str = "victim") -> dict[Stack, int]:  # noqa: ANN001 - any ProfileStore
+def victims_stacks(store, node: str = "victim") -> dict[Stack, int]:  # any ProfileStore
     """Every stack of `node`'s samples over all time (a durable store answers from DuckDB)."""
     return dict(store.select(parse_selector(f'{{node="{node}"}}'), 0, 4e9).stacks)
 

@@ -70,7 +70,7 @@ def pattern_records(n: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=RECORD_DTYPE)
 
 
-def test_the_reader_mirrors_the_c_layout_and_check(tmp_path) -> None:  # noqa: ANN001
+def test_the_reader_mirrors_the_c_layout_and_check(tmp_path) -> None:
     from tests.cuda_standin import REPO
 
     def offset(struct: str, key: str, member: str) -> str:
@@ -103,7 +103,7 @@ def wait_for_ring(pid: int, timeout: float = 30) -> RingReader:
             reader = RingReader.open(pid)
             if reader.header().state == "running":
                 return reader
-        except Exception:  # noqa: BLE001 - not loaded or not initialised yet
+        except Exception:  # not loaded or not initialised yet
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.005)

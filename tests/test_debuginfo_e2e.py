@@ -12,7 +12,7 @@ import re
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +80,7 @@ def run_once(binary: Path) -> int:
     return proc.pid
 
 
-def share(stacks: dict, predicate) -> float:  # noqa: ANN001 - a test helper
+def share(stacks: dict, predicate: Callable[[str], bool]) -> float:
     return sum(n for st, n in stacks.items() if any(predicate(f.function) for f in st)) / samples_of(stacks)
 
 

@@ -86,7 +86,7 @@ def test_limit_pair_cuts_both_sides_to_one_shape_and_keeps_totals():
     assert sum(b.values()) == sum(base.values()) and sum(c.values()) == sum(comp.values())
     tree = build_diff_tree(b, c)
 
-    def count(node) -> int:  # noqa: ANN001
+    def count(node) -> int:
         return sum(1 + count(ch) for ch in node.children.values())
 
     assert count(tree) <= 12

@@ -65,7 +65,7 @@ def in_time(fn: Callable[..., object], *args: object) -> object:
     def run() -> None:
         try:
             out["value"] = fn(*args)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as err:  # re-raised in the caller's thread
             out["error"] = err
 
     worker = threading.Thread(target=run, daemon=True)

@@ -102,7 +102,7 @@ def test_collector_exports_gpu_and_pod_series(
         (lambda b: setattr(b.gpu_devices[0], "uuid", 999), "uuid refers to string 999"),
     ],
 )
-def test_bad_gpu_sections_are_refused_by_name(collector: RunningCollector, mutate, expected: str) -> None:  # noqa: ANN001
+def test_bad_gpu_sections_are_refused_by_name(collector: RunningCollector, mutate, expected: str) -> None:
     b = make_batch()
     b.strings.extend(["GPU-x", "up"])
     b.gpu_source.CopyFrom(pb.GpuSource(up=True, state=len(b.strings) - 1))

@@ -28,7 +28,7 @@ def test_without_torch_it_exits_2_and_says_why() -> None:
     assert out.stderr.startswith("gpu_kernels: torch is not installed here")
 
 
-def test_on_the_standins_it_finds_every_kernel_and_loader_phase(cuda: CudaStandins, tmp_path) -> None:  # noqa: ANN001
+def test_on_the_standins_it_finds_every_kernel_and_loader_phase(cuda: CudaStandins, tmp_path) -> None:
     result = tmp_path / "result.json"
     steps = 8
     out = subprocess.run(

@@ -44,7 +44,7 @@ def poller_for(clock: Clock, **cfg: object) -> GpuPoller:
     return GpuPoller(GpuPollerConfig(**cfg), clock=clock.unix, monotonic=clock.mono)
 
 
-def tick(world: FakeNvml, clock: Clock, poller: GpuPoller, seconds: float = 1.0):  # noqa: ANN201
+def tick(world: FakeNvml, clock: Clock, poller: GpuPoller, seconds: float = 1.0):
     snap = poller.poll_once()
     world.step += 1
     clock.t += seconds

@@ -83,7 +83,7 @@ def test_concurrent_record_and_query() -> None:
                 tl.state(i % 3, float(i))
                 tl.gpu_pids()
                 tl.current_states()
-        except BaseException as err:  # noqa: BLE001 - reported below
+        except BaseException as err:  # reported below
             errors.append(err)
 
     threads = [threading.Thread(target=writer), threading.Thread(target=reader)]

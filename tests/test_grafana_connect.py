@@ -55,7 +55,7 @@ class Profiled:
 
 
 @pytest.fixture(scope="module")
-def profiled(module_collector: RunningCollector, workload_bin) -> Profiled:  # noqa: ANN001
+def profiled(module_collector: RunningCollector, workload_bin) -> Profiled:
     """One agent run for the module: two_funcs profiled until its samples have all arrived."""
     agent = start_agent(module_collector.grpc_target, FREQUENCY, 1.0)
     try:

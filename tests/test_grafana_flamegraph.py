@@ -207,7 +207,7 @@ PAGE = """<!doctype html>
 class _Files(http.server.BaseHTTPRequestHandler):
     files: dict[str, tuple[bytes, str]] = {}
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         body, ctype = self.files.get(self.path.split("?")[0], (b"not found", "text/plain"))
         self.send_response(200 if self.path.split("?")[0] in self.files else 404)
         self.send_header("Content-Type", ctype)

@@ -13,7 +13,7 @@ from tests.gpu_batches import gpu_batch
 from tests.wire import hist, make_batch, push, with_syscalls
 
 
-def corrupt(mutate) -> pb.Batch:  # noqa: ANN001
+def corrupt(mutate) -> pb.Batch:
     b = make_batch()
     mutate(b)
     return b

@@ -111,7 +111,7 @@ def test_a_bad_new_stack_is_refused_and_not_remembered() -> None:
         (lambda c: c.gpu.__setitem__(0, 7), "sample 0 has an unknown GPU state 7"),
     ],
 )
-def test_sample_checks_name_the_first_bad_sample(mutate, problem: str) -> None:  # noqa: ANN001
+def test_sample_checks_name_the_first_bad_sample(mutate, problem: str) -> None:
     decoder = Decoder(IDS)
     decoder.decode(batch_of(STACKS))  # the stacks are known: only the samples can be wrong
     b = batch_of(STACKS, seq=2, gpu=pb.GPU_STATE_BUSY)
@@ -144,7 +144,7 @@ def test_a_window_without_gpu_processes_may_leave_the_gpu_column_out() -> None:
         (lambda c: c.gpu.__setitem__(2, -3), "sample 2 has an unknown GPU state -3"),
     ],
 )
-def test_bad_sample_columns_are_refused_by_name(mutate, problem: str) -> None:  # noqa: ANN001
+def test_bad_sample_columns_are_refused_by_name(mutate, problem: str) -> None:
     b = batch_of(STACKS, gpu=pb.GPU_STATE_IDLE)
     mutate(b.sample_columns)
     with pytest.raises(BatchError, match=problem):

@@ -98,7 +98,7 @@ def test_a_resend_racing_its_original_is_stored_once() -> None:
 )
 def test_windows_outside_the_clock_bounds_are_rejected_with_a_counted_reason(
     collector, shift_s: float, reason: str
-) -> None:  # noqa: ANN001
+) -> None:
     b = make_batch(1, "agent-clock")
     b.start_unix_ns += int(shift_s * 1e9)
     b.end_unix_ns += int(shift_s * 1e9)

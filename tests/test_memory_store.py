@@ -68,7 +68,7 @@ def test_the_recent_window_is_at_least_15_minutes() -> None:
 class _SlowSelector(Selector):
     """A selector whose matching waits for `release`, as a costly regex over many label sets does."""
 
-    def matches(self, labels) -> bool:  # noqa: ANN001
+    def matches(self, labels) -> bool:
         _entered.set()
         assert _release.wait(60)
         return super().matches(labels)

@@ -133,7 +133,7 @@ def test_the_type_label_is_the_collectors(fed: RunningCollector) -> None:
         (lambda b: b.offcpu_columns.idle.extend([True, False]), "2 idle flags"),
     ],
 )
-def test_bad_off_cpu_rows_are_refused_by_name(mutate, expected: str, collector: RunningCollector) -> None:  # noqa: ANN001
+def test_bad_off_cpu_rows_are_refused_by_name(mutate, expected: str, collector: RunningCollector) -> None:
     bad = batch()
     mutate(bad)
     with pytest.raises(grpc.RpcError) as info:
@@ -142,7 +142,7 @@ def test_bad_off_cpu_rows_are_refused_by_name(mutate, expected: str, collector: 
     assert expected in info.value.details()
 
 
-def test_the_durable_store_keeps_off_cpu_time_apart_across_a_restart(tmp_path) -> None:  # noqa: ANN001
+def test_the_durable_store_keeps_off_cpu_time_apart_across_a_restart(tmp_path) -> None:
     col = RunningCollector(start_collector(data_dir=str(tmp_path)))
     try:
         assert push(col.grpc_target, [batch()]) == [1]
@@ -158,7 +158,7 @@ def test_the_durable_store_keeps_off_cpu_time_apart_across_a_restart(tmp_path) -
         col.collector.stop()
 
 
-def test_the_cli_reads_off_cpu_and_wall_time(fed: RunningCollector, tmp_path) -> None:  # noqa: ANN001
+def test_the_cli_reads_off_cpu_and_wall_time(fed: RunningCollector, tmp_path) -> None:
     top = fleetprof("top", "--collector", fed.url, "--since", "10m", "--type", "offcpu")
     assert top.returncode == 0, top.stderr
     assert "2.5s of offcpu time" in top.stdout

@@ -16,7 +16,7 @@ class RecordingSymbolizer:
         self.fail_pid = fail_pid
         self.done = threading.Event()
 
-    def preload(self, pid: int, mappings) -> None:  # noqa: ANN001
+    def preload(self, pid: int, mappings) -> None:
         self.pids.append(pid)
         if pid == self.fail_pid:
             raise OSError("unreadable")

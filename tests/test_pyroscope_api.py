@@ -25,7 +25,7 @@ PERIOD_NS = round(1e9 / 19)
 SERVICE = "/querier.v1.QuerierService/"
 
 
-def call(col: RunningCollector, method: str, request, response_cls=None, codec: str = "proto", headers=None):  # noqa: ANN001, ANN201
+def call(col: RunningCollector, method: str, request, response_cls=None, codec: str = "proto", headers=None):
     """POST one Connect unary call; the decoded answer, or (status, error JSON) when it fails."""
     if codec == "proto":
         body, ctype = request.SerializeToString(), "application/proto"
@@ -68,7 +68,7 @@ def fleet(module_collector: RunningCollector) -> RunningCollector:
     return module_collector
 
 
-def merge(col: RunningCollector, selector: str = "{}", kind: str = CPU, codec: str = "proto", **kw):  # noqa: ANN003, ANN201
+def merge(col: RunningCollector, selector: str = "{}", kind: str = CPU, codec: str = "proto", **kw):
     req = querier_pb2.SelectMergeStacktracesRequest(
         profile_typeID=kind, label_selector=selector, start=now_ms() - 600_000, end=now_ms() + 60_000, **kw
     )
@@ -255,7 +255,7 @@ def test_gzip_both_ways(fleet: RunningCollector) -> None:
 )
 def test_bad_requests_get_connect_errors(
     fleet: RunningCollector, method, message, code, status, words
-) -> None:  # noqa: ANN001
+) -> None:
     got_status, err = call(fleet, method, message, None)
     assert (got_status, err["code"]) == (status, code)
     assert words in err["message"]
@@ -286,7 +286,7 @@ def test_unreadable_bodies_and_wrong_content_types(fleet: RunningCollector) -> N
     assert (info.value.code, json.loads(info.value.read())["code"]) == (429, "resource_exhausted")
 
 
-def test_the_api_token_guards_the_connect_methods(tmp_path) -> None:  # noqa: ANN001
+def test_the_api_token_guards_the_connect_methods(tmp_path) -> None:
     """Grafana's datasource sends the API token as a header; without it a call is unauthenticated."""
     (tmp_path / "tokens").write_text("s3cret-token\n")
     col = RunningCollector(start_collector(api_token_file=str(tmp_path / "tokens")))

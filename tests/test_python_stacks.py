@@ -48,11 +48,11 @@ def python(version: str) -> str:
     return found[-1]
 
 
-def share(stacks: dict, predicate) -> float:  # noqa: ANN001
+def share(stacks: dict, predicate) -> float:
     return sum(n for st, n in stacks.items() if any(predicate(f.function) for f in st)) / samples_of(stacks)
 
 
-def named(function: str):  # noqa: ANN201
+def named(function: str):
     return lambda name: name.startswith(f"{function} (py_story.py:")
 
 
@@ -60,7 +60,7 @@ def named(function: str):  # noqa: ANN201
 def test_line_table_decoding_matches_the_interpreter() -> None:
     """line_at() against CPython's own decoding of the same tables (the venv's 3.11)."""
 
-    def walk(code):  # noqa: ANN001, ANN202
+    def walk(code):
         yield code
         for c in code.co_consts:
             if hasattr(c, "co_linetable"):

@@ -125,7 +125,7 @@ class UnreadableSecond(pb_grpc.IngestServicer):
     def __init__(self) -> None:
         self.received: list[int] = []
 
-    def Push(self, request_iterator, context):  # noqa: ANN001, ANN201, N802
+    def Push(self, request_iterator, context):
         for batch in request_iterator:
             self.received.append(batch.sequence)
             if len(self.received) == 2:

@@ -39,7 +39,7 @@ def open_store(path: Path, clock: Clock, **kw) -> DurableStore:
     return open_durable(path, clock=clock, background=False, **kw)
 
 
-def fill(store, t0: float) -> None:  # noqa: ANN001
+def fill(store, t0: float) -> None:
     store.write(
         window(
             t0,
@@ -59,7 +59,7 @@ def fill(store, t0: float) -> None:  # noqa: ANN001
 QUERIES = ["{}", '{comm="app"}', '{comm!="app"}', '{pod=~"web-.*"}', '{comm="nothing"}']
 
 
-def answers(store, t0: float) -> list:  # noqa: ANN001
+def answers(store, t0: float) -> list:
     out = []
     for q in QUERIES:
         sel = parse_selector(q)
@@ -236,7 +236,7 @@ def test_a_cold_query_during_a_commit_counts_the_chunk_once(tmp_path: Path) -> N
     committed, release = threading.Event(), threading.Event()
     insert = store._writer.insert
 
-    def slow_insert(chunk):  # noqa: ANN001, ANN202
+    def slow_insert(chunk):
         insert(chunk)
         committed.set()
         release.wait(30)
@@ -266,7 +266,7 @@ def test_a_slow_cold_query_never_stalls_ingest_or_deadlocks_a_flush(tmp_path: Pa
     in_query, release = threading.Event(), threading.Event()
     per_key = store._queries.per_key
 
-    def slow_per_key(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+    def slow_per_key(*args, **kw):
         in_query.set()
         release.wait(120)  # past the writer's wait below: the query must still hold its lock then
         return per_key(*args, **kw)

@@ -341,7 +341,7 @@ def test_missing_tracepoints_leave_the_agent_running_and_are_said_once(
 
     from fleetprof.agent.main import Agent, AgentConfig
 
-    def refuse(self, tp: bytes = b"", fn_name: bytes = b"") -> None:  # noqa: ANN001 - BCC's signature
+    def refuse(self, tp: bytes = b"", fn_name: bytes = b"") -> None:  # BCC's signature
         raise Exception(f"Failed to attach BPF to raw tracepoint {tp.decode()}")
 
     monkeypatch.setattr(bcc.BPF, "attach_raw_tracepoint", refuse)

@@ -80,7 +80,7 @@ class Pipeline:
         self._events = threading.Thread(target=self._poll_events, daemon=True)
         self._events.start()
 
-    def _captured(self, info) -> None:  # noqa: ANN001
+    def _captured(self, info) -> None:
         self.python.on_capture(info)
         self.unwinder.describe(info)
 

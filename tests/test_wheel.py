@@ -1,5 +1,7 @@
 """fleetprof as a wheel, installed the way the agent image installs it: into a venv of Debian's python3 with
---system-site-packages (BCC from python3-bpfcc), then run from a directory outside the source tree."""
+--system-site-packages (BCC from python3-bpfcc), then run from a directory outside the source tree. The venv
+gets both parts' extras (`agent`, `collector`), as a machine that runs both does; each image installs its own
+alone (tests/test_images.py runs them, tests/test_dependencies.py checks what each part imports)."""
 
 from __future__ import annotations
 
@@ -99,7 +101,8 @@ def _build(root: Path) -> None:
     assert made.returncode == 0, f"venv failed (needs Debian's python3-venv):\n{made.stderr}"
     # Dependencies from PyPI, through pip's cache (~/.cache/pip), so a rerun downloads nothing.
     pip = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+         f"{wheel}[agent,collector]"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert pip.returncode == 0, f"pip install of the wheel failed:\n{pip.stderr[-3000:]}"

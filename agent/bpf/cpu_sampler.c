@@ -2,10 +2,12 @@
 // kernel and notifies user space of processes it has not described yet. With OFF_CPU, also records where
 // threads wait: blocked nanoseconds by the stack a thread left the CPU with (sched:sched_switch).
 //
-// Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE,
-// INCLUDE_IDLE, STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE,
-// PY_PROCS_SIZE, OFF_CPU, OFFCPU_SAMPLE_EVERY, OFFCPU_MIN_BLOCK_NS, OFFCPU_RUNNABLE, OFFCPU_COUNTS_SIZE and
-// OFFCPU_TASKS_SIZE with -D flags and mirrors every struct here with ctypes.
+// Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE, INCLUDE_IDLE,
+// STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE,
+// PY_PROCS_SIZE, PY_NEW_PAGES, OFF_CPU, OFFCPU_SAMPLE_EVERY, OFFCPU_MIN_BLOCK_NS, OFFCPU_RUNNABLE,
+// OFFCPU_COUNTS_SIZE, OFFCPU_TASKS_SIZE and, for unwind.h, UNWIND, UNWIND_ROWS, UNWIND_FILES, UNWIND_MAPS,
+// UNWIND_PROCS, UNWIND_FRAMES_PER_PROG and UNWIND_MAX_FRAMES with -D flags, and mirrors every struct here
+// with ctypes.
 //
 // Rules this file keeps:
 //  * No kernel struct is read through headers. The agent may run with headers of another kernel
@@ -47,7 +49,8 @@ struct sample_key {
 
 #include "unwind.h"   // after struct stack_trace and struct sample_key, which its walk state holds
 
-// Per-CPU counters, cumulative since load; user space reads deltas. Indices mirror sampler.py STAT_*.
+// Per-CPU counters, cumulative since load; user space reads deltas. Each index is the position of its name
+// in agent/sampler.py STAT_NAMES.
 #define STAT_SAMPLES             0
 #define STAT_USER_STACK_MISSING  1
 #define STAT_USER_STACK_ERROR    2
@@ -758,7 +761,7 @@ static __always_inline void add_offcpu(u32 set, struct sample_key *key, u64 ns, 
 // A wait that crossed a flip is recorded in the current set, but its stacks went into the other one. Copy
 // each body over while that set still holds it: user space reads the pending switch-outs (offcpu_starts)
 // after the flip's grace and before it drains, so a wait that ends after that read is one it has seen
-// and carries the bodies of itself (agent/sampler.py _StackCarry); one that ended before it finds them
+// and carries the bodies of itself (agent/offcpu.py StackCarry); one that ended before it finds them
 // here, not yet drained.
 static __always_inline void carry_stack(u32 set, u64 id) {
     if (id <= STACK_LOST)

@@ -120,7 +120,7 @@ class GpuWindow:
     def up(self) -> bool:
         return self.state == "up"
 
-    def attributed(self, process_of, owner_of) -> GpuWindow:  # noqa: ANN001 - two lookups, see below
+    def attributed(self, process_of, owner_of) -> GpuWindow:  # two lookups, see below
         """A copy with each process's ProcessInfo (`process_of(pid)`, e.g. ProcessTable.get) and each
         device's PodResources owner (`owner_of(uuid)`, e.g. GpuOwners.owner) filled in."""
         return replace(

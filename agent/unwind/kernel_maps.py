@@ -30,7 +30,7 @@ class MapEntry(tuple):
 class UnwindMaps:
     """The four maps of a loaded sampler (BCC tables), written by the agent's unwinder thread only."""
 
-    def __init__(self, rows, files, maps, procs, wanted, unmapped=None) -> None:  # noqa: ANN001 - BCC tables
+    def __init__(self, rows, files, maps, procs, wanted, unmapped=None) -> None:  # BCC tables
         self._rows, self._files, self._maps, self._procs = rows, files, maps, procs
         self._wanted = wanted
         self._unmapped = unmapped

@@ -63,7 +63,7 @@ class TorchBackend:
         self.torch.cuda.synchronize()
         return n
 
-    def profile(self, steps: int, run) -> dict:  # noqa: ANN001 - the step runner
+    def profile(self, steps: int, run) -> dict:  # the step runner
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
@@ -137,7 +137,7 @@ class StandinBackend:
         self._check(self.rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         return n
 
-    def profile(self, steps: int, run) -> dict:  # noqa: ANN001
+    def profile(self, steps: int, run) -> dict:
         raise SystemExit("gpu_job: --profile needs the torch backend (torch.profiler)")
 
 

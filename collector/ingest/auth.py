@@ -32,7 +32,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
 
         self._refuse = grpc.stream_stream_rpc_method_handler(refuse)
 
-    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001, ANN201
+    def intercept_service(self, continuation, handler_call_details):
         value = ""
         for key, v in handler_call_details.invocation_metadata or ():
             if key == "authorization":

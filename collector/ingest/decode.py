@@ -104,7 +104,7 @@ class StackCache:
     def __init__(self, ids: ContentIds) -> None:
         self._ids = ids
         # Stacks in batches so far: found by the agent's wire id, or checked and decoded (the share decoded
-        # is what ingest costs: README, collector scale); and of those decoded, how many found their
+        # is what ingest costs: bench/README.md, Collector scale); and of those decoded, how many found their
         # content id held by other frames.
         self.counts = {"known": 0, "decoded": 0, "collisions": 0}
         self._agents = _PerAgent(IdIndex, self.MAX_WIRE_IDS)

@@ -30,19 +30,19 @@ def gpu_label(d: pb.GpuDevice) -> str:
     return f"{d.index}/{d.gpu_instance_id}" if d.parent_uuid else str(d.index)
 
 
-def _latest(samples, name: str) -> float | None:  # noqa: ANN001 - repeated GpuSample
+def _latest(samples, name: str) -> float | None:  # repeated GpuSample
     for s in reversed(samples):
         if s.HasField(name):
             return getattr(s, name)
     return None
 
 
-def _mean(samples, name: str) -> float | None:  # noqa: ANN001
+def _mean(samples, name: str) -> float | None:
     values = [getattr(s, name) for s in samples if s.HasField(name)]
     return sum(values) / len(values) if values else None
 
 
-def _reading(node: str, d: pb.GpuDevice, strings) -> DeviceReading:  # noqa: ANN001
+def _reading(node: str, d: pb.GpuDevice, strings) -> DeviceReading:
     s = d.samples
     util = _mean(s, "gpu_utilization_percent")
     mem_util = _mean(s, "memory_utilization_percent")

@@ -9,7 +9,7 @@ another's agent id cannot pre-send that agent's sequence numbers. A certificate 
 (--node-binding none) names no node: it proves only "one of our agents".
 
 Without client certificates there is no identity beyond the token, which every agent shares: any holder of
-the ingest token can write as any node (README, Security).
+the ingest token can write as any node (docs/security.md).
 """
 
 from __future__ import annotations

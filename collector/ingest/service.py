@@ -224,7 +224,7 @@ class IngestService(pb_grpc.IngestServicer):
             self._rejected(unreadable)
             raise unreadable from None
 
-    def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:  # noqa: N802
+    def Push(self, request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         """Batches arrive as wire bytes (see serve_ingest): parsed here, and logged as they came."""
         peer = peer_of(context.auth_context(), self._node_binding)
         for payload in request_iterator:

@@ -57,10 +57,10 @@ class TimedStore:
         self.inner = store
         self.timer = timer
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - write_logged, seen, ... of the wrapped store
+    def __getattr__(self, name: str):  # write_logged, seen, ... of the wrapped store
         return getattr(self.inner, name)
 
-    def _timed(self, method: str, fn, *args):  # noqa: ANN001, ANN202
+    def _timed(self, method: str, fn, *args):
         t0 = time.perf_counter()
         try:
             return fn(*args)

@@ -44,12 +44,12 @@ class StackTable(Sequence[tuple[int, Stack]]):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i):  # noqa: ANN001, ANN204 (Sequence's int and slice overloads)
+    def __getitem__(self, i):  # Sequence's int and slice overloads
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return int(self.ids[i]), self._frames[self._slots[i]]
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return zip(self.ids.tolist(), map(self._frames.__getitem__, self._slots.tolist()), strict=True)
 
 

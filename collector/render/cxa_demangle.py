@@ -57,7 +57,7 @@ def load() -> Callable[[bytes], bytes | None]:
     return demangle
 
 
-def serve(lines_in, out) -> None:  # noqa: ANN001 (binary streams)
+def serve(lines_in, out) -> None:  # binary streams
     """The helper's loop: answer each name on `lines_in` on `out`, until end of input."""
     try:
         demangle = load()

@@ -110,7 +110,7 @@ class MemoryStore:
 
     COMPACT_EVERY = 30  # expired buckets between compactions (5 minutes of 10 s buckets)
 
-    def __init__(self, retention_s: float = 3600.0, bucket_s: float = BUCKET_S, clock=time.time):  # noqa: ANN001
+    def __init__(self, retention_s: float = 3600.0, bucket_s: float = BUCKET_S, clock=time.time):
         if retention_s < 15 * 60:
             raise ValueError("the recent window must keep at least 15 minutes")
         self.retention_s = retention_s

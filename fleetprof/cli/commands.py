@@ -174,7 +174,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _debuginfod(args: argparse.Namespace):  # noqa: ANN202 - agent.symbols.debuginfod.DebuginfodConfig | None
+def _debuginfod(args: argparse.Namespace):  # agent.symbols.debuginfod.DebuginfodConfig | None (lazily)
     """The debuginfod servers from --debuginfod-url, else $DEBUGINFOD_URLS (ValueError names a bad one)."""
     from fleetprof.agent.symbols.debuginfod import DEFAULT_MAX_ANSWER_BYTES, DebuginfodConfig, parse_urls
 
@@ -195,7 +195,7 @@ def _debuginfod(args: argparse.Namespace):  # noqa: ANN202 - agent.symbols.debug
     )
 
 
-def _client_tls(args: argparse.Namespace):  # noqa: ANN202 - fleetprof.tls.ClientTlsConfig, imported lazily
+def _client_tls(args: argparse.Namespace):  # fleetprof.tls.ClientTlsConfig, imported lazily
     """TLS to the collector when any TLS flag is given or --collector is an https:// URL (no --tls-ca: the
     system's CAs)."""
     by_url = args.collector.startswith("https://")
@@ -206,7 +206,7 @@ def _client_tls(args: argparse.Namespace):  # noqa: ANN202 - fleetprof.tls.Clien
     return ClientTlsConfig(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
 
 
-def _wait_for_signal(on_stop) -> None:  # noqa: ANN001
+def _wait_for_signal(on_stop) -> None:
     signal.signal(signal.SIGTERM, lambda *_: on_stop())
     signal.signal(signal.SIGINT, lambda *_: on_stop())
 

@@ -134,7 +134,7 @@ def _sample_fraction(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _latency_duty(text: str):  # noqa: ANN202 - agent.syscalls.LatencyDuty, imported lazily
+def _latency_duty(text: str):  # agent.syscalls.LatencyDuty, imported lazily
     from fleetprof.agent.syscalls import parse_latency_duty
 
     try:

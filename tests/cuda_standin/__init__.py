@@ -119,7 +119,7 @@ class HeldRun:
     stderr: str
 
     @property
-    def header(self):  # noqa: ANN201 - RingHeader
+    def header(self):  # RingHeader
         return self.batches[-1].header
 
     def kernels(self) -> list:

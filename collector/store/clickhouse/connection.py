@@ -79,7 +79,7 @@ class NativeConnection:
         self._idle: queue.LifoQueue = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(size)
 
-    def _client(self):  # noqa: ANN202 - clickhouse_driver.Client, imported late
+    def _client(self):  # clickhouse_driver.Client, imported late
         from clickhouse_driver import Client
 
         cfg = self._config
@@ -111,7 +111,7 @@ class NativeConnection:
             **kwargs,
         )
 
-    def _run(self, fn):  # noqa: ANN001, ANN202
+    def _run(self, fn):
         from clickhouse_driver import errors
 
         self._slots.acquire()
@@ -148,7 +148,7 @@ class NativeConnection:
             for name, a in (ids or {}).items()
         ]
 
-        def run(client) -> list[tuple]:  # noqa: ANN001
+        def run(client) -> list[tuple]:
             # numpy results only for inserts: rows come back as Python values either way here
             rows = client.execute(
                 sql, external_tables=external or None, settings={**(settings or {}), "use_numpy": False}
