@@ -46,6 +46,7 @@ from fleetprof.agent.symbols.debuginfod import Debuginfod, DebuginfodConfig
 from fleetprof.agent.symbols.modules import ModuleWatch
 from fleetprof.agent.symbols.preloader import Preloader
 from fleetprof.agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.symbols.unsymbolized import MAX_ADDRESSES, SHOWN_ADDRESSES, UnsymbolizedAddresses
 from fleetprof.agent.symbols.vdso import read_own_vdso
 from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof.agent.unwind.unwinder import Unwinder
@@ -133,12 +134,14 @@ class Agent:
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         # The module list is read before kallsyms (at start()), so a module loaded in between is read again.
+        self.unsymbolized = UnsymbolizedAddresses()  # served at /unsymbolized
         self.resolver = Resolver(
             self.processes,
             self.symbolizer,
             python=self.python,
             modules=ModuleWatch(),
             unsymbolized=config.unsymbolized,
+            addresses=self.unsymbolized,
         )
         self.shipper = Shipper(
             config.collector,
@@ -164,7 +167,10 @@ class Agent:
         host, port = split_hostport(config.http, "--http")
         metrics_tokens = TokenFile(config.metrics_token_file) if config.metrics_token_file else None
         self.http = HttpServer(
-            host, port, {"/metrics": self._metrics, "/healthz": self._healthz}, tokens=metrics_tokens
+            host,
+            port,
+            {"/metrics": self._metrics, "/healthz": self._healthz, "/unsymbolized": self._unsymbolized},
+            tokens=metrics_tokens,
         )
         self.sampler: CpuSampler | None = None
         self.syscalls: SyscallTracer | None = None
@@ -241,6 +247,14 @@ class Agent:
 
     def _metrics(self, _req: Request) -> Response:
         return Response(generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _unsymbolized(self, req: Request) -> Response:
+        """The raw addresses behind frames named after their file (agent/symbols/unsymbolized.py), each
+        file's hottest `addresses` (default SHOWN_ADDRESSES)."""
+        text = req.param("addresses", str(SHOWN_ADDRESSES)) or ""
+        if not text.isdigit() or not 1 <= int(text) <= MAX_ADDRESSES:
+            return json_response({"error": f"addresses: expected 1 to {MAX_ADDRESSES}, got {text!r}"}, 400)
+        return json_response(self.unsymbolized.snapshot(int(text)))
 
     def _healthz(self, _req: Request) -> Response:
         stale = time.monotonic() - self._last_drain > 3 * self.config.interval_s + 5

@@ -13,7 +13,8 @@ from fleetprof.agent.python.merge import PythonFrames
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols.modules import ModuleWatch
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, by_module, unknown_frame, unsymbolized_file
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, by_module, module_runs, unknown_frame
+from fleetprof.agent.symbols.unsymbolized import Run, UnsymbolizedAddresses
 from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
 
 log = logging.getLogger(__name__)
@@ -88,20 +89,23 @@ class Resolver:
         python: PythonStacks | None = None,
         modules: ModuleWatch | None = None,
         unsymbolized: str = UNSYMBOLIZED_MODULE,
+        addresses: UnsymbolizedAddresses | None = None,
     ):
         """`modules`: the kernel's module list, looked at once a drain; when it changed, kernel symbols are
         read again (and kernel stacks named with the old ones forgotten). `unsymbolized`: one of
-        UNSYMBOLIZED_CHOICES."""
+        UNSYMBOLIZED_CHOICES; with "module", `addresses` is given the samples at the addresses the merge
+        hides."""
         if unsymbolized not in UNSYMBOLIZED_CHOICES:
             raise ValueError(
                 f"unsymbolized must be one of {', '.join(UNSYMBOLIZED_CHOICES)}: {unsymbolized!r}"
             )
         self._by_module = unsymbolized == UNSYMBOLIZED_MODULE
+        self._addresses = addresses if self._by_module else None
         self._processes = processes
         self._modules = modules
         self._symbolizer = symbolizer
         self._python = python
-        # (pid, start, stack id) -> (frames, cut at an unmapped address, holds a file's unsymbolized code)
+        # (pid, start, stack id) -> (frames, cut at an unmapped address, runs of a file's unsymbolized code)
         self._user_cache = _Lru(cache_size)
         self._kernel_cache = _Lru(cache_size)
         self._py_named = _Lru(cache_size // 2)
@@ -167,11 +171,13 @@ class Resolver:
         weight: int,
     ) -> ResolvedSample:
         """One drained row symbolized; `weight`: its samples, for the Python walker's statistics."""
-        user, cut, unsymbolized = self._user(proc, s.user_stack, drain.stacks, remapped)
+        user, cut, runs = self._user(proc, s.user_stack, drain.stacks, remapped)
         if cut:
             self._cut += weight
-        if unsymbolized:
+        if runs:
             self._unsymbolized += weight
+            if self._addresses is not None and weight:
+                self._addresses.add(runs, weight)
         if python is not None:
             user = python.user_frames(proc, s.user_stack, s.python_stack, weight, user, drain.python_stacks)
         kernel = self._kernel(s.kernel_stack, drain.stacks)
@@ -193,22 +199,22 @@ class Resolver:
 
     def _user(
         self, proc: ProcessInfo, stack_id: int, stacks: dict[int, tuple[int, ...]], remapped: set[int]
-    ) -> tuple[tuple[Frame, ...], bool, bool]:
+    ) -> tuple[tuple[Frame, ...], bool, tuple[Run, ...]]:
         """The user frames, root first, whether they were cut at an address outside every mapping, and
-        whether one is in a file that no symbol covers there."""
+        the runs of frames in files that no symbol covers there (symbolizer.module_runs)."""
         if stack_id == STACK_NONE:
-            return (), False, False
+            return (), False, ()
         if stack_id == STACK_LOST:
-            return (LOST_USER_STACK,), False, False
+            return (LOST_USER_STACK,), False, ()
         key = (proc.pid, proc.start_ticks, stack_id)
         cached = self._user_cache.get(key)
         if cached is not None:
             return cached
         addrs = stacks.get(stack_id)
         if addrs is None:  # cannot happen with the double buffer; be explicit if it ever does
-            return (LOST_USER_STACK,), False, False
+            return (LOST_USER_STACK,), False, ()
         if not proc.mappings:
-            result = ((NOT_DESCRIBED,), False, False)
+            result = ((NOT_DESCRIBED,), False, ())
             self._user_cache.put(key, result)
             return result
         frames = self._symbolizer.user_frames(proc.pid, proc.mappings, addrs, return_addresses=True)
@@ -226,8 +232,8 @@ class Resolver:
         if kept and kept[0].module == UNMAPPED:
             kept[0] = unknown_frame(UNSEEN_MAPPING, addrs[0])
         kept.reverse()
-        unsymbolized = any(unsymbolized_file(f) for f in kept)
-        result = (by_module(kept) if self._by_module else tuple(kept), cut < len(frames), unsymbolized)
+        runs = module_runs(kept)
+        result = (by_module(kept) if self._by_module else tuple(kept), cut < len(frames), runs)
         self._user_cache.put(key, result)
         return result
 

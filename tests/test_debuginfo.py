@@ -32,7 +32,16 @@ from fleetprof.agent.symbols.debuginfod import (
 )
 from fleetprof.agent.symbols.elf import ElfFile, debug_file_path
 from fleetprof.agent.symbols.maps import read_maps
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, by_module, module_frame, unknown_frame
+from fleetprof.agent.symbols.symbolizer import (
+    Frame,
+    Symbolizer,
+    by_module,
+    module_frame,
+    module_runs,
+    unknown_frame,
+    unknown_offset,
+)
+from fleetprof.agent.symbols.unsymbolized import UnsymbolizedAddresses
 from tests import debuginfod_servers as servers
 from tests.conftest import wait_until
 
@@ -501,6 +510,41 @@ def test_unsymbolized_frames_merge_into_one_per_module_run():
         unknown_frame("[anon]", 0x20),
     )
     assert module_frame("sha256sum") == Frame("sha256sum", "sha256sum")
+    # What the merge hides: the innermost address of each run, and whether that run is the leaf.
+    assert module_runs(frames) == (("sha256sum", 0x41FC, False), ("sha256sum", 0x2000, False))
+    assert module_runs(frames[:3]) == (("sha256sum", 0x41FC, True),)
+    assert unknown_offset(unknown_frame("a (b)+c", 0x10)) == 0x10 and unknown_offset(main) is None
+
+
+def test_unsymbolized_addresses_are_counted_within_their_caps():
+    log = UnsymbolizedAddresses(max_files=2, max_addresses=2, clock=lambda: 1000.0)
+    log.add((("a", 0x10, True),), 5)
+    log.add((("a", 0x20, False), ("b", 0x1, True)), 3)
+    log.add((("a", 0x30, True),), 2)  # a third address of a: past its cap
+    log.add((("c", 0x1, True),), 7)  # a third file: past the cap
+    snap = log.snapshot(shown=1)
+    assert snap == {
+        "since_unix": 1000.0,
+        "files": [
+            {
+                "file": "a",
+                "samples": 10,
+                "self_samples": 7,
+                "addresses": [{"offset": "0x10", "samples": 5, "self_samples": 5}],
+                "addresses_not_shown": 1,
+                "samples_past_the_address_cap": 2,
+            },
+            {
+                "file": "b",
+                "samples": 3,
+                "self_samples": 3,
+                "addresses": [{"offset": "0x1", "samples": 3, "self_samples": 3}],
+                "addresses_not_shown": 0,
+                "samples_past_the_address_cap": 0,
+            },
+        ],
+        "samples_past_the_file_cap": 7,
+    }
 
 
 def test_stop_cuts_a_fetch_in_progress_and_marks_nothing_missing(prog, tmp_path):
@@ -551,10 +595,19 @@ def test_resolver_merges_a_stripped_files_frames_and_names_them_once_debuginfod_
         for m in [next(m for m in read_maps(proc.pid) if m.start <= a < m.end)]
     ]
 
-    resolver = Resolver(table, symbolizer)
+    addresses = UnsymbolizedAddresses()
+    resolver = Resolver(table, symbolizer, addresses=addresses)
     frames, stats = window_user_frames(resolver, proc.pid, addrs)
     assert frames == [module_frame("prog")]  # both addresses, one frame
     assert stats["user_stack_unsymbolized"] == 5
+    # ... and the raw address stays on the agent: the run's innermost, where the CPU was, 5 samples.
+    maps = read_maps(proc.pid)
+    leaf = next(m for m in maps if m.start <= addrs[0] < m.end)
+    (prog_file,) = addresses.snapshot()["files"]
+    assert prog_file["file"] == "prog" and prog_file["self_samples"] == 5
+    assert prog_file["addresses"] == [
+        {"offset": f"0x{addrs[0] - leaf.start + leaf.offset:x}", "samples": 5, "self_samples": 5}
+    ]
 
     d.start()
     try:

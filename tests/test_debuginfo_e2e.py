@@ -7,10 +7,12 @@ function: a stripped build keeps no name of it (.dynsym holds exported names onl
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import urllib.error
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from tests.conftest import (
     WORKLOADS,
     RunningAgent,
     RunningCollector,
+    http_get,
     samples_of,
     settled_profile,
     start_agent,
@@ -213,6 +216,25 @@ def test_without_symbols_a_stripped_binary_ranks_as_one_frame_named_after_it(
     assert (first["function"], first["module"]) == ("sym_bare", "sym_bare"), top
     assert metric(agent, "fleetprof_agent_debuginfod_requests_total", outcome="not_found") >= 1
     assert metric(agent, "fleetprof_agent_stack_outcomes_total", reason="user_stack_unsymbolized") > 0
+
+    # Where the raw address stays: the agent's /unsymbolized, by file offset. The offsets where sym_bare's
+    # own code ran land in sym_hot_mix of the unstripped build: the addresses are the real ones.
+    answer = json.loads(http_get(f"http://127.0.0.1:{agent.http_port}/unsymbolized?addresses=4096"))
+    (mine,) = [f for f in answer["files"] if f["file"] == "sym_bare"]
+    table, segments = vaddr_symbols(bare)
+
+    def function_at(offset: str) -> str | None:
+        vaddr = offset_to_vaddr(segments, int(offset, 16))
+        hit = table.lookup(vaddr) if vaddr is not None else None
+        return hit[0] if hit is not None else None
+
+    in_mix = sum(a["self_samples"] for a in mine["addresses"] if function_at(a["offset"]) == "sym_hot_mix")
+    print(f"/unsymbolized: sym_hot_mix at {in_mix} of sym_bare's {mine['self_samples']} self samples")
+    # As above, with the same samples: > 0.9 is 7 sigma below the true ~0.99 at n = 300.
+    assert mine["self_samples"] > 300 and in_mix > 0.9 * mine["self_samples"], mine
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        http_get(f"http://127.0.0.1:{agent.http_port}/unsymbolized?addresses=0")
+    assert refused.value.code == 400 and b"expected 1 to 4096" in refused.value.read()
 
 
 def run_for_cpu_seconds(argv: list[str], seconds: float) -> int:

@@ -52,6 +52,17 @@ def unknown_frame(module: str, offset: int, kernel: bool = False) -> Frame:
     return Frame(f"{UNKNOWN} ({module}+0x{offset:x})", module, kernel)
 
 
+def unknown_offset(frame: Frame) -> int | None:
+    """The offset unknown_frame wrote into `frame`'s name, or None (a named frame)."""
+    if not frame.is_unknown or not frame.function.endswith(")"):
+        return None
+    _head, sep, digits = frame.function[:-1].rpartition("+0x")
+    try:
+        return int(digits, 16) if sep else None
+    except ValueError:
+        return None
+
+
 def module_frame(module: str) -> Frame:
     """The one frame that stands for every address of `module` no symbol covers (see by_module)."""
     return Frame(module, module)
@@ -78,6 +89,25 @@ def by_module(frames: Sequence[Frame]) -> tuple[Frame, ...]:
                 continue
         out.append(frame)
     return tuple(out)
+
+
+def module_runs(frames: Sequence[Frame]) -> tuple[tuple[str, int, bool], ...]:
+    """For each run that by_module makes one frame, root first: (file, the innermost frame's offset, whether
+    the run is the innermost frame of all): the addresses the merge hides (agent/symbols/unsymbolized.py)."""
+    runs: list[tuple[str, int, bool]] = []
+    for i, frame in enumerate(frames):
+        if not unsymbolized_file(frame):
+            continue
+        offset = unknown_offset(frame)
+        if offset is None:
+            continue
+        run = (frame.module, offset, i == len(frames) - 1)
+        previous = frames[i - 1] if i else None
+        if runs and previous is not None and unsymbolized_file(previous) and previous.module == frame.module:
+            runs[-1] = run  # the same run, one frame further in
+        else:
+            runs.append(run)
+    return tuple(runs)
 
 
 class _CachedFile:
