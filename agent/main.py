@@ -159,7 +159,11 @@ class Agent:
         self.counters = AgentCounters()
         self._trim_heap = HeapTrimmer(self._symbol_generation)
         self.registry, self._drain_hist = build_registry(
-            self.counters, lambda: self.shipper.stats, self._gauges, file_errors=self.file_errors.snapshot
+            self.counters,
+            lambda: self.shipper.stats,
+            self._gauges,
+            file_errors=self.file_errors.snapshot,
+            totals=self._totals,
         )
         self.registry.register(GpuExporter(self.gpu, self.identity.node))
         if self.debuginfod is not None:
@@ -214,7 +218,15 @@ class Agent:
             "unwind_rows": (u.rows_used, "Table rows in the kernel (8 bytes each)"),
             "unwind_rows_capacity": (u.rows_capacity, "Table rows the kernel map holds"),
             "unwind_processes": (u.processes, "Processes whose user stacks are walked by tables"),
-            "unwind_table_build_seconds": (round(u.build_seconds, 3), "Seconds spent building tables"),
+        }
+
+    def _totals(self) -> dict:
+        """Running totals the agent's parts keep (counters on /metrics)."""
+        if self.unwinder is None:
+            return {}
+        seconds = self.unwinder.stats().build_ns / 1e9
+        return {
+            "unwind_table_build_seconds": (seconds, "Seconds the unwind-table worker spent building tables")
         }
 
     def _gauges(self) -> dict:

@@ -60,10 +60,9 @@ class AgentCounters:
         "stacks_unresolved",
     )
 
-    # The table walk of user stacks (agent/bpf/unwind.h; all 0 with --unwind=fp): walks, how each ended
-    # (end: the outermost frame, the normal end), frames stepped by frame pointer, frame-pointer fallbacks.
-    UNWIND_EVENTS = (
-        "walks",
+    # The table walk of user stacks (agent/bpf/unwind.h; all 0 with --unwind=fp): how each walk ended
+    # (end: the outermost frame, the normal end); every walk ends once, so they add up to the walks.
+    UNWIND_ENDS = (
         "end",
         "no_mapping",
         "jit",
@@ -73,10 +72,22 @@ class AgentCounters:
         "depth",
         "signal",
         "unsupported",
-        "fp_frames",
-        "fallback",
-        "jit_fp",
     )
+    # ... and what is counted in walks, frames or samples rather than by how a walk ended: each its own
+    # series (metric name suffix, help), so no sum over one label mixes walks with frames.
+    UNWIND_COUNTS = {
+        "walks": ("walks", "User stacks walked by call-frame information (agent/bpf/unwind.h)"),
+        "fp_frames": ("fp_frames", "Frames of table walks stepped by frame pointer (a file not tabled yet)"),
+        "jit_fp": (
+            "jit_fp_frames",
+            "Frames of JIT code (anonymous executable memory) stepped by frame pointer back into mapped code",
+        ),
+        "fallback": (
+            "fallback_samples",
+            "Samples of processes walked by tables that were unwound by frame pointer instead",
+        ),
+    }
+    UNWIND_EVENTS = (*UNWIND_COUNTS, *UNWIND_ENDS)  # the sampler's stats, unwind_<event>
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -153,11 +164,13 @@ class _AgentCollector:
         shipper: Callable[[], ShipperStats],
         gauges: Callable[[], dict],
         file_errors: Callable[[], dict[str, int]] | None = None,
+        totals: Callable[[], dict] | None = None,
     ):
         self._counters = counters
         self._shipper = shipper
         self._gauges = gauges
         self._file_errors = file_errors
+        self._totals = totals or dict
 
     def describe(self) -> list[Metric]:
         return []  # keeps registration from running collect()
@@ -209,15 +222,17 @@ class _AgentCollector:
             "event",
             offcpu,
         )
+        unwind = self._counters.unwind_snapshot()
+        for event, (suffix, help_) in AgentCounters.UNWIND_COUNTS.items():
+            yield CounterMetricFamily(f"fleetprof_agent_unwind_{suffix}", help_, value=unwind[event])
         yield _labelled(
-            "fleetprof_agent_unwind_events",
-            "User stacks walked by call-frame information, by event: walks; how each ended (end: the"
-            " outermost frame; no_mapping, jit, no_table, fp_failed, read_fault, depth, signal,"
-            " unsupported); fp_frames stepped by frame pointer; fallback: samples walked by frame pointer;"
-            " jit_fp: frames of JIT code (anonymous executable memory) stepped by frame pointer back into"
-            " mapped code (jit: walks that ended there instead)",
-            "event",
-            self._counters.unwind_snapshot(),
+            "fleetprof_agent_unwind_walk_ends",
+            "User stacks walked by call-frame information, by how the walk ended (each once: they add up to"
+            " fleetprof_agent_unwind_walks_total): end (the outermost frame, the normal end); no_mapping, jit"
+            " (an address outside the mappings, in JIT code), no_table, fp_failed, read_fault, depth,"
+            " signal, unsupported",
+            "reason",
+            {k: unwind[k] for k in AgentCounters.UNWIND_ENDS},
         )
         yield GaugeMetricFamily(
             "fleetprof_agent_offcpu_pending",
@@ -248,6 +263,8 @@ class _AgentCollector:
         )
         for name, (value, help_) in self._gauges().items():
             yield GaugeMetricFamily(f"fleetprof_agent_{name}", help_, value=value)
+        for name, (value, help_) in self._totals().items():  # running totals: counters (name sans _total)
+            yield CounterMetricFamily(f"fleetprof_agent_{name}", help_, value=value)
 
 
 def build_registry(
@@ -255,12 +272,15 @@ def build_registry(
     shipper: Callable[[], ShipperStats],
     gauges: Callable[[], dict],
     file_errors: Callable[[], dict[str, int]] | None = None,
+    totals: Callable[[], dict] | None = None,
 ) -> tuple[CollectorRegistry, Histogram]:
     """A registry of our own (no process-global state): agent metrics, own CPU and RSS, drain timing.
-    `file_errors` (FileErrors.snapshot) adds fleetprof_agent_symbol_file_errors_total{reason}."""
+    `gauges` and `totals` give {name: (value, help)} read at each scrape, as gauges and as counters (running
+    totals kept elsewhere; the name without "_total"). `file_errors` (FileErrors.snapshot) adds
+    fleetprof_agent_symbol_file_errors_total{reason}."""
     reg = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
-    reg.register(_AgentCollector(counters, shipper, gauges, file_errors))
+    reg.register(_AgentCollector(counters, shipper, gauges, file_errors, totals))
     drain_hist = Histogram(
         "fleetprof_agent_drain_duration_seconds",
         "Time to drain, symbolize and encode one window",

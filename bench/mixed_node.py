@@ -182,7 +182,16 @@ def main() -> int:
         counters = {
             k: v
             for k, v in metrics.items()
-            if k.startswith(("fleetprof_agent_unwind_events_total", "fleetprof_agent_python_"))
+            if k.startswith(
+                (
+                    "fleetprof_agent_unwind_walks_total",
+                    "fleetprof_agent_unwind_walk_ends_total",
+                    "fleetprof_agent_unwind_fp_frames_total",
+                    "fleetprof_agent_unwind_jit_fp_frames_total",
+                    "fleetprof_agent_unwind_fallback_samples_total",
+                    "fleetprof_agent_python_",
+                )
+            )
             or "stack_outcomes" in k
         }
         print()

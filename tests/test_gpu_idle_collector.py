@@ -109,10 +109,20 @@ def test_gpus_shows_where_the_idle_time_went_running_or_waiting(
     read_shard while the GPU idled: the wall view puts read_shard first."""
     batch = tagged_batch(monkeypatch)
     proc = next(i for i, p in enumerate(batch.processes) if p.pid == 1001)
+    # read_shard in read() as the agent records it on this kernel (tests/test_waits.py)
+    names = ["read_shard", "read", "entry_SYSCALL_64_after_hwframe", "do_syscall_64", "ksys_read"]
+    names += ["vfs_read", "schedule", "__schedule"]
+    modules = ["python3", "libc.so.6", *["[kernel]"] * 6]
     base = len(batch.strings)
-    batch.strings.extend(["read_shard"])
-    batch.stacks.append(pb.Stack(functions=[base], modules=[base - 1], kernel_start=1))
-    batch.stack_ids.append(stack_wire_id(["read_shard"], ["python3"], 1))
+    batch.strings.extend([*names, "libc.so.6", "[kernel]"])
+    module_ids = {"python3": base - 1, "libc.so.6": base + len(names), "[kernel]": base + len(names) + 1}
+    assert batch.strings[base - 1] == "python3"
+    batch.stacks.append(
+        pb.Stack(
+            functions=range(base, base + len(names)), modules=[module_ids[m] for m in modules], kernel_start=2
+        )
+    )
+    batch.stack_ids.append(stack_wire_id(names, modules, 2))
     oc = batch.offcpu_columns
     oc.process.append(proc)
     oc.stack.append(len(batch.stacks) - 1)
@@ -124,7 +134,11 @@ def test_gpus_shows_where_the_idle_time_went_running_or_waiting(
     assert trainer["cpu_samples_gpu_idle"] == 30  # CPU counts stay samples
     cpu_ns = 30 * round(1e9 / batch.frequency_hz)
     assert trainer["idle_wall_seconds"] == round((cpu_ns + 4_000_000_000) / 1e9, 3)
-    assert trainer["idle_wall_top_functions"][0]["function"] == "read_shard"
+    # By frame, the wait's leaf is the scheduler; by where it blocked, read_shard in read.
+    assert trainer["idle_wall_top_functions"][0]["function"] == "__schedule"
+    first = trainer["idle_wall_top_waits"][0]
+    assert (first["function"], first["reason"], first["value"]) == ("read_shard", "read", 4_000_000_000)
     r = fleetprof("gpus", "--collector", collector.url, "--from", RANGE["from"], "--until", RANGE["until"])
     assert r.returncode == 0, r.stderr
-    assert "of its wall time while idle (run or wait): read_shard" in r.stdout
+    assert "of its wall time while idle: read_shard (read)" in r.stdout
+    assert "of its wall time while idle: load_batch (running)" in r.stdout

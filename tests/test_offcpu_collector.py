@@ -162,7 +162,13 @@ def test_the_cli_reads_off_cpu_and_wall_time(fed: RunningCollector, tmp_path) ->
     top = fleetprof("top", "--collector", fed.url, "--since", "10m", "--type", "offcpu")
     assert top.returncode == 0, top.stderr
     assert "2.5s of offcpu time" in top.stdout
-    (row,) = [line for line in top.stdout.splitlines() if line.rstrip().endswith("read  [libc.so.6]")]
+    # By default, where each thread blocked in its own code and why: serve called libc's read. These stacks
+    # have no kernel frames, so the reason is unknown (tests/test_waits.py reads real ones).
+    (row,) = [line for line in top.stdout.splitlines() if line.rstrip().endswith("serve  [app]")]
+    assert row.split()[:3] == ["80.0%", "2.0s", "unknown"], top.stdout
+    by_frame = fleetprof("top", "--collector", fed.url, "--since", "10m", "--type", "offcpu", "--by-frame")
+    assert by_frame.returncode == 0, by_frame.stderr
+    (row,) = [line for line in by_frame.stdout.splitlines() if line.rstrip().endswith("read  [libc.so.6]")]
     assert "80.0%" in row and "2.0s" in row
     out = tmp_path / "wall.folded"
     flame = fleetprof("flame", "--collector", fed.url, "--since", "10m", "--type", "wall", "-o", str(out))
@@ -267,4 +273,48 @@ def test_idle_threads_waits_stay_out_of_wall_views_unless_asked_for(collector: R
         "top", "--collector", collector.url, "--since", "10m", "--type", "wall", "--threads", "all"
     )
     assert top.returncode == 0, top.stderr
-    assert "futex_wait" in top.stdout
+    # The pool's 40 s wait ranks under its own frame (libc's futex_wait is the C runtime); the CPU samples
+    # run. These stacks carry no kernel frames, so the wait's reason is unknown.
+    rows = [line.split() for line in top.stdout.splitlines()[2:]]
+    assert [(r[2], r[3]) for r in rows] == [
+        ("unknown", "worker_loop"),
+        ("unknown", "sync"),
+        ("running", "step"),
+    ]
+    by_frame = fleetprof(
+        "top",
+        "--collector",
+        collector.url,
+        "--since",
+        "10m",
+        "--type",
+        "wall",
+        "--threads",
+        "all",
+        "--by-frame",
+    )
+    assert by_frame.returncode == 0, by_frame.stderr
+    assert "futex_wait" in by_frame.stdout
+
+
+def test_top_ranks_off_cpu_and_wall_by_where_threads_blocked_unless_asked_by_frame(
+    fed: RunningCollector,
+) -> None:
+    off = fed.json("/api/v1/top", since="10m", type="offcpu")
+    assert off["rank"] == "blocked" and off["total"] == 2500 * MS
+    assert [(f["function"], f["reason"], f["value"]) for f in off["functions"]] == [
+        ("serve", "unknown", 2000 * MS),
+        ("wait", "unknown", 500 * MS),
+    ]
+    wall = fed.json("/api/v1/top", since="10m", type="wall")
+    assert wall["rank"] == "blocked" and wall["total"] == 30 * PERIOD_NS + 2500 * MS
+    assert ("serve", "running", 30 * PERIOD_NS) in [
+        (f["function"], f["reason"], f["value"]) for f in wall["functions"]
+    ]
+    by_frame = fed.json("/api/v1/top", since="10m", type="offcpu", rank="frame")
+    assert by_frame["rank"] == "frame" and by_frame["functions"][0]["function"] == "read"
+    assert fed.json("/api/v1/top", since="10m")["rank"] == "frame"  # CPU samples rank by frame
+    for params, word in (({"rank": "blocked"}, "rank"), ({"type": "offcpu", "sort": "total"}, "sort")):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            fed.json("/api/v1/top", since="10m", **params)
+        assert info.value.code == 400 and word in json.loads(info.value.read())["error"]

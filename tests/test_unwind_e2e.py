@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof._proto.pyroscope import profile_pb2
 from tests.conftest import (
@@ -96,6 +97,32 @@ def test_a_cpp_template_method_shows_up_demangled_under_its_callers(
     prof = profile_pb2.Profile.FromString(gzip.decompress(pprof.read_bytes()))
     names = {(prof.string_table[f.name], prof.string_table[f.system_name]) for f in prof.function}
     assert (CHURN, "_ZN5fleet7kernels11AccumulatorIdE5churnEl") in names, sorted(names)[:20]
+
+
+def test_the_agent_counts_walks_their_ends_and_frames_in_series_of_their_own(
+    agent: RunningAgent, module_collector: RunningCollector, no_fp_bin: Callable[[str], Path]
+) -> None:
+    """Walks, how each ended, and frames are separate families, so no sum over one label mixes them; the
+    table build time is a counter."""
+    pid = run([str(no_fp_bin("unwind_template")), "1"])
+    settled_profile(module_collector, f'{{pid="{pid}"}}', agent)
+    families = {f.name: f for f in text_string_to_metric_families(agent.metrics())}
+    for name in (
+        "walks",
+        "walk_ends",
+        "fp_frames",
+        "jit_fp_frames",
+        "fallback_samples",
+        "table_build_seconds",
+    ):
+        assert families[f"fleetprof_agent_unwind_{name}"].type == "counter", name
+    assert "fleetprof_agent_unwind_events" not in families
+    walks = families["fleetprof_agent_unwind_walks"].samples[0].value
+    ends = {s.labels["reason"]: s.value for s in families["fleetprof_agent_unwind_walk_ends"].samples}
+    # Each walk ends once, counted when it ends: never more ends than walks, and the binary built without
+    # frame pointers was walked to its outermost frame.
+    assert walks > 0 and ends["end"] > 0 and sum(ends.values()) <= walks, (walks, ends)
+    assert families["fleetprof_agent_unwind_table_build_seconds"].samples[0].value > 0
 
 
 def test_a_process_in_its_own_mount_namespace_that_exits_before_the_drain_is_whole(

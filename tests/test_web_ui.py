@@ -495,6 +495,12 @@ def test_type_switch_shows_cpu_samples_then_off_cpu_and_wall_time_in_seconds(
     names = set(frame_names(page))
     assert "wait_io" in names and "burn" not in names
     rows = top_rows(page)
+    # Ranked by where threads blocked (these stacks have no kernel frames: the reason is unknown) ...
+    assert rows["wait_io"][2:] == ["unknown", "2.00 s", "100.00%"] and "burn" not in rows
+    # ... and by frame, self and total.
+    page.click("#top-by-frame")
+    page.wait_for("document.getElementById('top-title').textContent === 'Top functions'")
+    rows = top_rows(page)
     assert "burn" not in rows
     assert rows["wait_io"][2:] == ["2.00 s", "100.00%", "2.00 s", "100.00%"]
     assert rows["serve"][2:] == ["0.00 s", "0.00%", "2.00 s", "100.00%"]

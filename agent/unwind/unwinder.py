@@ -77,7 +77,7 @@ class UnwinderStats:
     rows_capacity: int = 0
     processes: int = 0
     tables_built: int = 0
-    build_seconds: float = 0.0
+    build_ns: int = 0  # nanoseconds spent building tables: summed as integers, exact when shown in seconds
     evictions: int = 0
 
 
@@ -333,7 +333,7 @@ class Unwinder:
             if f is None or f.fd < 0:
                 return True
             fd, f.fd = f.fd, -1
-        t0 = time.monotonic()
+        t0 = time.monotonic_ns()
         table: UnwindTable | None = None
         delta = 0
         try:
@@ -341,10 +341,10 @@ class Unwinder:
         except (ElfError, OSError) as e:
             self.file_errors.count(e)
             log.debug("no unwind table for %s: %s", f.name, e)
-        spent = time.monotonic() - t0
+        spent = time.monotonic_ns() - t0
         with self._lock:
             self._stats.tables_built += 1
-            self._stats.build_seconds += spent
+            self._stats.build_ns += spent
             if table is None or not len(table):
                 f.failed = True
                 self._stats.files_failed += 1

@@ -3,6 +3,7 @@ aggregates. Nothing here knows about the wire, a store or a renderer."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -43,6 +44,13 @@ class FrameKey(NamedTuple):
     function: str
     module: str = ""
     kernel: bool = False
+
+
+# A Python frame's name carries the line it was running: "qualname (file.py:LINE)", with the file's name as
+# its module (agent/python/codes.py); a code object the agent could not name has the module "[python]".
+# Rankings merge a function's lines (render/tree.py) and look for a thread's own code (query/waits.py).
+PYTHON_LINE = re.compile(r"(?P<function>.*) \((?P<file>[^()]*):(?P<line>\d+)\)")
+UNNAMED_PYTHON_MODULE = "[python]"
 
 
 Labels = tuple[tuple[str, str], ...]

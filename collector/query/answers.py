@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.model.profile import FrameKey, Stacks
 from fleetprof.collector.model.rows import Selection
 from fleetprof.collector.model.selector import Selector
 from fleetprof.collector.query.series import Line
@@ -84,6 +84,8 @@ class PodReport:
     idle_wall_seconds: float
     idle_stacks: Stacks = field(default_factory=dict)
     idle_wall_stacks: Stacks = field(default_factory=dict)
+    # the wall time by where its threads ran or blocked, and why (query/waits.py)
+    idle_wall_waits: dict[tuple[FrameKey, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from fleetprof.collector.query.types import (
     TYPES,
     ProfileType,
 )
+from fleetprof.collector.query.waits import Waits, blocked_where
 from fleetprof.collector.store.base import GpuUsage, ProfileStore
 
 
@@ -70,6 +71,19 @@ class QueryService:
     def profile(self, scope: Scope) -> Selection:
         """The merged stacks of the scope."""
         return self.typed(scope.kind, scope.threads).select(scope.selector, scope.start, scope.end)
+
+    def blocked(self, scope: Scope) -> tuple[Selection, Waits]:
+        """An off-CPU or wall scope's stacks, and their value by where each thread blocked in its own code
+        and why (query/waits.py): what `top` ranks for these types."""
+        if scope.kind == "cpu":
+            raise QueryError("CPU samples did not block: rank them by frame (rank=frame)")
+        running, waits = self.typed(scope.kind, scope.threads).select_apart(
+            scope.selector, scope.start, scope.end
+        )
+        merged = dict(running.stacks)
+        for stack, value in waits.stacks.items():
+            merged[stack] = merged.get(stack, 0) + value
+        return Selection(merged, waits.frequency_hz), blocked_where(waits.stacks, running.stacks)
 
     def diff(self, baseline: Scope, comparison: Scope) -> Diff:
         """Two scopes' stacks side by side (comparison() makes the second)."""
@@ -174,8 +188,12 @@ class QueryService:
                     Matcher(GPU_STATE_NAME, "=", "idle"),
                 )
                 idle = Selector((*selector.matchers, *pod_idle))
-                own, wall = typed.select_with_wall(idle, start, end)
-                report.idle_stacks, report.idle_wall_stacks = own.stacks, wall.stacks
+                own, running, waits = typed.select_with_wall(idle, start, end)
+                wall = dict(running.stacks)
+                for stack, ns in waits.stacks.items():
+                    wall[stack] = wall.get(stack, 0) + ns
+                report.idle_stacks, report.idle_wall_stacks = own.stacks, wall
+                report.idle_wall_waits = blocked_where(waits.stacks, running.stacks)
                 report.idle_wall_seconds = round(sum(report.idle_wall_stacks.values()) / 1e9, 3)
             out.append(report)
         return out

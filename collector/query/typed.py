@@ -23,10 +23,15 @@ def _with(selector: Selector, *matchers: Matcher) -> Selector:
     return Selector((*selector.matchers, *matchers))
 
 
-def _wall(cpu: Selection, off: Selection) -> Selection:
-    """CPU samples in nanoseconds (a sampling period each) plus off-CPU nanoseconds, by stack."""
+def _in_ns(cpu: Selection) -> dict[Stack, int]:
+    """CPU samples in nanoseconds (a sampling period each), by stack."""
     period = period_ns(cpu.frequency_hz)
-    stacks: dict[Stack, int] = {st: n * period for st, n in cpu.stacks.items()} if period else {}
+    return {st: n * period for st, n in cpu.stacks.items()} if period else {}
+
+
+def _wall(cpu: Selection, off: Selection) -> Selection:
+    """CPU samples in nanoseconds plus off-CPU nanoseconds, by stack."""
+    stacks = _in_ns(cpu)
     for st, n in off.stacks.items():
         stacks[st] = stacks.get(st, 0) + n
     return Selection(stacks, NS_HZ)
@@ -55,16 +60,30 @@ class TypedStore:
             return Selection(off.stacks, NS_HZ)
         return _wall(self.store.select(_with(selector, _CPU), start, end), off)
 
-    def select_with_wall(self, selector: Selector, start: float, end: float) -> tuple[Selection, Selection]:
-        """This view's selection and the wall view's of active threads (what the per-pod GPU report shows
-        of a pod's idle time), from the store's selects the two share."""
+    def select_apart(self, selector: Selector, start: float, end: float) -> tuple[Selection, Selection]:
+        """An off-CPU or wall view's two halves before they merge: its CPU samples in nanoseconds (none for
+        offcpu) and its off-CPU time. A ranking of waits reads them apart: a stack alone does not say
+        whether it ran or waited."""
+        if self.kind == "cpu":
+            raise ValueError("a CPU view has no off-CPU half")
+        off = Selection(self.store.select(_with(selector, *self._off), start, end).stacks, NS_HZ)
+        if self.kind == "offcpu":
+            return Selection({}, NS_HZ), off
+        return Selection(_in_ns(self.store.select(_with(selector, _CPU), start, end)), NS_HZ), off
+
+    def select_with_wall(
+        self, selector: Selector, start: float, end: float
+    ) -> tuple[Selection, Selection, Selection]:
+        """This view's selection, and the wall view's of active threads in its two halves, its CPU samples in
+        nanoseconds and its off-CPU time (what the per-pod GPU report shows of a pod's idle time, and ranks
+        by where it blocked), from the store's selects they share."""
         cpu = self.store.select(_with(selector, _CPU), start, end)
         active = self.store.select(_with(selector, _OFFCPU, _ACTIVE), start, end)
-        wall = _wall(cpu, active)
+        running, waits = Selection(_in_ns(cpu), NS_HZ), Selection(active.stacks, NS_HZ)
         if self.kind == "cpu":
-            return cpu, wall
+            return cpu, running, waits
         off = active if self.threads == "active" else self.store.select(_with(selector, _OFFCPU), start, end)
-        return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), wall
+        return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), running, waits
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         if self.kind == "cpu":

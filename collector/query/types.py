@@ -17,6 +17,10 @@ from fleetprof.collector.model.rows import period_ns
 TYPES = ("cpu", "offcpu", "wall")
 UNITS = {"cpu": "samples", "offcpu": "nanoseconds", "wall": "nanoseconds"}
 THREADS = ("active", "all")
+# How `top` ranks a profile: `blocked` by where each thread blocked in its own code and why
+# (query/waits.py), the default of the off-CPU and wall types; `frame` by leaf and total frames (CPU's).
+RANKS = ("blocked", "frame")
+DEFAULT_RANK = {"cpu": "frame", "offcpu": "blocked", "wall": "blocked"}
 DEFAULT_THREADS = {"cpu": "all", "offcpu": "all", "wall": "active"}
 # Nanoseconds read as samples at 1 GHz, so every renderer that turns samples into seconds with the
 # frequency shows nanosecond profiles in seconds too.

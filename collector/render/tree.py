@@ -8,11 +8,10 @@ from __future__ import annotations
 import heapq
 import json
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.model.profile import PYTHON_LINE, FrameKey, Stacks
 from fleetprof.collector.render.names import Names, as_stored
 
 KERNEL_SUFFIX = "_[k]"
@@ -217,10 +216,8 @@ def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 2) if whole else 0.0
 
 
-# A Python frame's name carries the line it was running: "qualname (file.py:LINE)", with the file's path as
-# its module (agent/python/codes.py). The line is part of the frame's identity in flame graphs; a ranking of
-# functions merges a function's lines into one row named "qualname (file.py)".
-_PYTHON_LINE = re.compile(r"(?P<function>.*) \((?P<file>[^()]*):(?P<line>\d+)\)")
+# A Python frame's line (model/profile.py PYTHON_LINE) is part of the frame's identity in flame graphs; a
+# ranking of functions merges a function's lines into one row named "qualname (file.py)".
 
 
 class PythonFunctions:
@@ -250,7 +247,7 @@ class PythonFunctions:
     def _function(self, frame: FrameKey) -> FrameKey:
         if frame.kernel or not frame.function.endswith(")"):
             return frame
-        match = _PYTHON_LINE.fullmatch(frame.function)
+        match = PYTHON_LINE.fullmatch(frame.function)
         if match is None or match["file"] != os.path.basename(frame.module):
             return frame
         function = FrameKey(f"{match['function']} ({match['file']})", frame.module, False)

@@ -22,6 +22,7 @@ from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.speedscope import to_speedscope
 from fleetprof.collector.render.svg import render_svg
 from fleetprof.collector.render.tree import to_folded, to_json, top_functions, tree_json_text, truncate
+from fleetprof.collector.render.waits import top_waits
 from fleetprof.collector.serve.params import Params
 from fleetprof.collector.serve.web import static
 from fleetprof.httpserve import HttpError, Request, Response, json_response, text_response
@@ -177,12 +178,21 @@ class HttpApi:
         limit = p.whole_number("limit", 20, 1, 10_000)
         if p.given("by"):
             return self._top_groups(p, limit)
-        sort = p.choice("sort", SORTS, "self")
         lines = p.lines()
         scope = p.scope()
-        sel = self._query.profile(scope)
+        rank = p.rank(scope.kind)
+        sort = p.choice("sort", SORTS, "self")
+        if rank == "blocked":
+            if sort != "self":
+                raise HttpError(400, 'rank=blocked counts each wait once (no "sort"): add rank=frame to sort')
+            sel, waits = self._query.blocked(scope)
+            functions = top_waits(waits, limit, lines, self._names)
+        else:
+            sel = self._query.profile(scope)
+            functions = top_functions(sel.stacks, limit, sort, lines, self._names)
         return json_response(
             {
+                "rank": rank,
                 "sort": sort,
                 "lines": lines,
                 "type": scope.kind,
@@ -192,7 +202,9 @@ class HttpApi:
                 "from": scope.start,
                 "until": scope.end,
                 "query": str(scope.selector),
-                "functions": top_functions(sel.stacks, limit, sort, lines, self._names),
+                # rank=frame: self and total per function; rank=blocked: the function a thread blocked in,
+                # the reason, and the value of those waits (each wait counted once)
+                "functions": functions,
                 **_notes(self._query.notes(scope, sel.total)),
             }
         )
@@ -292,6 +304,8 @@ class HttpApi:
                     "idle_wall_top_functions": top_functions(
                         r.idle_wall_stacks, functions, names=self._names
                     ),
+                    # the wall time by where its threads ran or blocked in their own code, and why
+                    "idle_wall_top_waits": top_waits(r.idle_wall_waits, functions, names=self._names),
                 }
             )
         body = {"from": start, "until": end, "query": str(selector), "type": scope.kind, "unit": scope.unit}

@@ -9,7 +9,7 @@ from fleetprof.collector.query.labels import GPU_STATES, with_gpu_state
 from fleetprof.collector.query.limits import MAX_MATCH
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.timerange import TimeRangeError, resolve_range
-from fleetprof.collector.query.types import DEFAULT_THREADS, THREADS, TYPES
+from fleetprof.collector.query.types import DEFAULT_RANK, DEFAULT_THREADS, RANKS, THREADS, TYPES
 from fleetprof.httpserve import HttpError, Request
 
 
@@ -70,6 +70,14 @@ class Params:
         """`type` (cpu, offcpu, wall) and `threads` (active, all; the type's default when absent)."""
         kind = self.kind()
         return kind, self.choice("threads", THREADS, DEFAULT_THREADS[kind])
+
+    def rank(self, kind: str) -> str:
+        """`rank` of `top`: blocked (where threads blocked and why: the off-CPU and wall default) or frame
+        (functions by self and total); CPU samples rank by frame only."""
+        rank = self.choice("rank", RANKS, DEFAULT_RANK[kind])
+        if rank == "blocked" and kind == "cpu":
+            raise HttpError(400, "rank=blocked ranks waits: use it with type=offcpu or type=wall")
+        return rank
 
     def choice(self, name: str, allowed: tuple[str, ...], default: str) -> str:
         value = self.req.param(name, default)

@@ -16,6 +16,7 @@
     threadsSwitch: $('threads-switch'), typeNote: $('type-note'), refresh: $('refresh'), auto: $('auto-refresh'),
     error: $('error'), warnings: $('warnings'), status: $('status'), chartTitle: $('chart-title'),
     chartUnit: $('chart-unit'), zoomOut: $('zoom-out'), topLines: $('top-lines'),
+    topByFrame: $('top-by-frame'), topByFrameField: $('top-by-frame-field'),
   };
 
   const state = {
@@ -95,6 +96,7 @@
     el.threadsField.hidden = !type.threads;
     el.typeNote.hidden = !type.threads;
     el.typeNote.textContent = type.threads ? type.counts[threads()] : '';
+    el.topByFrameField.hidden = profileType() === 'cpu';  // CPU samples rank by frame only
   }
 
   // type, and threads where the type tells threads apart: what every request of the page counts.
@@ -116,6 +118,7 @@
   function saveHash() {
     const params = queryParams();
     if (el.topLines.checked) params.lines = '1';
+    if (byFrame()) params.rank = 'frame';
     try {
       history.replaceState(null, '', '#' + new URLSearchParams(compare.addHashParams(params)).toString());
     } catch (_) { /* file:// or sandboxed frames may refuse; the page works without it */ }
@@ -125,6 +128,7 @@
     const params = new URLSearchParams(location.hash.replace(/^#/, ''));
     if (params.has('query')) el.selector.value = params.get('query');
     el.topLines.checked = params.get('lines') === '1';
+    el.topByFrame.checked = params.get('rank') === 'frame';
     if (F.isType(params.get('type'))) setProfileType(params.get('type'));
     const type = F.TYPES[profileType()];
     setThreads(type.threads && type.counts[params.get('threads')] ? params.get('threads') : type.threads);
@@ -146,7 +150,7 @@
     graph: $('flamegraph'), deeper: $('flame-deeper'), total: $('total'), search: $('search'), searchStatus: $('search-status'),
     invert: $('invert'), resetZoom: $('reset-zoom'),
   });
-  const top = FleetprofTop.create(document.querySelector('#top-table tbody'), profile.highlight);
+  const top = FleetprofTop.create(document.querySelector('#top-table tbody'), $('top-title'), profile.highlight);
   const labels = FleetprofLabels.create(
     { labels: $('labels'), labelValues: $('label-values'), selector: el.selector }, () => refresh(), showError,
   );
@@ -251,9 +255,18 @@
     showWarnings([prof, tops, series].map((r) => (r.status === 'fulfilled' ? r.value : null)));
   }
 
-  // The top table's request: a Python function's lines apart only when asked for.
+  // Off-CPU and wall ranked by frame rather than by where threads blocked (the collector's default).
+  function byFrame() {
+    return el.topByFrame.checked && profileType() !== 'cpu';
+  }
+
+  // The top table's request: a Python function's lines apart, and off-CPU or wall by frame, only when
+  // asked for.
   function topParams() {
-    return el.topLines.checked ? { limit: '50', lines: '1' } : { limit: '50' };
+    const params = { limit: '50' };
+    if (el.topLines.checked) params.lines = '1';
+    if (byFrame()) params.rank = 'frame';
+    return params;
   }
 
   // The lines switch redraws the table alone: the flame graph keeps lines either way.
@@ -297,6 +310,7 @@
     compare.retype();
   });
   el.topLines.addEventListener('change', refreshTop);
+  el.topByFrame.addEventListener('change', refreshTop);
   el.zoomOut.addEventListener('click', zoomOutTime);
   el.auto.addEventListener('change', () => setAutoRefresh(el.auto.checked));
 

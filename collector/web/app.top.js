@@ -1,6 +1,8 @@
 // fleetprof collector UI: the top functions table (/api/v1/top), a Python function's lines as one row
 // unless "Python lines apart" is on; a click on a row highlights that function in the flame graph (a
-// function row: each of its lines, which the flame graph keeps apart).
+// function row: each of its lines, which the flame graph keeps apart). Off-CPU and wall answers rank by
+// where threads blocked (rank "blocked"): the function of their own code, the reason and the time; "By
+// frame" asks for the self/total ranking instead.
 'use strict';
 
 window.FleetprofTop = (function () {
@@ -15,11 +17,51 @@ window.FleetprofTop = (function () {
     return '^' + F.escapeRegex(name) + '$';
   }
 
-  // tbody: the table's body; onPick(pattern): a row was clicked (namesPattern of it).
-  function create(tbody, onPick) {
+  // The table's columns, by how the answer ranks: [heading, cell class]; a heading takes its column's
+  // alignment ("num") only.
+  const COLUMNS = {
+    frame: [['Function', ''], ['Module', 'module'], ['Self', 'num'], ['Self %', 'num'], ['Total', 'num'], ['Total %', 'num']],
+    blocked: [['Where it blocked', ''], ['Module', 'module'], ['Reason', 'reason'], ['Time', 'num'], ['Share', 'num']],
+  };
+  const TITLES = { frame: 'Top functions', blocked: 'Where threads blocked, and why' };
+
+  function rankOf(body) {
+    return body && body.rank === 'blocked' ? 'blocked' : 'frame';
+  }
+
+  // The cells of a row, as text, in COLUMNS' order.
+  function cellsOf(fn, rank, amount) {
+    const module = fn.module ? String(fn.module) : (fn.kernel ? '[kernel]' : '');
+    if (rank === 'blocked') {
+      return [fn.function, module, String(fn.reason || ''), amount(fn.value), Number(fn.pct || 0).toFixed(2) + '%'];
+    }
+    return [
+      fn.function, module, amount(fn.self), Number(fn.self_pct || 0).toFixed(2) + '%',
+      amount(fn.total), Number(fn.total_pct || 0).toFixed(2) + '%',
+    ];
+  }
+
+  // tbody: the table's body (its table's thead is redrawn for the answer's ranking); title: the section's
+  // heading; onPick(pattern): a row was clicked (namesPattern of it).
+  function create(tbody, title, onPick) {
+    const head = tbody.parentNode.querySelector('thead tr');
+
+    function showHead(rank) {
+      head.textContent = '';
+      for (const [text, cls] of COLUMNS[rank]) {
+        const th = document.createElement('th');
+        if (cls === 'num') th.className = cls;
+        th.textContent = text;
+        head.appendChild(th);
+      }
+      if (title) title.textContent = TITLES[rank];
+    }
+
     // body: the top answer, or null (none yet, or it failed).
     function show(body) {
       tbody.textContent = '';
+      const rank = rankOf(body);
+      showHead(rank);
       const rows = body && Array.isArray(body.functions) ? body.functions : [];
       const measure = F.measureOf(body);
       // Samples as counted for CPU; seconds for the nanosecond types.
@@ -27,7 +69,7 @@ window.FleetprofTop = (function () {
       if (!rows.length) {
         const tr = document.createElement('tr');
         const td = document.createElement('td');
-        td.colSpan = 6;
+        td.colSpan = COLUMNS[rank].length;
         td.className = 'empty';
         td.textContent = body ? F.nothingFor(body, measure, 'in this range') : '';
         tr.appendChild(td);
@@ -40,20 +82,13 @@ window.FleetprofTop = (function () {
         const name = String(fn.function == null ? '' : fn.function);
         tr.dataset.name = name;
         tr.dataset.pattern = namesPattern(name, fn.lines);
-        const cells = [
-          [name, ''],
-          [fn.module ? String(fn.module) : (fn.kernel ? '[kernel]' : ''), 'module'],
-          [amount(fn.self), 'num'],
-          [Number(fn.self_pct || 0).toFixed(2) + '%', 'num'],
-          [amount(fn.total), 'num'],
-          [Number(fn.total_pct || 0).toFixed(2) + '%', 'num'],
-        ];
-        for (const [text, cls] of cells) {
+        const texts = cellsOf(Object.assign({}, fn, { function: name }), rank, amount);
+        COLUMNS[rank].forEach(([, cls], i) => {
           const td = document.createElement('td');
           if (cls) td.className = cls;
-          td.textContent = text;
+          td.textContent = texts[i];
           tr.appendChild(td);
-        }
+        });
         tr.title = 'highlight ' + name + ' in the flame graph';
         tbody.appendChild(tr);
       }

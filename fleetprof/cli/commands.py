@@ -217,7 +217,9 @@ def cmd_top(args: argparse.Namespace) -> int:
         by = params | {"by": args.by}
         print(format_groups(_warn("top", fetch_json(args.collector, "/api/v1/top", by, _credentials(args)))))
         return 0
+    by_frame = args.by_frame or args.type == "cpu" or args.sort != "self"  # --sort total ranks frames
     params |= {"sort": args.sort, "lines": "1" if args.lines else None}
+    params |= {"rank": "frame" if by_frame else "blocked"}
     data = fetch_json(args.collector, "/api/v1/top", params, _credentials(args))
     print(format_top(_warn("top", data)))
     return 0

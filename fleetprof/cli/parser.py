@@ -666,7 +666,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_type_arg(t)
     t.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="rows to print")
     t.add_argument(
-        "--sort", choices=("self", "total"), default="self", help="rank functions by self or total samples"
+        "--sort",
+        choices=("self", "total"),
+        default="self",
+        help="rank functions by self or total samples (offcpu and wall: total ranks by frame)",
+    )
+    t.add_argument(
+        "--by-frame",
+        action="store_true",
+        help="offcpu and wall: rank functions by frame (self and total), as for cpu, instead of by where each"
+        " thread blocked in its own code and why (read, futex, page fault, preempted, ...)",
     )
     t.add_argument(
         "--lines",

@@ -63,6 +63,8 @@ def format_top(data: dict) -> str:
     ns = data.get("unit") == "nanoseconds"
     if ns:  # off-CPU or wall time: values are nanoseconds
         lines = [f"{data['query']}  {span}  {_seconds_text(total / 1e9)} of {data['type']} time"]
+        if data.get("rank") == "blocked":
+            lines[0] += ", by where threads blocked in their own code (--by-frame: by frame)"
     else:
         cpu = f", {total / freq:.1f} s of CPU at {freq} Hz" if freq else ""
         lines = [f"{data['query']}  {span}  {total} samples{cpu}"]
@@ -73,6 +75,12 @@ def format_top(data: dict) -> str:
     def amount(v: int) -> str:
         return _seconds_text(v / 1e9) if ns else str(v)
 
+    if data.get("rank") == "blocked":  # off-CPU or wall time by where threads blocked, and why
+        rows = [
+            (f"{fn['pct']:.1f}%", amount(fn["value"]), fn["reason"], f"{fn['function']}{_where(fn)}")
+            for fn in data["functions"]
+        ]
+        return "\n".join(lines + _table(("SHARE", "TIME", "REASON", "WHERE IT BLOCKED"), rows, align="rrll"))
     lines.append(f"{'SELF%':>7} {'SELF':>8} {'TOTAL%':>7} {'TOTAL':>8}  FUNCTION")
     for fn in data["functions"]:
         lines.append(
@@ -159,9 +167,16 @@ def format_gpus(data: dict) -> str:
         lines.append("  ".join(cells).rstrip())
         for f in (p or {}).get("idle_top_functions", []):
             lines.append(f"    {f['self_pct']:5.1f}% of its CPU while idle: {f['function']}")
-        waits = (p or {}).get("idle_wall_top_functions", [])
-        if waits and (p or {}).get("idle_wall_seconds"):
+        if not (p or {}).get("idle_wall_seconds"):
+            continue
+        waits = p.get("idle_wall_top_waits")
+        if waits is not None:  # where its threads ran or blocked, and why
             for f in waits:
+                lines.append(
+                    f"    {f['pct']:5.1f}% of its wall time while idle: {f['function']} ({f['reason']})"
+                )
+        else:  # a collector from before the ranking of waits: by frame
+            for f in p.get("idle_wall_top_functions", []):
                 lines.append(
                     f"    {f['self_pct']:5.1f}% of its wall time while idle (run or wait): {f['function']}"
                 )

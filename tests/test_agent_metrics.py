@@ -1,0 +1,44 @@
+"""The agent's self-metrics as Prometheus reads them: the unwinder's walks, their ends and its frame counts
+are families of their own (a sum over one label never mixes walks with frames), and running totals such as
+the table build time are counters whose sums are exact."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.shipper import ShipperStats
+
+
+def families(counters: AgentCounters, totals: dict) -> dict:
+    registry, _hist = build_registry(counters, ShipperStats, dict, totals=lambda: totals)
+    text = generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}, text
+
+
+def test_walks_ends_and_frames_are_families_of_their_own() -> None:
+    counters = AgentCounters()
+    drain = {"unwind_walks": 10, "unwind_end": 7, "unwind_no_mapping": 2, "unwind_depth": 1}
+    drain |= {"unwind_fp_frames": 40, "unwind_jit_fp": 3, "unwind_fallback": 5}
+    counters.add_drain(drain, samples=15)
+    counters.add_drain({"unwind_walks": 1, "unwind_end": 1, "unwind_fp_frames": 2}, samples=1)
+    got, text = families(counters, {})
+    assert got["fleetprof_agent_unwind_walks"].samples[0].value == 11
+    ends = {s.labels["reason"]: s.value for s in got["fleetprof_agent_unwind_walk_ends"].samples}
+    assert set(ends) == set(AgentCounters.UNWIND_ENDS)
+    assert sum(ends.values()) == 11 and ends["end"] == 8 and ends["no_mapping"] == 2
+    assert got["fleetprof_agent_unwind_fp_frames"].samples[0].value == 42
+    assert got["fleetprof_agent_unwind_jit_fp_frames"].samples[0].value == 3
+    assert got["fleetprof_agent_unwind_fallback_samples"].samples[0].value == 5
+    for name in ("walks", "walk_ends", "fp_frames", "jit_fp_frames", "fallback_samples"):
+        assert got[f"fleetprof_agent_unwind_{name}"].type == "counter"
+    assert "unwind_events" not in text
+
+
+def test_the_table_build_time_is_a_counter_and_reads_exactly() -> None:
+    # 0.1 s + 0.2 s as a float sum is 0.30000000000000004; the agent sums nanoseconds and divides once.
+    got, text = families(AgentCounters(), {"unwind_table_build_seconds": (300_000_000 / 1e9, "help")})
+    assert got["fleetprof_agent_unwind_table_build_seconds"].type == "counter"
+    assert "fleetprof_agent_unwind_table_build_seconds_total 0.3\n" in text
+    assert "# TYPE fleetprof_agent_unwind_table_build_seconds gauge" not in text
