@@ -42,9 +42,11 @@ from fleetprof.agent.sampler import (
     SamplerConfig,
 )
 from fleetprof.agent.shipper import Shipper
+from fleetprof.agent.symbols.debuginfod import Debuginfod, DebuginfodConfig
 from fleetprof.agent.symbols.modules import ModuleWatch
 from fleetprof.agent.symbols.preloader import Preloader
 from fleetprof.agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.symbols.unsymbolized import MAX_ADDRESSES, SHOWN_ADDRESSES, UnsymbolizedAddresses
 from fleetprof.agent.symbols.vdso import read_own_vdso
 from fleetprof.agent.syscalls import LatencyDuty, SyscallConfig, SyscallTracer
 from fleetprof.agent.unwind.unwinder import Unwinder
@@ -73,6 +75,8 @@ class AgentConfig:
     syscall_latency_duty: LatencyDuty | None = None  # None: the tracer's measured default
     python: bool = True  # Python-aware stacks: walk CPython frames in BPF
     unwind: str = "eh_frame"  # user stacks by call-frame information where files have it, or "fp" only
+    unsymbolized: str = "module"  # a stripped file's code: one frame per file, or per "address" (resolver.py)
+    debuginfod: DebuginfodConfig | None = None  # None: no debuginfod server is asked
     # Off-CPU time on sched:sched_switch (agent/sampler.py; defaults measured in bench/offcpu.py).
     off_cpu: bool = SamplerConfig.off_cpu
     offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY
@@ -124,11 +128,21 @@ class Agent:
         self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
         self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
         self.vdso = read_own_vdso()  # the node's vDSO image: tables and names for every process's [vdso]
-        self.symbolizer = Symbolizer(file_errors=self.file_errors, vdso=self.vdso)
+        # OSError: the cache directory cannot be made (the agent does not start: said in one line).
+        self.debuginfod = Debuginfod(config.debuginfod) if config.debuginfod is not None else None
+        self.symbolizer = Symbolizer(file_errors=self.file_errors, vdso=self.vdso, debuginfod=self.debuginfod)
         self.preloader = Preloader(self.symbolizer)
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         # The module list is read before kallsyms (at start()), so a module loaded in between is read again.
-        self.resolver = Resolver(self.processes, self.symbolizer, python=self.python, modules=ModuleWatch())
+        self.unsymbolized = UnsymbolizedAddresses()  # served at /unsymbolized
+        self.resolver = Resolver(
+            self.processes,
+            self.symbolizer,
+            python=self.python,
+            modules=ModuleWatch(),
+            unsymbolized=config.unsymbolized,
+            addresses=self.unsymbolized,
+        )
         self.shipper = Shipper(
             config.collector,
             max_batches=config.queue_batches,
@@ -152,10 +166,15 @@ class Agent:
             totals=self._totals,
         )
         self.registry.register(GpuExporter(self.gpu, self.identity.node))
+        if self.debuginfod is not None:
+            self.registry.register(self.debuginfod)
         host, port = split_hostport(config.http, "--http")
         metrics_tokens = TokenFile(config.metrics_token_file) if config.metrics_token_file else None
         self.http = HttpServer(
-            host, port, {"/metrics": self._metrics, "/healthz": self._healthz}, tokens=metrics_tokens
+            host,
+            port,
+            {"/metrics": self._metrics, "/healthz": self._healthz, "/unsymbolized": self._unsymbolized},
+            tokens=metrics_tokens,
         )
         self.sampler: CpuSampler | None = None
         self.syscalls: SyscallTracer | None = None
@@ -216,6 +235,11 @@ class Agent:
             "processes": (len(self.processes), "Processes described in the process table"),
             "symbol_files": (sym.get("files_cached", 0), "ELF files with a cached symbol table"),
             "symbol_bytes": (sym.get("bytes_held", 0), "Bytes held by cached symbol tables"),
+            "symbol_files_unsymbolized": (
+                sym.get("files_from_dynsym", 0),
+                "Cached ELF files named by .dynsym alone: stripped, and no debug file found for them (their "
+                "own functions read as one frame per file: agent/symbols/debuginfo.py)",
+            ),
             "symbol_preloads_pending": (
                 self.preloader.pending(),
                 "New processes whose symbol tables wait to be loaded (agent/symbols/preloader.py)",
@@ -235,6 +259,14 @@ class Agent:
 
     def _metrics(self, _req: Request) -> Response:
         return Response(generate_latest(self.registry), CONTENT_TYPE_LATEST)
+
+    def _unsymbolized(self, req: Request) -> Response:
+        """The raw addresses behind frames named after their file (agent/symbols/unsymbolized.py), each
+        file's hottest `addresses` (default SHOWN_ADDRESSES)."""
+        text = req.param("addresses", str(SHOWN_ADDRESSES)) or ""
+        if not text.isdigit() or not 1 <= int(text) <= MAX_ADDRESSES:
+            return json_response({"error": f"addresses: expected 1 to {MAX_ADDRESSES}, got {text!r}"}, 400)
+        return json_response(self.unsymbolized.snapshot(int(text)))
 
     def _healthz(self, _req: Request) -> Response:
         stale = time.monotonic() - self._last_drain > 3 * self.config.interval_s + 5
@@ -371,6 +403,8 @@ class Agent:
         if self.pod_watcher is not None:
             self.pod_watcher.start()
         self.preloader.start()
+        if self.debuginfod is not None:
+            self.debuginfod.start()
         self._events_thread = threading.Thread(target=self._poll_events, name="process-events", daemon=True)
         self._events_thread.start()
         log.info(
@@ -454,6 +488,8 @@ class Agent:
         if self._events_thread is not None:
             self._events_thread.join()  # before the sampler frees the ring buffers it waits on
         self.preloader.stop()
+        if self.debuginfod is not None:
+            self.debuginfod.stop()
         if self.unwinder is not None:
             self.unwinder.stop()
         self._wake_events.close()

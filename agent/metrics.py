@@ -38,6 +38,9 @@ class AgentCounters:
         # Samples whose user stack was cut at a return address outside every executable mapping (a
         # frame-pointer walk through code that keeps none; table walks end there in BPF: no_mapping, jit)
         "user_stack_cut_unmapped",
+        # Samples whose user stack holds code of a file that no symbol covers (stripped, and no debug file
+        # found: agent/symbols/debuginfo.py), shown as one frame per file (resolver.py --unsymbolized)
+        "user_stack_unsymbolized",
     )
     # Python frames whose code object could not be named, weighted by samples (agent/python/codes.py
     # UNNAMED_*): the process had exited, the object was freed and replaced, unreadable, or no code object.

@@ -13,7 +13,8 @@ from fleetprof.agent.python.merge import PythonFrames
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols.modules import ModuleWatch
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, unknown_frame
+from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, by_module, module_runs, unknown_frame
+from fleetprof.agent.symbols.unsymbolized import Run, UnsymbolizedAddresses
 from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,11 @@ NOT_DESCRIBED = Frame("[process gone before its mappings were read]", "[fleetpro
 # Where the CPU was (the leaf), in a mapping the agent never saw: the process mapped it after its last
 # description and was gone before the mappings could be read again.
 UNSEEN_MAPPING = "[unseen mapping]"
+# How the addresses of a file that no symbol covers are shown (--unsymbolized): as one frame per file
+# ("sha256sum": symbolizer.by_module), or one frame per address ("[unknown] (sha256sum+0x41fe)").
+UNSYMBOLIZED_MODULE = "module"
+UNSYMBOLIZED_ADDRESS = "address"
+UNSYMBOLIZED_CHOICES = (UNSYMBOLIZED_MODULE, UNSYMBOLIZED_ADDRESS)
 
 
 @dataclass(frozen=True)
@@ -82,18 +88,31 @@ class Resolver:
         cache_size: int = 32768,
         python: PythonStacks | None = None,
         modules: ModuleWatch | None = None,
+        unsymbolized: str = UNSYMBOLIZED_MODULE,
+        addresses: UnsymbolizedAddresses | None = None,
     ):
         """`modules`: the kernel's module list, looked at once a drain; when it changed, kernel symbols are
-        read again (and kernel stacks named with the old ones forgotten)."""
+        read again (and kernel stacks named with the old ones forgotten). `unsymbolized`: one of
+        UNSYMBOLIZED_CHOICES; with "module", `addresses` is given the samples at the addresses the merge
+        hides."""
+        if unsymbolized not in UNSYMBOLIZED_CHOICES:
+            raise ValueError(
+                f"unsymbolized must be one of {', '.join(UNSYMBOLIZED_CHOICES)}: {unsymbolized!r}"
+            )
+        self._by_module = unsymbolized == UNSYMBOLIZED_MODULE
+        self._addresses = addresses if self._by_module else None
         self._processes = processes
         self._modules = modules
         self._symbolizer = symbolizer
         self._python = python
-        self._user_cache = _Lru(cache_size)  # (pid, start, stack id) -> (frames, cut at an unmapped address)
+        # (pid, start, stack id) -> (frames, cut at an unmapped address, runs of a file's unsymbolized code)
+        self._user_cache = _Lru(cache_size)
         self._kernel_cache = _Lru(cache_size)
         self._py_named = _Lru(cache_size // 2)
         self._py_merged = _Lru(cache_size)
         self._cut = 0  # samples of this window whose user stack was cut at an unmapped address
+        self._unsymbolized = 0  # ... and whose user stack holds code of a file that no symbol covers
+        self._symbol_generation = symbolizer.generation
 
     def resolve(self, drain: Drain, syscalls: SyscallDrain | None = None) -> Window:
         reloaded = 0
@@ -102,13 +121,18 @@ class Resolver:
             self._symbolizer.reload_kernel_symbols()
             self._kernel_cache.clear()
             reloaded = 1
+        if self._symbolizer.generation != self._symbol_generation:
+            # A debug file arrived (debuginfod): stacks through that file are named now.
+            self._symbol_generation = self._symbolizer.generation
+            self._user_cache.clear()
+            self._py_merged.clear()
         samples: list[ResolvedSample] = []
         unknown_process = 0
         remapped: set[int] = set()
         python = (
             _PythonWindow(self._python, self._py_named, self._py_merged) if self._python is not None else None
         )
-        self._cut = 0
+        self._cut = self._unsymbolized = 0
         for s in drain.samples:
             proc = self._process(s.tgid, s.comm, tid=s.tid)
             if not proc.start_ticks:
@@ -116,7 +140,7 @@ class Resolver:
                 # samples with what the kernel told us; user addresses cannot be symbolized.
                 unknown_process += s.count
             samples.append(self._resolved(s, proc, drain, remapped, python, s.count))
-        cut = self._cut
+        cut, unsymbolized = self._cut, self._unsymbolized
         # Off-CPU rows take the same path; their counts are nanoseconds, so the Python walker's
         # per-sample statistics do not count them.
         offcpu = [
@@ -126,6 +150,7 @@ class Resolver:
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
         stats["user_stack_cut_unmapped"] = cut
+        stats["user_stack_unsymbolized"] = unsymbolized
         stats["kernel_symbol_reloads"] = reloaded
         if python is not None:
             stats.update(python.stats())
@@ -146,9 +171,13 @@ class Resolver:
         weight: int,
     ) -> ResolvedSample:
         """One drained row symbolized; `weight`: its samples, for the Python walker's statistics."""
-        user, cut = self._user(proc, s.user_stack, drain.stacks, remapped)
+        user, cut, runs = self._user(proc, s.user_stack, drain.stacks, remapped)
         if cut:
             self._cut += weight
+        if runs:
+            self._unsymbolized += weight
+            if self._addresses is not None and weight:
+                self._addresses.add(runs, weight)
         if python is not None:
             user = python.user_frames(proc, s.user_stack, s.python_stack, weight, user, drain.python_stacks)
         kernel = self._kernel(s.kernel_stack, drain.stacks)
@@ -170,21 +199,22 @@ class Resolver:
 
     def _user(
         self, proc: ProcessInfo, stack_id: int, stacks: dict[int, tuple[int, ...]], remapped: set[int]
-    ) -> tuple[tuple[Frame, ...], bool]:
-        """The user frames, root first, and whether they were cut at an address outside every mapping."""
+    ) -> tuple[tuple[Frame, ...], bool, tuple[Run, ...]]:
+        """The user frames, root first, whether they were cut at an address outside every mapping, and
+        the runs of frames in files that no symbol covers there (symbolizer.module_runs)."""
         if stack_id == STACK_NONE:
-            return (), False
+            return (), False, ()
         if stack_id == STACK_LOST:
-            return (LOST_USER_STACK,), False
+            return (LOST_USER_STACK,), False, ()
         key = (proc.pid, proc.start_ticks, stack_id)
         cached = self._user_cache.get(key)
         if cached is not None:
             return cached
         addrs = stacks.get(stack_id)
         if addrs is None:  # cannot happen with the double buffer; be explicit if it ever does
-            return (LOST_USER_STACK,), False
+            return (LOST_USER_STACK,), False, ()
         if not proc.mappings:
-            result = ((NOT_DESCRIBED,), False)
+            result = ((NOT_DESCRIBED,), False, ())
             self._user_cache.put(key, result)
             return result
         frames = self._symbolizer.user_frames(proc.pid, proc.mappings, addrs, return_addresses=True)
@@ -201,7 +231,9 @@ class Resolver:
         kept = frames[:cut]
         if kept and kept[0].module == UNMAPPED:
             kept[0] = unknown_frame(UNSEEN_MAPPING, addrs[0])
-        result = (tuple(reversed(kept)), cut < len(frames))
+        kept.reverse()
+        runs = module_runs(kept)
+        result = (by_module(kept) if self._by_module else tuple(kept), cut < len(frames), runs)
         self._user_cache.put(key, result)
         return result
 

@@ -27,6 +27,10 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # 
 # The ClickHouse store's tests (tests/test_clickhouse_*.py; the demo stays on DuckDB): Debian's server 18.16
 # and ZooKeeper 3.8 (it pulls a JRE), started by the tests on loopback, never as services. ~20 s of apt.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(clickhouse-server clickhouse-client zookeeper)
+# tests/test_debuginfo*.py: elfutils' debuginfod server, started by the tests in a network namespace of its own
+# (never as a service), serving the debug files they build; binutils (objcopy, strip) splits them, xz-utils
+# makes MiniDebugInfo (.gnu_debugdata), util-linux's unshare gives the server its namespace.
+[ $WANT_TEST = 1 ] && APT_PKGS+=(debuginfod binutils xz-utils util-linux)
 # The arm64 guest (scripts/arm64_guest.sh, tests/test_arm64_guest.py) and the arm64 image (scripts/images.sh):
 # qemu-system-aarch64 runs the guest, qemu-user through binfmt_misc runs arm64 package scripts while the
 # guest's root and the image's base are made (arch-test checks that it does); the cross compiler builds the

@@ -254,6 +254,9 @@ def start_agent(
         stdout=log,
         stderr=subprocess.PIPE,
         cwd=REPO,
+        # A machine whose profile sets $DEBUGINFOD_URLS (Ubuntu, Fedora) would send the agent to the
+        # internet: the tests that want a debuginfod name their own on loopback.
+        env={k: v for k, v in os.environ.items() if k != "DEBUGINFOD_URLS"},
     )
     agent = RunningAgent(proc, port, frequency, interval)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 from fleetprof.agent.kernel import missing_prerequisite
 from fleetprof.collector.render.tree import parse_folded
-from tests.conftest import RunningCollector, fleetprof, free_port
+from tests.conftest import REPO, RunningCollector, fleetprof, free_port
 from tests.wire import make_batch, push
 
 
@@ -22,6 +24,10 @@ from tests.wire import make_batch, push
         (["agent", "--frequency", "5000"], "above the 1000 Hz limit"),
         (["agent", "--interval", "0.01"], "between 0.5 and 3600 seconds"),
         (["agent", "--collector", "nowhere"], "expected HOST:PORT"),
+        (["agent", "--debuginfod-url", "ftp://mirror"], "expected http://HOST[:PORT][/PATH]"),
+        (["agent", "--debuginfod-cache-size", "512K"], "must be at least 1M"),
+        (["agent", "--debuginfod-cache-size", "lots"], "expected a size such as 512M or 2G"),
+        (["agent", "--unsymbolized", "hex"], "invalid choice"),
         (["collector", "--retention", "5m"], "at least 15m"),
         (["top", "--limit", "-3"], "must be greater than 0"),
         (["frobnicate"], "invalid choice"),
@@ -32,6 +38,36 @@ def test_bad_flags_exit_2_with_a_message(args: list[str], message: str) -> None:
     assert r.returncode == 2
     assert message in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_agent_names_a_bad_debuginfod_urls_variable() -> None:
+    env = {**os.environ, "DEBUGINFOD_URLS": "https://debuginfod.debian.net ftp://mirror"}
+    cmd = [sys.executable, "-m", "fleetprof.cli", "agent", "--http", f"127.0.0.1:{free_port()}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        "fleetprof agent: $DEBUGINFOD_URLS: debuginfod server 'ftp://mirror': "
+        "expected http://HOST[:PORT][/PATH] or https://..."
+    )
+
+
+def test_agent_names_a_debuginfod_cache_it_cannot_make() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("this check runs as root (as CI does): the agent stops earlier without privileges")
+    r = fleetprof(
+        "agent",
+        "--http",
+        f"127.0.0.1:{free_port()}",
+        "--debuginfod-url",
+        "http://127.0.0.1:9",
+        "--debuginfod-cache",
+        "/proc/self/no/cache",
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        "fleetprof agent: cannot start: [Errno 2] the debuginfod cache /proc/self/no/cache: "
+        "No such file or directory"
+    )
 
 
 def test_query_commands_say_when_the_collector_is_down() -> None:

@@ -84,6 +84,8 @@ _ISSUER = {"enabled": True, "issuerRef": {"name": "fleet-ca"}}
         ({"agent": {"frequency": 0}}, "frequency"),
         ({"agent": {"frequncy": 19}}, "frequncy"),
         ({"agent": {"syscallLatencySample": "16"}}, "syscallLatencySample"),
+        ({"agent": {"debuginfod": {"urls": ["debuginfod.debian.net"]}}}, "agent.debuginfod.urls"),
+        ({"agent": {"debuginfod": {"cacheSize": "1 GB"}}}, "agent.debuginfod.cacheSize"),
         ({"collector": {"retention": "forever"}}, "retention"),
         ({"clickhouse": {"enabled": True}}, "clickhouse.url"),  # ClickHouse needs its URL
         ({"clickhouse": {"enabled": True, "url": "http://ch:8123/db"}}, "clickhouse.url"),
@@ -293,6 +295,7 @@ VARIANTS = {
             "kubernetes": False,
             "podLabels": ["team", "app.kubernetes.io/name=app"],
             "collectorAddress": "collector.example:7470",
+            "debuginfod": {"urls": ["https://debuginfod.debian.net", "http://debuginfod.infra:8002"]},
         },
         "collector": {"persistence": {"storageClassName": "fast"}},
         "grafana": {"dashboards": {"enabled": True}},
@@ -396,6 +399,20 @@ def test_values_reach_the_objects() -> None:
         "--pod-label=app.kubernetes.io/name=app",
     ]
     assert "--collector=collector.example:7470" in args
+    assert [a for a in args if a.startswith("--debuginfod")] == [
+        "--debuginfod-url=https://debuginfod.debian.net",
+        "--debuginfod-url=http://debuginfod.infra:8002",
+        "--debuginfod-cache=/var/cache/fleetprof/debuginfod",
+        "--debuginfod-cache-size=1G",
+    ]
+    pod = ds["spec"]["template"]["spec"]
+    assert {"name": "debuginfod-cache", "mountPath": "/var/cache/fleetprof/debuginfod"} in pod["containers"][
+        0
+    ]["volumeMounts"]
+    assert {
+        "name": "debuginfod-cache",
+        "hostPath": {"path": "/var/cache/fleetprof/debuginfod", "type": "DirectoryOrCreate"},
+    } in pod["volumes"]
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     dashboard = json.loads(cm["data"]["fleetprof-overview.json"])
     assert dashboard["uid"] == "fleetprof-overview"

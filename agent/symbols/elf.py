@@ -295,7 +295,10 @@ class ElfFile:
         self.sections: tuple[Section, ...] = tuple(sections)
 
         self.build_id: str | None = self._find_build_id(note_segments)
-        self.debuglink: str | None = self._find_debuglink()
+        # .gnu_debuglink: the separate debug file's name, and the CRC-32 of that file's whole contents.
+        self.debuglink: str | None = None
+        self.debuglink_crc: int | None = None
+        self._find_debuglink()
 
     def section(self, name: str) -> Section | None:
         """The first section called `name`, or None."""
@@ -332,13 +335,19 @@ class ElfFile:
                     return desc.hex()
         return None
 
-    def _find_debuglink(self) -> str | None:
+    def _find_debuglink(self) -> None:
         sec = self.section(".gnu_debuglink")
         if sec is None:
-            return None
+            return
         data = self.section_data(sec, MAX_NOTE_BYTES)
         end = data.find(b"\0")
-        return data[:end].decode("utf-8", "replace") if end > 0 else None
+        if end <= 0:
+            return
+        self.debuglink = data[:end].decode("utf-8", "replace")
+        # The name, its NUL, padding to 4 bytes, then the CRC in the file's byte order (little-endian here).
+        at = (end + 4) & ~3
+        if at + 4 <= len(data):
+            self.debuglink_crc = int.from_bytes(data[at : at + 4], "little")
 
 
 def _capped(size: int, limit: int, what: str) -> int:
@@ -629,28 +638,56 @@ def debug_file_path(build_id: str, root: str = "/") -> str:
     return os.path.join(root, DEBUG_BUILD_ID_DIR, build_id[:2], build_id[2:] + ".debug")
 
 
+def debug_symbols(dbg: ElfFile, build_id: str | None) -> SymbolTable | None:
+    """The .symtab of a separate debug file `dbg`, if it has one and, where `build_id` is given, it is that
+    build's (a stale debug file from another build would name the wrong functions)."""
+    if build_id is not None and dbg.build_id != build_id:
+        return None
+    source = _symbol_source(dbg, SHT_SYMTAB)
+    if source is None:
+        return None
+    # A debug file keeps its sections' addresses (as NOBITS): they bound zero-size symbols as in the file.
+    ends = [sec.addr + sec.size if sec.addr else 0 for sec in dbg.sections]
+    return SymbolTable.from_sections([source], section_ends=ends)
+
+
+def has_symtab(elf: ElfFile) -> bool:
+    """Whether the file keeps its full symbol table (.symtab): not stripped."""
+    return any(sec.type == SHT_SYMTAB and sec.size for sec in elf.sections)
+
+
+def build_id_symbols(
+    elf: ElfFile,
+    debug_roots: Sequence[str] = ("/",),
+    on_error: Callable[[Exception], object] | None = None,
+) -> SymbolTable | None:
+    """The .symtab of the debug file for `elf`'s build id under the first of `debug_roots` that has one
+    (/usr/lib/debug/.build-id/xx/yyyy.debug), or None.
+
+    Each of `debug_roots` is a directory that stands for `/` (the host's, or a process's /proc/PID/root):
+    the debug file is looked up inside it and never outside (agent/process/rootfs.py). A debug file that
+    cannot be used is skipped; `on_error` is given the exception (a missing file's included)."""
+    if not elf.build_id or len(elf.build_id) <= 2:
+        return None
+    path = debug_file_path(elf.build_id)  # a hex build id: no "/" or ".." of its own
+    for root in debug_roots:
+        try:
+            with ElfFile(open_in_root(root, path)) as dbg:
+                table = debug_symbols(dbg, elf.build_id)
+                if table is not None:
+                    return table
+        except (OSError, ElfError) as e:
+            if on_error is not None:
+                on_error(e)
+    return None
+
+
 def load_symbols(
     elf: ElfFile,
     debug_roots: Sequence[str] = ("/",),
     on_error: Callable[[Exception], object] | None = None,
 ) -> SymbolTable:
-    """The best symbol table for `elf`: a matching build-id debug file's .symtab, else the file's own.
-
-    Each of `debug_roots` is a directory that stands for `/` (the host's, or a process's /proc/PID/root):
-    the debug file is looked up inside it and never outside (agent/process/rootfs.py). A debug file that
-    cannot be used is skipped; `on_error` is given the exception (a missing file's included)."""
-    if elf.build_id and len(elf.build_id) > 2:
-        path = debug_file_path(elf.build_id)  # a hex build id: no "/" or ".." of its own
-        for root in debug_roots:
-            try:
-                with ElfFile(open_in_root(root, path)) as dbg:
-                    # A stale debug file from another build would name the wrong functions.
-                    if dbg.build_id == elf.build_id:
-                        source = _symbol_source(dbg, SHT_SYMTAB)
-                        if source is not None:
-                            return SymbolTable.from_sections([source])
-            except (OSError, ElfError) as e:
-                if on_error is not None:
-                    on_error(e)
-                continue
-    return SymbolTable.from_elf(elf)
+    """The best symbol table for `elf` from its build id's debug file (build_id_symbols) or the file itself;
+    agent/symbols/debuginfo.py looks in more places (.gnu_debuglink, debuginfod)."""
+    table = build_id_symbols(elf, debug_roots, on_error)
+    return table if table is not None else SymbolTable.from_elf(elf)

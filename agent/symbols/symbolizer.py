@@ -9,7 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
-from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, load_symbols, offset_to_vaddr
+from fleetprof.agent.symbols.debuginfo import DEBUGINFOD, DYNSYM, SOURCES, fetched_symbols, find_symbols
+from fleetprof.agent.symbols.debuginfod import Debuginfod
+from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, offset_to_vaddr
 from fleetprof.agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
 from fleetprof.agent.symbols.maps import Mapping, find
 from fleetprof.agent.symbols.vdso import VDSO_NAME, Vdso
@@ -50,12 +52,78 @@ def unknown_frame(module: str, offset: int, kernel: bool = False) -> Frame:
     return Frame(f"{UNKNOWN} ({module}+0x{offset:x})", module, kernel)
 
 
+def unknown_offset(frame: Frame) -> int | None:
+    """The offset unknown_frame wrote into `frame`'s name, or None (a named frame)."""
+    if not frame.is_unknown or not frame.function.endswith(")"):
+        return None
+    _head, sep, digits = frame.function[:-1].rpartition("+0x")
+    try:
+        return int(digits, 16) if sep else None
+    except ValueError:
+        return None
+
+
+def module_frame(module: str) -> Frame:
+    """The one frame that stands for every address of `module` no symbol covers (see by_module)."""
+    return Frame(module, module)
+
+
+def unsymbolized_file(frame: Frame) -> bool:
+    """An address in a mapped file that no symbol covers. Modules in brackets are the kernel's names of
+    special mappings ("[anon]", "[heap]", "[vdso]") and ours ("[unmapped]", "[kernel]"); a file's module is
+    its base name."""
+    return frame.is_unknown and not frame.kernel and not frame.module.startswith("[")
+
+
+def by_module(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """User frames with each address of a file that no symbol covers replaced by one frame named after
+    the file (module_frame), and a run of such frames of one file made one: a stripped executable's
+    functions and their calls among themselves read as one entry, `sha256sum`, as a whole rather than
+    one entry per address ("[unknown] (sha256sum+0x41fe)" 2.2%, "+0x41fc" 0.9%, ...) that no ranking
+    would put first. Frames of other modules between two runs keep them apart."""
+    out: list[Frame] = []
+    for frame in frames:
+        if unsymbolized_file(frame):
+            frame = module_frame(frame.module)
+            if out and out[-1] == frame:
+                continue
+        out.append(frame)
+    return tuple(out)
+
+
+def module_runs(frames: Sequence[Frame]) -> tuple[tuple[str, int, bool], ...]:
+    """For each run that by_module makes one frame, root first: (file, the innermost frame's offset, whether
+    the run is the innermost frame of all): the addresses the merge hides (agent/symbols/unsymbolized.py)."""
+    runs: list[tuple[str, int, bool]] = []
+    for i, frame in enumerate(frames):
+        if not unsymbolized_file(frame):
+            continue
+        offset = unknown_offset(frame)
+        if offset is None:
+            continue
+        run = (frame.module, offset, i == len(frames) - 1)
+        previous = frames[i - 1] if i else None
+        if runs and previous is not None and unsymbolized_file(previous) and previous.module == frame.module:
+            runs[-1] = run  # the same run, one frame further in
+        else:
+            runs.append(run)
+    return tuple(runs)
+
+
 class _CachedFile:
     """Symbols of one ELF file (or the record that loading it failed), shared by every pid mapping it."""
 
-    __slots__ = ("name", "table", "segments", "retry_at", "memo", "nbytes")
+    __slots__ = ("name", "table", "segments", "retry_at", "memo", "nbytes", "build_id", "source", "ask_at")
 
-    def __init__(self, name: str, table: SymbolTable | None, segments: tuple[Segment, ...], retry_at: float):
+    def __init__(
+        self,
+        name: str,
+        table: SymbolTable | None,
+        segments: tuple[Segment, ...],
+        retry_at: float,
+        build_id: str | None = None,
+        source: str = "",
+    ):
         self.name = name
         self.table = table
         self.segments = segments
@@ -63,6 +131,9 @@ class _CachedFile:
         # Per-file memo keyed by ELF address, so it is valid for every process mapping the file.
         self.memo: dict[int, Frame] = {}
         self.nbytes = table.nbytes if table is not None else 0
+        self.build_id = build_id
+        self.source = source  # where the table came from (debuginfo.SOURCES); "" for none
+        self.ask_at = 0.0  # when debuginfod may be asked (again) for a file with .dynsym only
 
 
 class Symbolizer:
@@ -88,9 +159,12 @@ class Symbolizer:
         clock: Callable[[], float] = time.monotonic,
         file_errors: FileErrors | None = None,
         vdso: Vdso | None = None,
+        debuginfod: Debuginfod | None = None,
     ) -> None:
         """`vdso`: the node's vDSO image (agent/symbols/vdso.py), which names every process's `[vdso]`
-        frames; without it they read "[unknown] ([vdso]+0x...)"."""
+        frames; without it they read "[unknown] ([vdso]+0x...)". `debuginfod`: where files that no local
+        source names completely (agent/symbols/debuginfo.py) are asked for, in the background; when a
+        debug file arrives the file's table is replaced and `generation` changes."""
         if max_files < 1 or max_bytes < 1:
             raise ValueError("max_files and max_bytes must be positive")
         self._proc_root = proc_root
@@ -103,13 +177,24 @@ class Symbolizer:
         self.file_errors = file_errors if file_errors is not None else FileErrors()
         self._vdso = vdso
         self._vdso_file = _CachedFile(VDSO_NAME, vdso.symbols, vdso.segments, 0.0) if vdso else None
+        self._debuginfod = debuginfod
+        self._generation = 0
         self._lock = threading.RLock()
         self._files: OrderedDict[FileKey, _CachedFile] = OrderedDict()
         self._bytes = 0
         self._kernel: KernelSymbols | None = None
         self._kernel_memo: dict[int, Frame] = {}
         self._counts = dict.fromkeys(
-            ("lookups", "cache_hits", "memo_hits", "files_loaded", "load_failures", "files_evicted"), 0
+            (
+                "lookups",
+                "cache_hits",
+                "memo_hits",
+                "files_loaded",
+                "load_failures",
+                "files_evicted",
+                "files_upgraded",  # tables replaced by a debug file that debuginfod sent later
+            ),
+            0,
         )
 
     # -- kernel -----------------------------------------------------------------------------------------
@@ -228,6 +313,7 @@ class Symbolizer:
         if cached is not None and (cached.table is not None or self._clock() < cached.retry_at):
             self._files.move_to_end(key)
             self._counts["cache_hits"] += 1
+            self._ask_debuginfod(cached)
             return cached
         if cached is not None:
             self._drop(key)
@@ -235,11 +321,13 @@ class Symbolizer:
         self._files[key] = cached
         self._bytes += cached.nbytes
         self._evict()
+        self._ask_debuginfod(cached)
         return cached
 
     def _load(self, pid: int, mapping: Mapping) -> _CachedFile:
         name = mapping.display_name
         root = f"{self._proc_root}/{pid}/root"
+        cached = self._debuginfod.cached if self._debuginfod is not None else None
         for open_mapped in self._candidates(pid, mapping):
             try:
                 fd = open_mapped()
@@ -250,15 +338,60 @@ class Symbolizer:
                 continue
             try:
                 with ElfFile(fd) as elf:
-                    table = load_symbols(elf, (root, self._debug_root), on_error=self.file_errors.count)
-                    segments = elf.load_segments
+                    found = find_symbols(
+                        elf,
+                        mapping.file_path,
+                        root,
+                        self._debug_root,
+                        cached,
+                        on_error=self.file_errors.count,
+                    )
+                    segments, build_id = elf.load_segments, elf.build_id
             except (ElfError, OSError) as e:
                 self.file_errors.count(e)
                 break  # the right file, but not one we can read symbols from; other paths name the same bytes
             self._counts["files_loaded"] += 1
-            return _CachedFile(name, table, segments, 0.0)
+            return _CachedFile(name, found.table, segments, 0.0, build_id, found.source)
         self._counts["load_failures"] += 1
         return _CachedFile(name, None, (), self._clock() + self._retry_after_s)
+
+    def _ask_debuginfod(self, cached: _CachedFile) -> None:
+        """Queue a debuginfod lookup for a file named by .dynsym alone (again once the time a server's
+        "no" is believed has passed, or a lookup was dropped); it costs a comparison until then."""
+        if self._debuginfod is None or cached.build_id is None or cached.source != DYNSYM:
+            return
+        now = self._clock()
+        if now < cached.ask_at:
+            return
+        cached.ask_at = now + self._debuginfod.config.negative_ttl_s
+        self._debuginfod.request(cached.build_id, self._debug_file_arrived)
+
+    def _debug_file_arrived(self, build_id: str, path: str) -> None:
+        """debuginfod's fetch thread: a debug file for `build_id` is at `path`. Its table is read here,
+        outside the lock, then replaces the tables of the cached files of that build."""
+        table = fetched_symbols(path, build_id, self.file_errors.count)
+        if table is None:
+            return
+        with self._lock:
+            upgraded = 0
+            for cached in self._files.values():
+                if cached.build_id == build_id and cached.table is not None and cached.source != DEBUGINFOD:
+                    self._bytes -= cached.nbytes
+                    cached.table, cached.source = table, DEBUGINFOD
+                    cached.memo.clear()
+                    cached.nbytes = table.nbytes
+                    self._bytes += cached.nbytes
+                    upgraded += 1
+            if upgraded:
+                self._counts["files_upgraded"] += upgraded
+                self._generation += 1
+                self._evict()
+
+    @property
+    def generation(self) -> int:
+        """Changes when a cached file's table was replaced (a debug file arrived): frames named before
+        may be named better now."""
+        return self._generation
 
     def _candidates(self, pid: int, mapping: Mapping) -> list[Callable[[], int]]:
         m = mapping
@@ -287,4 +420,11 @@ class Symbolizer:
             "bytes_held": self._bytes + (self._kernel.nbytes if self._kernel is not None else 0),
         }
         out.update(self._counts)
+        # Cached files by where their table came from (debuginfo.SOURCES): "files_from_dynsym" are the
+        # ones whose own functions read as their module (no symbols found for them).
+        for source in SOURCES:
+            out[f"files_from_{source}"] = 0
+        for c in self._files.values():
+            if c.source:
+                out[f"files_from_{c.source}"] += 1
         return out

@@ -116,6 +116,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     try:
         tls = _client_tls(args)
+        debuginfod = _debuginfod(args)
     except ValueError as err:
         print(f"fleetprof agent: {err}", file=sys.stderr)
         return 1
@@ -135,6 +136,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         syscall_latency_duty=args.syscall_latency_duty,
         python=args.python,
         unwind=args.unwind,
+        unsymbolized=args.unsymbolized,
+        debuginfod=debuginfod,
         **{
             k: v
             for k, v in (
@@ -170,6 +173,27 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"fleetprof agent: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def _debuginfod(args: argparse.Namespace):  # agent.symbols.debuginfod.DebuginfodConfig | None (lazily)
+    """The debuginfod servers from --debuginfod-url, else $DEBUGINFOD_URLS (ValueError names a bad one)."""
+    from fleetprof.agent.symbols.debuginfod import DEFAULT_MAX_ANSWER_BYTES, DebuginfodConfig, parse_urls
+
+    if args.no_debuginfod:
+        return None
+    try:
+        urls = tuple(args.debuginfod_url or ()) or parse_urls(os.environ.get("DEBUGINFOD_URLS", ""))
+    except ValueError as err:
+        raise ValueError(f"$DEBUGINFOD_URLS: {err}") from None
+    if not urls:
+        return None
+    return DebuginfodConfig(
+        urls,
+        cache_dir=args.debuginfod_cache,
+        max_cache_bytes=args.debuginfod_cache_size,
+        max_answer_bytes=min(args.debuginfod_cache_size, DEFAULT_MAX_ANSWER_BYTES),
+        timeout_s=args.debuginfod_timeout,
+    )
 
 
 def _client_tls(args: argparse.Namespace):  # fleetprof.tls.ClientTlsConfig, imported lazily

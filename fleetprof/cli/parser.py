@@ -79,6 +79,31 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _bytes(text: str) -> int:
+    """A size in bytes, with an optional K, M or G (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = text.strip().upper().rstrip("B").rstrip("I"), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        v = int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if v < 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be at least 1M, got {text!r}")
+    return v
+
+
+def _debuginfod_url(text: str) -> str:
+    from fleetprof.agent.symbols.debuginfod import parse_urls
+
+    try:
+        (url,) = parse_urls(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return url
+
+
 def _hostport(text: str) -> str:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
@@ -545,6 +570,48 @@ def build_parser() -> argparse.ArgumentParser:
         default="eh_frame",
         help="how user stacks are walked: eh_frame (by the files' call-frame information, for code built "
         "without frame pointers; frame pointers where a file has none) or fp (frame pointers only)",
+    )
+    a.add_argument(
+        "--unsymbolized",
+        choices=("module", "address"),
+        default="module",
+        help="code of a file without symbols (stripped, no debug file found): one frame per file, named "
+        "after it (module), or one per address, [unknown] (FILE+0xOFFSET), to look up by hand (address)",
+    )
+    a.add_argument(
+        "--debuginfod-url",
+        type=_debuginfod_url,
+        action="append",
+        default=None,
+        metavar="URL",
+        help="a debuginfod server to ask for the debug files of stripped binaries (repeatable; default: "
+        "$DEBUGINFOD_URLS, space-separated; neither: none asked)",
+    )
+    a.add_argument(
+        "--no-debuginfod",
+        action="store_true",
+        help="ask no debuginfod server, whatever $DEBUGINFOD_URLS says",
+    )
+    a.add_argument(
+        "--debuginfod-cache",
+        default="/var/cache/fleetprof/debuginfod",
+        metavar="DIR",
+        help="where debug files from debuginfod are kept",
+    )
+    a.add_argument(
+        "--debuginfod-cache-size",
+        type=_bytes,
+        default=1 << 30,
+        metavar="SIZE",
+        help="the most the debuginfod cache holds, e.g. 512M or 2G (least recently used out first; "
+        "default 1G)",
+    )
+    a.add_argument(
+        "--debuginfod-timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="the longest one answer from a debuginfod server may take",
     )
     a.add_argument(
         "--kubeconfig",
