@@ -42,17 +42,19 @@ from fleetprof._proto.pyroscope import querier_pb2  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
 from fleetprof.agent.batch import process_wire_id, stack_wire_id  # noqa: E402
-from fleetprof.collector.api import QueryApi  # noqa: E402
-from fleetprof.collector.ingest.decode import decode_payload  # noqa: E402
-from fleetprof.collector.model.ids import labels_id, labels_json, stack_id  # noqa: E402
+from fleetprof.collector.ingest.decode import Decoder  # noqa: E402
+from fleetprof.collector.model.ids import ContentIds, labels_json  # noqa: E402
 from fleetprof.collector.model.profile import FrameKey  # noqa: E402
 from fleetprof.collector.model.rows import ProfileRows, Selection  # noqa: E402
 from fleetprof.collector.model.selector import Selector  # noqa: E402
-from fleetprof.collector.querier import Querier  # noqa: E402
 from fleetprof.collector.query.selector import parse_selector  # noqa: E402
+from fleetprof.collector.query.service import QueryService  # noqa: E402
+from fleetprof.collector.render.names import Demangler  # noqa: E402
 from fleetprof.collector.render.tree import top_functions  # noqa: E402
+from fleetprof.collector.serve.http import HttpApi  # noqa: E402
+from fleetprof.collector.serve.pyroscope import Querier  # noqa: E402
 from fleetprof.collector.store.base import ProfileStore  # noqa: E402
-from fleetprof.collector.store.durable import DurableStore  # noqa: E402
+from fleetprof.collector.store.durable import DurableStore, content_key  # noqa: E402
 from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
 from fleetprof.httpserve import Request  # noqa: E402
 from tests.clickhouse_servers import ClickHouse, scratch  # noqa: E402
@@ -316,7 +318,7 @@ class Clock:
         return self.t
 
 
-def node_labels(node: int) -> list[tuple[int, tuple]]:
+def node_labels(node: int, ids: ContentIds) -> list[tuple[int, tuple]]:
     """The (label set id, label set) of a node's 50 processes."""
     out = []
     for pid in range(50):
@@ -327,7 +329,7 @@ def node_labels(node: int) -> list[tuple[int, tuple]]:
             ("pid", str(1000 + pid)),
             ("pod", f"pod-{node}-{pid // 4}"),
         )
-        out.append((labels_id(lb), lb))
+        out.append((ids.labels_id(lb), lb))
     return out
 
 
@@ -365,7 +367,7 @@ def preload_day(store: DurableStore, nodes: int, rows_per_node: int, stacks: lis
     """24 h for the fleet straight into DuckDB as rollup leaves it: 10 min rows older than 6 h, 1 min rows
     before that. Rows are generated inside DuckDB; definitions via the store's own insert path."""
     con = store._db.con
-    sets = [entry for n in range(nodes) for entry in node_labels(n)]
+    sets = [entry for n in range(nodes) for entry in node_labels(n, store.ids)]
     lids = [lid for lid, _ in sets]
     labels = [labels_json(lb) for _, lb in sets]
     con.execute("INSERT INTO label_sets SELECT unnest($1::BIGINT[]), unnest($2::VARCHAR[])", [lids, labels])
@@ -395,17 +397,18 @@ def preload_day(store: DurableStore, nodes: int, rows_per_node: int, stacks: lis
 
 def run_queries(nodes: int, rows_per_node: int, repeats: int, with_clickhouse: bool = True) -> list[dict]:
     rng = random.Random(7)
+    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-q-"))
+    ids = ContentIds(content_key(tmp))  # the store's, as collector/main.py makes them
     frames = [FrameKey(f"func_{i}", "/opt/app/train") for i in range(3000)]
     stacks = []
     for _ in range(5000):
         st = tuple(rng.choice(frames) for _ in range(rng.randrange(8, 30)))
-        stacks.append((stack_id(st), st))
+        stacks.append((ids.stack_id(st), st))
     now = 1_900_000_000.0
-    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-q-"))
     clock = Clock(now - 600)
-    store = DurableStore(tmp, decode=decode_payload, clock=clock, background=False)
+    store = DurableStore(tmp, decode=Decoder(ids).decode_payload, ids=ids, clock=clock, background=False)
     mem = MemoryStore(clock=clock)
-    labels = [node_labels(n) for n in range(nodes)]
+    labels = [node_labels(n, store.ids) for n in range(nodes)]
     for w in range(6):  # the last 60 s, written the way ingest writes (hot tier + pending chunk)
         t = now - 50 + 10 * w
         clock.t = t
@@ -543,8 +546,10 @@ def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -
     """Grafana's flame graph call (SelectMergeStacktraces through the Connect handler: decode, select,
     flamebearer at Pyroscope's 8,192 nodes, encode) against the UI's /api/v1/profile JSON (2,048 nodes),
     in process, on the same store: the HTTP transport is the same for both."""
-    api = QueryApi(store, CollectorRegistry(auto_describe=False), clock=clock)
-    connect = Querier(store, clock=clock).service()
+    query = QueryService(store)
+    demangler = Demangler()  # names as the collector shows them
+    api = HttpApi(query, CollectorRegistry(auto_describe=False), demangler.display_name, clock=clock)
+    connect = Querier(query, demangler.display_name, clock=clock).service()
     out = []
     for span, label in ((60, "now (60 s)"), (86400, "24 h")):
         body = querier_pb2.SelectMergeStacktracesRequest(
@@ -576,6 +581,7 @@ def grafana_cases(store: ProfileStore, clock: Clock, now: float, repeats: int) -
                     "samples": f"{len(res.body):,} bytes",
                 }
             )
+    demangler.close()
     return out
 
 

@@ -12,8 +12,6 @@ import grpc
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from fleetprof.auth import TokenFile
-from fleetprof.collector.api import QueryApi
-from fleetprof.collector.connect import connect_error
 from fleetprof.collector.ingest.auth import TokenInterceptor
 from fleetprof.collector.ingest.peer import NODE_BINDINGS
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
@@ -25,8 +23,13 @@ from fleetprof.collector.metrics.ingest import IngestMetrics
 from fleetprof.collector.metrics.queries import QueryTimer, TimedStore
 from fleetprof.collector.metrics.syscalls import SyscallMetrics
 from fleetprof.collector.model.gpu import GpuWindow
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
-from fleetprof.collector.querier import Querier
+from fleetprof.collector.query.service import QueryService
+from fleetprof.collector.render.names import Demangler
+from fleetprof.collector.serve.connect import connect_error
+from fleetprof.collector.serve.http import HttpApi
+from fleetprof.collector.serve.pyroscope import Querier
 from fleetprof.collector.store.base import ProfileStore
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore
@@ -113,8 +116,10 @@ class Protections:
         return self.tls is None and self.ingest_tokens is None and self.api_tokens is None
 
 
-def open_store(config: CollectorConfig) -> ProfileStore:
-    """The store the flags ask for: in memory, durable in config.data_dir, or in ClickHouse."""
+def open_store(config: CollectorConfig) -> tuple[ProfileStore, ContentIds]:
+    """The store the flags ask for (in memory, durable in config.data_dir, or in ClickHouse) and the content
+    ids its rows are made under: a random key in memory, the data directory's key on disk, the schema's key
+    (shared by every collector of the deployment) in ClickHouse."""
     if config.clickhouse is not None:
         from fleetprof.collector.store.clickhouse import ClickHouseConfigError, open_clickhouse, parse_url
 
@@ -123,29 +128,43 @@ def open_store(config: CollectorConfig) -> ProfileStore:
         ch = parse_url(config.clickhouse)
         if config.clickhouse_password_file:
             ch = ch.with_password_file(config.clickhouse_password_file)
-        return open_clickhouse(ch, retention_s=config.retention_s or DEFAULT_DISK_RETENTION_S)
+        store = open_clickhouse(ch, retention_s=config.retention_s or DEFAULT_DISK_RETENTION_S)
+        return store, store.ids
     if config.clickhouse_password_file is not None:
         raise ValueError("--clickhouse-password-file needs --clickhouse")
     if config.data_dir is None:
-        return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S)
-    from fleetprof.collector.ingest.decode import Decoder, decode_payload
-    from fleetprof.collector.store.durable import DurableStore
+        return MemoryStore(retention_s=config.retention_s or DEFAULT_MEMORY_RETENTION_S), ContentIds()
+    from fleetprof.collector.ingest.decode import Decoder
+    from fleetprof.collector.store.durable import DurableStore, content_key
 
-    decoder = Decoder()
-    return DurableStore(
-        Path(config.data_dir),
-        decode=lambda payload: decode_payload(payload, decoder),
+    data_dir = Path(config.data_dir)
+    ids = ContentIds(content_key(data_dir))
+    store = DurableStore(
+        data_dir,
+        decode=Decoder(ids).decode_payload,
+        ids=ids,
         retention_s=config.retention_s or DEFAULT_DISK_RETENTION_S,
         flush_s=config.flush_s,
         fsync=config.wal_fsync,
     )
+    return store, ids
 
 
 class Collector:
-    def __init__(self, config: CollectorConfig, store: ProfileStore | None = None):
+    """`store` (tests): a store opened already, with the content ids its rows are made under (`ids`)."""
+
+    def __init__(
+        self, config: CollectorConfig, store: ProfileStore | None = None, ids: ContentIds | None = None
+    ):
         self.config = config
         self.protections = Protections(config)  # first: bad TLS or token files stop us before the store opens
-        self.store = store or open_store(config)
+        if store is None:
+            store, ids = open_store(config)
+        elif ids is None:
+            raise ValueError(
+                "a store given to the collector comes with the ContentIds its rows are made under"
+            )
+        self.store, self.ids = store, ids
         self.syscall_metrics = SyscallMetrics()
         self.cpu_metrics = CpuMetrics()
         self.query_timer = QueryTimer()
@@ -161,6 +180,7 @@ class Collector:
             on_rows=self._export_rows,
             on_gpu=self._observe_gpu,
             node_binding=self.protections.node_binding,
+            ids=self.ids,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(IngestMetrics(self.ingest, self.store))
@@ -172,10 +192,12 @@ class Collector:
         # (python_info), as every Prometheus client process exports them.
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
-        timed = TimedStore(self.store, self.query_timer)
-        api = QueryApi(timed, self.registry, gpu_usage=self.gpu_usage)
+        query = QueryService(TimedStore(self.store, self.query_timer), self.gpu_usage)
+        # C++ and Rust names are demangled when rendered, by one helper process per collector.
+        self.demangler = Demangler()
+        api = HttpApi(query, self.registry, self.demangler.display_name)
         # Grafana's Pyroscope datasource: Connect RPCs on the same port, behind the same TLS and token.
-        pyroscope = Querier(timed).service()
+        pyroscope = Querier(query, self.demangler.display_name).service()
         host, _, port = config.http.rpartition(":")
         self.http = HttpServer(
             host or "127.0.0.1",
@@ -247,6 +269,7 @@ class Collector:
         self.grpc.stop(grace=2).wait()
         self.http.stop()
         self.store.close()
+        self.demangler.close()
         self._stopped.set()
 
     def wait(self) -> None:

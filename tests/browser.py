@@ -247,6 +247,13 @@ class Page:
             raise BrowserError(f"cannot load {url}: {result['errorText']}")
         self.browser.wait_event(self.session, "Page.loadEventFired", mark)
 
+    def reload(self) -> None:
+        """Reload the page and wait for the new document's load event (an evaluate right after
+        location.reload() can still meet the old document, or the new one half parsed)."""
+        mark = self.browser.event_count()
+        self.call("Page.reload", {})
+        self.browser.wait_event(self.session, "Page.loadEventFired", mark)
+
     def evaluate(self, expression: str) -> Any:
         """The expression's value (JSON-able), awaiting it when it is a promise; page exceptions raise."""
         result = self.call(

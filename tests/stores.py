@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
+from fleetprof.collector.ingest.decode import Decoder
+from fleetprof.collector.model.ids import ContentIds
+from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.query.selector import parse_selector
-from fleetprof.collector.store.durable import DurableStore
+from fleetprof.collector.store.durable import DurableStore, content_key
 
 EVERYTHING = parse_selector("{}")
+
+
+def open_durable(path: Path, **kw) -> DurableStore:
+    """A durable store over `path` as collector/main.py opens one: under the directory's content-id key,
+    its write-ahead log replayed by a decoder under the same key."""
+    ids = ContentIds(content_key(path))
+    return DurableStore(path, decode=Decoder(ids).decode_payload, ids=ids, **kw)
+
+
+def rows_of(store: DurableStore, payload: bytes) -> ProfileRows:
+    """A batch's rows as ingest decodes them for `store` (under its content ids)."""
+    return Decoder(store.ids).decode_payload(payload)
 
 
 def stored_samples(store) -> int:  # noqa: ANN001 - any ProfileStore

@@ -31,15 +31,17 @@ from prometheus_client import CollectorRegistry
 
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector.api import QueryApi
-from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.peer import ANONYMOUS, Peer
 from fleetprof.collector.ingest.service import IngestService, serve_ingest
 from fleetprof.collector.main import Collector, CollectorConfig
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
-from fleetprof.collector.querier import Querier
 from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.query.service import QueryService
+from fleetprof.collector.serve.http import HttpApi
+from fleetprof.collector.serve.pyroscope import Querier
 from fleetprof.collector.store.clickhouse import (
     ClickHouseStartError,
     ClickHouseStore,
@@ -48,12 +50,13 @@ from fleetprof.collector.store.clickhouse import (
 )
 from fleetprof.collector.store.clickhouse.connection import NativeConnection
 from fleetprof.collector.store.clickhouse.schema import Layout
-from fleetprof.collector.store.durable import DurableStore
+from fleetprof.collector.store.durable import KEY_FILE
 from fleetprof.httpserve import Request
 from tests.chdb_connection import ChdbConnection, chdb_session
 from tests.clickhouse_servers import ClickHouse, scratch
 from tests.conftest import REPO, free_port, start_agent, stop_agent, wait_until
 from tests.gpu_batches import gpu_batch
+from tests.stores import open_durable
 from tests.wire import BatchBuilder, hist, push, with_syscalls
 
 pytestmark = pytest.mark.clickhouse
@@ -67,7 +70,7 @@ class _Recorder(IngestService):
     """Acknowledges every batch and keeps its wire bytes: a real agent's batches, as they came."""
 
     def __init__(self) -> None:
-        super().__init__(store=None)  # type: ignore[arg-type]  # nothing is stored
+        super().__init__(store=None, ids=ContentIds())  # type: ignore[arg-type]  # nothing is stored
         self.payloads: list[bytes] = []
 
     def ingest(self, batch: pb.Batch, payload: bytes | None = None, peer: Peer = ANONYMOUS) -> bool:
@@ -195,7 +198,7 @@ def pair(
     cols = []
     for store, data_dir in ((None, str(tmp / "duckdb")), (ch_store, None)):
         cfg = CollectorConfig(grpc="127.0.0.1:0", http=f"127.0.0.1:{free_port()}", data_dir=data_dir)
-        col = Collector(cfg, store=store)
+        col = Collector(cfg, store=store, ids=store.ids if store is not None else None)
         col.start()
         cols.append(col)
     try:
@@ -336,11 +339,10 @@ def test_every_query_answers_as_duckdb_does(pair: tuple[Collector, Collector], c
     now = end + 5
     apis = []
     for col in (duck, ch):
-        api = QueryApi(
-            col.store, CollectorRegistry(auto_describe=False), clock=lambda: now, gpu_usage=col.gpu_usage
-        )
+        query = QueryService(col.store, col.gpu_usage)
+        api = HttpApi(query, CollectorRegistry(auto_describe=False), clock=lambda: now)
         routes = {**api.routes(), **api.prefixes()}
-        apis.append((routes, Querier(col.store, clock=lambda: now).service()))
+        apis.append((routes, Querier(query, clock=lambda: now).service()))
     # the corpus is all there: the same CPU samples and off-CPU time as the batches carried
     top = Request("/api/v1/top", {"from": repr(start), "until": repr(end)})
     totals = [json.loads(_answer(r["/api/v1/top"], top)[1])["total"] for r, _ in apis]
@@ -369,7 +371,7 @@ def test_grafana_profile_stats_see_the_same_hours(pair: tuple[Collector, Collect
     answers = []
     for col in pair:
         resp = (
-            Querier(col.store)
+            Querier(QueryService(col.store))
             .service()
             .handle(
                 Request(
@@ -398,7 +400,7 @@ def test_resends_count_once_across_collectors(pair: tuple[Collector, Collector],
     for target in (ch, twin):
         for payload in corpus:
             batch = pb.Batch.FromString(payload)
-            rows = decode_payload(payload)
+            rows = Decoder(twin.ids).decode_payload(payload)
             if target is twin:
                 assert twin.write_logged(batch.agent.agent_id, batch.sequence, payload, rows) is False
             else:
@@ -417,7 +419,7 @@ class Clock:
         return self.t
 
 
-def _aged_windows(now: float) -> list[ProfileRows]:
+def _aged_windows(now: float, ids: ContentIds) -> list[ProfileRows]:
     """Windows 2 minutes to 6 days old (10 s rows, 1 and 10 minute rollups, and past retention), each
     with two label sets, three stacks and a syscall row."""
     out = []
@@ -433,7 +435,7 @@ def _aged_windows(now: float) -> list[ProfileRows]:
                 rows += [(lb, stacks[(k + j + s) % 3], 1 + k + j * s + n) for s in range(2)]
             sys_lb = (("comm", "c0"), ("node", "n1"), ("pid", "100"))
             syscalls = [(sys_lb, "read", SyscallAgg(5 + k, 2, 300 * k, [0, k, 1]))]
-            out.append(ProfileRows.from_rows(t - 10, t, 19 if k % 2 else 49, rows, syscalls))
+            out.append(ProfileRows.from_rows(t - 10, t, 19 if k % 2 else 49, rows, syscalls, ids=ids))
     return out
 
 
@@ -455,12 +457,13 @@ def test_rollups_and_retention_answer_as_duckdb_does(
     now = 1_900_000_000.0
     clock = Clock(now)
     retention = 5 * 86400.0
-    duck = DurableStore(
-        tmp_path / "duck", decode=decode_payload, clock=clock, background=False, retention_s=retention
-    )
     ch = clickhouse_store(kind, server, chdb, clock=clock, background=False, retention_s=retention)
+    # Both stores under the ClickHouse schema's key, so their selections name stacks by the same ids.
+    (tmp_path / "duck").mkdir()
+    (tmp_path / "duck" / KEY_FILE).write_bytes(ch.ids.key)
+    duck = open_durable(tmp_path / "duck", clock=clock, background=False, retention_s=retention)
     try:
-        for rows in _aged_windows(now):
+        for rows in _aged_windows(now, ch.ids):
             clock.t = rows.end + 1
             duck.write(rows)
             ch.write(rows)

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.metrics.cpu import CpuMetrics
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
 from tests.conftest import http_get, start_collector
 from tests.wire import make_batch, push
@@ -63,8 +64,8 @@ def test_cpu_series_per_node_are_capped_and_the_rest_is_other() -> None:
         ((("container", "c"), ("namespace", "ns"), ("node", "n1"), ("pod", f"p{i}")), (), 10)
         for i in range(5)
     ]
-    m.observe(ProfileRows.from_rows(0, 10, 10, rows))
-    m.observe(ProfileRows.from_rows(10, 20, 10, rows[:1]))
+    m.observe(ProfileRows.from_rows(0, 10, 10, rows, ids=ContentIds()))
+    m.observe(ProfileRows.from_rows(10, 20, 10, rows[:1], ids=ContentIds()))
     series = {tuple(s.labels.values()): s.value for fam in m.collect() for s in fam.samples}
     assert len(series) == 4
     assert series[("n1", "ns", "p0", "c")] == 2.0

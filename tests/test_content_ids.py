@@ -20,23 +20,21 @@ import numpy as np
 import pytest
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.service import IngestService
 from fleetprof.collector.model.ids import (
     _POSITION_SEED,
     _U64,
+    ContentIds,
     ContentKeyError,
     _mix,
-    interned_frame_columns,
-    labels_id,
-    stack_id,
     stack_ids_of,
-    use_key,
 )
 from fleetprof.collector.model.profile import FrameKey, Stack
 from fleetprof.collector.query.selector import parse_selector
-from fleetprof.collector.store.durable import KEY_FILE, DurableStore
+from fleetprof.collector.store.durable import KEY_FILE, DurableStore, content_key
 from fleetprof.collector.store.memory import MemoryStore
+from tests.stores import open_durable
 from tests.wire import BatchBuilder
 
 Frames = Sequence[tuple[str, str]]  # (function, module), root first; all user-space frames
@@ -71,9 +69,11 @@ def unkeyed_frame_ids(functions: list[str], modules: list[str]) -> np.ndarray:
     )
 
 
-def collector_frame_ids(functions: list[str], modules: list[str]) -> np.ndarray:
-    """Frame ids under the key in use: what an attacker who has the key computes."""
-    return interned_frame_columns(functions, modules, [False] * len(functions))[1]
+def collector_frame_ids(ids: ContentIds) -> FrameIds:
+    """Frame ids under the collector's key: what an attacker who has the key computes."""
+    return lambda functions, modules: ids.interned_frame_columns(
+        functions, modules, [False] * len(functions)
+    )[1]
 
 
 def id_of(frames: Frames, frame_ids: FrameIds) -> int:
@@ -142,7 +142,7 @@ def victims_stacks(store, node: str = "victim") -> dict[Stack, int]:  # noqa: AN
 
 
 def durable(path: Path) -> DurableStore:
-    return DurableStore(path, decode=decode_payload, background=False)
+    return open_durable(path, background=False)
 
 
 def attack(service: IngestService, forged: Frames) -> None:
@@ -163,16 +163,17 @@ def test_wagner_forges_an_unkeyed_stack_id_in_well_under_a_second() -> None:
 
 def test_a_stack_forged_on_public_ids_does_not_take_the_victims_id(tmp_path: Path) -> None:
     forged = forge(VICTIM, unkeyed_frame_ids, seed=1)
-    assert stack_id(frame_keys(forged)) != stack_id(frame_keys(VICTIM))
+    ids = ContentIds()
+    assert ids.stack_id(frame_keys(forged)) != ids.stack_id(frame_keys(VICTIM))
     memory = MemoryStore()
-    service = IngestService(memory)
+    service = IngestService(memory, ids=ids)
     attack(service, forged)
     assert victims_stacks(memory) == {frame_keys(VICTIM): 7}
     assert victims_stacks(memory, "attacker") == {frame_keys(forged): 50}
     assert service.stack_counts["collisions"] == 0  # not even a clash: the ids differ
 
     store = durable(tmp_path)
-    attack(IngestService(store), forged)
+    attack(IngestService(store, ids=store.ids), forged)
     store.flush()
     assert victims_stacks(store) == {frame_keys(VICTIM): 7}
     assert store.counters["cold_queries"] and store.stats()["rows_stacks"] == 2
@@ -183,18 +184,18 @@ def test_with_a_leaked_key_ingest_still_keeps_the_victims_frames(tmp_path: Path)
     """Defence in depth: a forgery that does find the victim's id (the attacker has the key) gets a slot
     and a stand-in id of its own in ingest, counted as a collision; neither batch is refused."""
     (tmp_path / KEY_FILE).write_bytes(LEAKED_KEY)
-    use_key(LEAKED_KEY)
-    forged = forge(VICTIM, collector_frame_ids, seed=2)
-    assert stack_id(frame_keys(forged)) == stack_id(frame_keys(VICTIM))
+    leaked = ContentIds(LEAKED_KEY)
+    forged = forge(VICTIM, collector_frame_ids(leaked), seed=2)
+    assert leaked.stack_id(frame_keys(forged)) == leaked.stack_id(frame_keys(VICTIM))
     memory = MemoryStore()
-    service = IngestService(memory)
+    service = IngestService(memory, ids=leaked)
     attack(service, forged)
     assert victims_stacks(memory) == {frame_keys(VICTIM): 7}
     assert victims_stacks(memory, "attacker") == {frame_keys(forged): 50}
     assert service.stack_counts["collisions"] == 1
 
     store = durable(tmp_path)
-    service = IngestService(store)
+    service = IngestService(store, ids=store.ids)
     attack(service, forged)
     store.flush()
     assert service.stack_counts["collisions"] == 1
@@ -212,11 +213,11 @@ def test_with_a_leaked_key_the_database_keeps_the_forgery_so_the_key_must_stay_p
     same id and its samples read the attacker's frames. Only the key's secrecy prevents this."""
     (tmp_path / KEY_FILE).write_bytes(LEAKED_KEY)
     store = durable(tmp_path)
-    forged = forge(VICTIM, collector_frame_ids, seed=2)
-    assert IngestService(store).ingest(batch(forged, "attacker", 50))
+    forged = forge(VICTIM, collector_frame_ids(store.ids), seed=2)
+    assert IngestService(store, ids=store.ids).ingest(batch(forged, "attacker", 50))
     store.close()
     store = durable(tmp_path)
-    assert IngestService(store).ingest(batch(VICTIM, "victim", 7))
+    assert IngestService(store, ids=store.ids).ingest(batch(VICTIM, "victim", 7))
     store.flush()
     assert victims_stacks(store) == {frame_keys(forged): 7}
     store.close()
@@ -228,14 +229,14 @@ def test_the_key_is_private_kept_across_restarts_and_each_collectors_own(tmp_pat
     store = durable(one)
     key = (one / KEY_FILE).read_bytes()
     assert len(key) == 32 and stat.S_IMODE(os.stat(one / KEY_FILE).st_mode) == 0o600
-    assert IngestService(store).ingest(batch(VICTIM, "victim", 7))
+    assert IngestService(store, ids=store.ids).ingest(batch(VICTIM, "victim", 7))
     store.close()
-    durable(other).close()  # another collector: its own key, and now the process's
+    durable(other).close()  # another collector: its own key
     assert (other / KEY_FILE).read_bytes() != key
 
     store = durable(one)  # back to one's key: the same stack gets the same id
     assert (one / KEY_FILE).read_bytes() == key
-    assert IngestService(store).ingest(batch(VICTIM, "victim", 5, seq=2))
+    assert IngestService(store, ids=store.ids).ingest(batch(VICTIM, "victim", 5, seq=2))
     store.flush()
     assert store.stats()["rows_stacks"] == 1
     assert victims_stacks(store) == {frame_keys(VICTIM): 12}
@@ -246,14 +247,14 @@ def test_a_directory_without_a_key_gets_one_and_its_old_rows_merge_with_new_ones
     """As a directory from before keyed ids: its rows hold ids under no key of today. The same stack and
     label set stored before and after have two ids each, and queries merge them by content."""
     store = durable(tmp_path)
-    assert IngestService(store).ingest(batch(VICTIM, "victim", 7))
+    assert IngestService(store, ids=store.ids).ingest(batch(VICTIM, "victim", 7))
     store.close()
     old_key = (tmp_path / KEY_FILE).read_bytes()
     (tmp_path / KEY_FILE).unlink()
 
     store = durable(tmp_path)
     assert (tmp_path / KEY_FILE).read_bytes() != old_key
-    assert IngestService(store).ingest(batch(VICTIM, "victim", 5, seq=2))
+    assert IngestService(store, ids=store.ids).ingest(batch(VICTIM, "victim", 5, seq=2))
     store.flush()
     assert store.stats()["rows_stacks"] == 2  # one stack, two ids
     assert victims_stacks(store) == {frame_keys(VICTIM): 12}
@@ -265,17 +266,27 @@ def test_a_directory_without_a_key_gets_one_and_its_old_rows_merge_with_new_ones
 
 def test_ids_are_a_function_of_content_and_key() -> None:
     stack, labels = frame_keys(VICTIM), (("node", "victim"), ("pod", "victim"))
-    use_key(b"a" * 32)
-    ids = stack_id(stack), labels_id(labels)
-    use_key(b"b" * 32)
-    assert stack_id(stack) != ids[0] and labels_id(labels) != ids[1]
-    use_key(b"a" * 32)  # the frame ids under "b" were forgotten: these are computed again
-    assert (stack_id(stack), labels_id(labels)) == ids
+    a, b, a_again = ContentIds(b"a" * 32), ContentIds(b"b" * 32), ContentIds(b"a" * 32)
+    assert a.stack_id(stack) != b.stack_id(stack) and a.labels_id(labels) != b.labels_id(labels)
+    assert (a_again.stack_id(stack), a_again.labels_id(labels)) == (a.stack_id(stack), a.labels_id(labels))
+    assert ContentIds().key != ContentIds().key  # without a key, a random one each
     with pytest.raises(ContentKeyError, match="16 to 64 bytes, not 15"):
-        use_key(b"a" * 15)
+        ContentIds(b"a" * 15)
 
 
 def test_a_key_file_that_is_not_a_key_stops_the_store_with_what_to_do(tmp_path: Path) -> None:
     (tmp_path / KEY_FILE).write_bytes(b"short")
     with pytest.raises(ContentKeyError, match="holds 5 bytes, not a content-id key.*restore it from a"):
         durable(tmp_path)
+
+
+def test_a_store_given_ids_under_another_key_stops_and_opens_again_with_its_own(tmp_path: Path) -> None:
+    """The store checks, with its database open, that the ids it was given hold its directory's key (a
+    second collector making the key at the same moment): a clear error, and nothing left open."""
+    content_key(tmp_path)  # the directory's key
+    ids = ContentIds()
+    with pytest.raises(ContentKeyError, match="is not the key this store was given"):
+        DurableStore(tmp_path, decode=Decoder(ids).decode_payload, ids=ids, background=False)
+    store = durable(tmp_path)
+    assert store.ids.key == (tmp_path / KEY_FILE).read_bytes()
+    store.close()

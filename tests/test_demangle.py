@@ -16,6 +16,7 @@ import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,10 @@ import pytest
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.cli.tables import format_top
+from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.render import cxa_demangle, names
-from fleetprof.collector.render.names import Demangler, display_name
+from fleetprof.collector.render.names import Demangler, Names
+from fleetprof.collector.render.tree import to_folded, top_functions
 from tests.conftest import RunningCollector, fleetprof, http_get
 from tests.test_pprof import pprof
 from tests.test_pyroscope_api import CPU, SAMPLES, call, merge, nodes, now_ms
@@ -49,6 +52,13 @@ needs_pyderust = pytest.mark.skipif(names.pyderust is None, reason="pyderust (ru
 
 
 # -- display_name --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def display_name() -> Iterator[Names]:
+    """Names as the collector shows them: a Demangler's (collector/main.py makes one), its helper process
+    stopped after this module's tests."""
+    demangler = Demangler()
+    yield demangler.display_name
+    demangler.close()
 
 
 @pytest.mark.parametrize(
@@ -64,7 +74,7 @@ needs_pyderust = pytest.mark.skipif(names.pyderust is None, reason="pyderust (ru
         (RUST_A + ".llvm.4711", RUST),  # LLVM's suffix on a Rust name
     ],
 )
-def test_mangled_names_are_shown_demangled(raw: str, shown: str) -> None:
+def test_mangled_names_are_shown_demangled(raw: str, shown: str, display_name: Names) -> None:
     assert display_name(raw) == shown
 
 
@@ -89,7 +99,7 @@ def test_mangled_names_are_shown_demangled(raw: str, shown: str) -> None:
         "_R",
     ],
 )
-def test_names_that_are_not_mangled_or_do_not_demangle_pass_through(raw: str) -> None:
+def test_names_that_are_not_mangled_or_do_not_demangle_pass_through(raw: str, display_name: Names) -> None:
     assert display_name(raw) == raw
 
 
@@ -122,7 +132,7 @@ def compiled_symbols(tmp_path: Path) -> dict[str, str]:
     return dict(zip(nm(), nm("-C"), strict=True))
 
 
-def test_real_cxx_symbols_demangle_as_binutils_does(tmp_path: Path) -> None:
+def test_real_cxx_symbols_demangle_as_binutils_does(tmp_path: Path, display_name: Names) -> None:
     symbols = {raw: shown for raw, shown in compiled_symbols(tmp_path).items() if raw.startswith("_ZN5fleet")}
     vec = "std::vector<float, std::allocator<float> >"
     loader = f"fleet::ml::Loader<{vec} >"
@@ -153,7 +163,7 @@ def test_rust_legacy_names_lose_their_hash_even_without_rustc_demangle(
 
 
 @needs_pyderust
-def test_rust_names_read_as_rustc_prints_them() -> None:
+def test_rust_names_read_as_rustc_prints_them(display_name: Names) -> None:
     assert display_name(RUST_IMPL_RAW) == "<alloc::string::String as core::fmt::Display>::fmt"
     assert display_name("_RNvC4test4main") == "test::main"  # v0
     assert display_name("_RNvC4test4main.llvm.12") == "test::main"
@@ -183,7 +193,7 @@ def exponential_name(levels: int) -> str:
     return "_Z1f" + "".join(parts)
 
 
-def test_a_name_that_demangles_to_gigabytes_is_shown_raw_in_bounded_time() -> None:
+def test_a_name_that_demangles_to_gigabytes_is_shown_raw_in_bounded_time(display_name: Names) -> None:
     small = exponential_name(3)
     assert display_name(small).startswith("f(a, b<a, a>, b<b<a, a>, b<a, a> >")  # the scheme is real
     d = Demangler()
@@ -225,7 +235,7 @@ def test_without_libstdcxx_names_stay_raw_and_it_is_said_once(
         ]
     warnings = [r.getMessage() for r in caplog.records if r.name == names.__name__]
     assert len(warnings) == 1 and "cannot open shared object file" in warnings[0]
-    assert display_name("slow_collate (<string>:5)") == "slow_collate (<string>:5)"
+    assert d.display_name("slow_collate (<string>:5)") == "slow_collate (<string>:5)"
 
 
 def test_display_name_is_thread_safe_and_its_cache_bounded() -> None:
@@ -251,6 +261,27 @@ def test_display_name_is_thread_safe_and_its_cache_bounded() -> None:
         assert len(d._cache) <= 8
     finally:
         d.close()
+
+
+def test_renderers_show_the_names_they_are_given_and_run_no_demangler_of_their_own(
+    display_name: Names,
+) -> None:
+    """The renderers are pure: they show each frame as the `names` they are given make it (the collector
+    gives its Demangler's), as stored by default; render/names.py keeps no demangler of its own."""
+    stacks = {(FrameKey("main", "app"), FrameKey(LLVM_RAW, "libLLVM.so")): 3}
+    assert to_folded(stacks) == f"main;{LLVM_RAW} 3\n"
+    assert to_folded(stacks, display_name) == f"main;{LLVM} 3\n"
+    assert top_functions(stacks, names=display_name)[0] == {
+        "function": LLVM,
+        "system_name": LLVM_RAW,
+        "module": "libLLVM.so",
+        "kernel": False,
+        "self": 3,
+        "total": 3,
+        "self_pct": 100.0,
+        "total_pct": 100.0,
+    }
+    assert [v for v in vars(names).values() if isinstance(v, Demangler)] == []
 
 
 def test_top_table_marks_kernel_frames_in_the_module_column() -> None:

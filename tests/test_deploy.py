@@ -33,8 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetprof._proto.pyroscope import querier_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.model.selector import Selector
-from fleetprof.collector.querier import PROFILE_TYPES
 from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.serve.pyroscope import PROFILE_TYPES
 from tests.conftest import RunningCollector, free_port, http_get
 from tests.manifests import (
     DEPLOY,

@@ -30,8 +30,6 @@ from hypothesis import strategies as st
 
 from fleetprof._proto.pyroscope import profile_pb2, querier_pb2, types_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector.api import DIFF_FORMATS, FORMATS
-from fleetprof.collector.connect import CODE_STATUS
 from fleetprof.collector.ingest.validate import MAX_LABEL_BYTES, MAX_STACK_DEPTH
 from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.model.selector import Selector, SelectorError
@@ -39,6 +37,8 @@ from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.timerange import TimeRangeError, parse_duration, parse_time, resolve_range
 from fleetprof.collector.render.pprof import to_pprof
 from fleetprof.collector.render.tree import parse_folded, to_folded, to_json, tree_json_text
+from fleetprof.collector.serve.connect import CODE_STATUS
+from fleetprof.collector.serve.http import DIFF_FORMATS, FORMATS
 from tests.conftest import RunningCollector, http_get, start_collector
 from tests.gpu_batches import gpu_batch
 from tests.wire import BatchBuilder, hist, push, with_syscalls

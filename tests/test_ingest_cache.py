@@ -14,12 +14,13 @@ from fleetprof.agent.batch import stack_wire_id
 from fleetprof.collector.ingest.decode import Decoder, decode_batch
 from fleetprof.collector.ingest.frames import MAX_SYMBOL_CHARS
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
-from fleetprof.collector.model.ids import use_key
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey
 from tests.conftest import RunningCollector, http_get
 from tests.wire import make_batch, push
 
 NOW = time.time_ns()
+IDS = ContentIds()  # one key for the module: a decoder's ids and decode_batch's agree under it
 
 
 def batch_of(
@@ -70,8 +71,8 @@ STACKS = [(["main", "a"], 11), (["main", "b", "c"], 12), (["main"], 13)]
 
 
 def test_rows_are_the_same_for_new_and_for_known_stacks() -> None:
-    plain = decode_batch(batch_of(STACKS))
-    decoder = Decoder()
+    plain = decode_batch(batch_of(STACKS), IDS)
+    decoder = Decoder(IDS)
     first = decoder.decode(batch_of(STACKS))
     # The next window interns its strings in another order: known stacks are found by id, not index.
     again = decoder.decode(batch_of(STACKS, seq=2, shuffle=True))
@@ -82,7 +83,7 @@ def test_rows_are_the_same_for_new_and_for_known_stacks() -> None:
 
 
 def test_one_agents_wire_ids_do_not_touch_another_agents_stacks() -> None:
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     decoder.decode(batch_of([(["x", "y"], 99)], agent_id="agent-a"))
     # The same id from another agent means another stack: it is decoded from its own strings.
     rows = decoder.decode(batch_of([(["p", "q", "r"], 99)], agent_id="agent-b", node="node-b")).rows
@@ -92,7 +93,7 @@ def test_one_agents_wire_ids_do_not_touch_another_agents_stacks() -> None:
 
 
 def test_a_bad_new_stack_is_refused_and_not_remembered() -> None:
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     bad = batch_of([(["main", "a"], 21)])
     bad.stacks[0].functions[1] = 999
     with pytest.raises(BatchError, match="stack 0 refers to string 999"):
@@ -111,7 +112,7 @@ def test_a_bad_new_stack_is_refused_and_not_remembered() -> None:
     ],
 )
 def test_sample_checks_name_the_first_bad_sample(mutate, problem: str) -> None:  # noqa: ANN001
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     decoder.decode(batch_of(STACKS))  # the stacks are known: only the samples can be wrong
     b = batch_of(STACKS, seq=2, gpu=pb.GPU_STATE_BUSY)
     b.sample_columns.count[2] = 0  # a later problem, or one after the first in the same sample
@@ -121,7 +122,7 @@ def test_sample_checks_name_the_first_bad_sample(mutate, problem: str) -> None: 
 
 
 def test_gpu_states_tag_the_label_set() -> None:
-    rows = Decoder().decode(batch_of(STACKS, gpu=pb.GPU_STATE_BUSY)).rows
+    rows = Decoder(IDS).decode(batch_of(STACKS, gpu=pb.GPU_STATE_BUSY)).rows
     assert {dict(lb).get("gpu_state") for lb, _, _ in rows} == {"busy"}
     assert [c for _, _, c in rows] == [1, 2, 3]
 
@@ -129,7 +130,7 @@ def test_gpu_states_tag_the_label_set() -> None:
 def test_a_window_without_gpu_processes_may_leave_the_gpu_column_out() -> None:
     b = batch_of(STACKS)
     assert not b.sample_columns.gpu
-    assert [c for _, _, c in decode_batch(b).rows] == [1, 2, 3]
+    assert [c for _, _, c in decode_batch(b, IDS).rows] == [1, 2, 3]
 
 
 @pytest.mark.parametrize(
@@ -147,11 +148,11 @@ def test_bad_sample_columns_are_refused_by_name(mutate, problem: str) -> None:  
     b = batch_of(STACKS, gpu=pb.GPU_STATE_IDLE)
     mutate(b.sample_columns)
     with pytest.raises(BatchError, match=problem):
-        Decoder().decode(b, IngestLimits())
+        Decoder(IDS).decode(b, IngestLimits())
 
 
 def test_known_processes_are_found_by_wire_id_per_agent() -> None:
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     first = decoder.decode(batch_of(STACKS)).rows
     again = batch_of(STACKS, seq=2, shuffle=True)  # other string order: found by id, not by index
     assert decoder.decode(again).rows == first
@@ -160,7 +161,7 @@ def test_known_processes_are_found_by_wire_id_per_agent() -> None:
 
 
 def test_packed_process_ids_find_known_processes_and_must_match_the_processes() -> None:
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     first = decoder.decode(batch_of(STACKS, process_id=78)).rows
     # Known by its packed id: the Process message is not read again (here it names another pod).
     again = batch_of(STACKS, seq=2, process_id=78)
@@ -207,7 +208,7 @@ def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningColle
 
 
 def test_compaction_keeps_the_stacks_agents_point_to_and_earlier_rows_readable() -> None:
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     decoder.stacks.MAX_STACKS = 10
     first = decoder.decode(batch_of(STACKS, agent_id="agent-a"))
     old = decoder.decode(
@@ -231,35 +232,36 @@ def test_compaction_keeps_the_stacks_agents_point_to_and_earlier_rows_readable()
 
 
 def test_a_full_frame_table_starts_over_without_changing_rows() -> None:
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     decoder.stacks._frame_table.MAX_STRINGS = 12
     for seq in range(1, 6):
         stacks = [([f"f{seq}-{i}", "main"], seq * 100 + i) for i in range(3)]
         rows = decoder.decode(batch_of(stacks, seq=seq)).rows
         assert [st for _, st, _ in rows] == [frames(f"f{seq}-{i}", "main") for i in range(3)]
     # Content ids do not depend on which frame-table generation decoded a stack.
-    plain = decode_batch(batch_of(stacks, seq=9))
+    plain = decode_batch(batch_of(stacks, seq=9), IDS)
     assert list(plain.stack_ids()) == list(decoder.decode(batch_of(stacks, seq=6)).stack_ids())
 
 
-def test_a_new_content_id_key_starts_the_caches_over() -> None:
-    """The caches hold ids made under the key in use: after a change of key (a data directory opened),
-    a decoder that ran before gives the ids a fresh one does, for known stacks and processes too."""
-    use_key(b"k" * 32)
-    decoder = Decoder()
-    before = decoder.decode(batch_of(STACKS))
-    use_key(b"q" * 32)
-    after = decoder.decode(batch_of(STACKS, seq=2))
-    fresh = decode_batch(batch_of(STACKS, seq=3))
-    assert list(after.stack_ids()) == list(fresh.stack_ids()) != list(before.stack_ids())
-    assert list(after.label_ids()) == list(fresh.label_ids()) != list(before.label_ids())
-    assert after.rows == before.rows
+def test_a_decoder_makes_every_id_under_its_key_found_by_wire_id_or_not() -> None:
+    """Ids come from the decoder's ContentIds, for stacks and processes it knows by wire id as for new
+    ones: the same key gives the same ids in any decoder, another key other ids for the same rows."""
+    decoder = Decoder(ContentIds(b"k" * 32))
+    first = decoder.decode(batch_of(STACKS))
+    known = decoder.decode(batch_of(STACKS, seq=2))  # every stack and process known by wire id now
+    fresh = decode_batch(batch_of(STACKS, seq=3), ContentIds(b"k" * 32))
+    other = decode_batch(batch_of(STACKS, seq=4), ContentIds(b"q" * 32))
+    assert list(known.stack_ids()) == list(fresh.stack_ids()) == list(first.stack_ids())
+    assert list(known.label_ids()) == list(fresh.label_ids()) == list(first.label_ids())
+    assert list(other.stack_ids()) != list(first.stack_ids())
+    assert list(other.label_ids()) != list(first.label_ids())
+    assert other.rows == known.rows == first.rows
 
 
 def test_an_agent_under_a_new_node_name_files_its_known_processes_under_it() -> None:
     """A host renamed (or re-imaged keeping the agent's state) sends the same agent id and process wire
     ids under another node: its samples carry the new node, not the one its processes were first seen on."""
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     assert {dict(lb)["node"] for lb, _, _ in decoder.decode(batch_of(STACKS)).rows} == {"node-a"}
     renamed = decoder.decode(batch_of(STACKS, seq=2, node="node-b")).rows
     assert {dict(lb)["node"] for lb, _, _ in renamed} == {"node-b"}
@@ -267,14 +269,14 @@ def test_an_agent_under_a_new_node_name_files_its_known_processes_under_it() -> 
 
 def test_a_function_name_past_the_symbol_limit_is_cut_and_marked() -> None:
     long_name = "ns::" + "x" * (MAX_SYMBOL_CHARS + 5_000)
-    rows = Decoder().decode(batch_of([(["main", long_name], 31)])).rows
+    rows = Decoder(IDS).decode(batch_of([(["main", long_name], 31)])).rows
     ((_, (main, leaf), _),) = rows
     assert main.function == "main"
     assert len(leaf.function) == MAX_SYMBOL_CHARS and leaf.function.endswith("…")
     assert leaf.function[:-1] == long_name[: MAX_SYMBOL_CHARS - 1]
     # The same cut in a one-off decode: ids do not depend on which path decoded the stack.
-    assert list(decode_batch(batch_of([(["main", long_name], 31)])).stack_ids()) == list(
-        Decoder().decode(batch_of([(["main", long_name], 31)])).stack_ids()
+    assert list(decode_batch(batch_of([(["main", long_name], 31)]), IDS).stack_ids()) == list(
+        Decoder(IDS).decode(batch_of([(["main", long_name], 31)])).stack_ids()
     )
 
 
@@ -282,7 +284,7 @@ def test_strings_no_new_frame_uses_are_not_kept() -> None:
     """A token holder once grew the collector by every string of every batch, refused batches included
     (300 batches with a unique 1 MiB string each: 49 -> 351 MiB for good). Only the strings of frames
     decoded are kept now: 40 batches with 1 MiB of strings no stack uses leave under 1 MiB behind."""
-    decoder = Decoder()
+    decoder = Decoder(IDS)
     decoder.decode(batch_of(STACKS))
     tracemalloc.start()
     try:

@@ -13,22 +13,22 @@ import grpc
 import pytest
 
 from fleetprof.agent.shipper import Shipper
-from fleetprof.collector.ingest.decode import decode_payload
 from fleetprof.collector.ingest.service import IngestService
 from fleetprof.collector.ingest.validate import IngestLimits
 from fleetprof.collector.main import Collector, CollectorConfig
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
-from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from tests.conftest import free_port, wait_until
-from tests.stores import Faults, stored_samples
+from tests.stores import Faults, open_durable, stored_samples
 from tests.wire import make_batch, push
 
 
 def test_batches_the_store_cannot_log_are_resent_by_the_agent_and_count_once(tmp_path: Path) -> None:
     faults = Faults()
-    store = DurableStore(tmp_path, decode=decode_payload, flush_s=0.2, wal_write=faults.write)
-    col = Collector(CollectorConfig(grpc="127.0.0.1:0", http=f"127.0.0.1:{free_port()}"), store=store)
+    store = open_durable(tmp_path, flush_s=0.2, wal_write=faults.write)
+    config = CollectorConfig(grpc="127.0.0.1:0", http=f"127.0.0.1:{free_port()}")
+    col = Collector(config, store=store, ids=store.ids)
     col.start()
     shipper = Shipper(f"127.0.0.1:{col.grpc_port}", backoff_s=(0.05, 0.2))
     shipper.start()
@@ -52,7 +52,7 @@ def test_batches_the_store_cannot_log_are_resent_by_the_agent_and_count_once(tmp
     finally:
         shipper.stop(flush_timeout_s=0)
         col.stop()
-    again = DurableStore(tmp_path, decode=decode_payload, background=False)
+    again = open_durable(tmp_path, background=False)
     assert stored_samples(again) == expected
     again.close()
 
@@ -74,7 +74,7 @@ class SlowStore(MemoryStore):
 
 def test_a_resend_racing_its_original_is_stored_once() -> None:
     store = SlowStore()
-    service = IngestService(store)
+    service = IngestService(store, ids=ContentIds())
     batch = make_batch(7, "agent-race", count=100)
     results: list[bool] = []
     first = threading.Thread(target=lambda: results.append(service.ingest(batch)))
@@ -113,7 +113,9 @@ def test_windows_outside_the_clock_bounds_are_rejected_with_a_counted_reason(
 
 def test_the_in_memory_dedupe_state_forgets_batches_older_than_the_resend_horizon() -> None:
     now = [time.time()]
-    service = IngestService(MemoryStore(), IngestLimits(max_batch_age_s=600.0), clock=lambda: now[0])
+    service = IngestService(
+        MemoryStore(), IngestLimits(max_batch_age_s=600.0), clock=lambda: now[0], ids=ContentIds()
+    )
     for seq in range(1, 5000):
         assert service.ingest(make_batch(seq, f"agent-{seq % 50}"))
     assert service._seen.agents == 50

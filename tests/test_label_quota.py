@@ -16,9 +16,10 @@ import pytest
 
 from fleetprof._proto.pyroscope import types_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.collector import querier
 from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.model.ids import ContentIds
+from fleetprof.collector.query import service as query_service
 from tests.conftest import RunningCollector, http_get, start_collector
 from tests.wire import BatchBuilder, push
 
@@ -44,7 +45,7 @@ def pods_batch(seq: int, processes: int, node: str = "node-a", pod: str = "p-{i}
 def test_a_node_past_its_label_set_cap_is_refused_until_old_sets_age_out() -> None:
     clock = Clock()
     limits = IngestLimits(max_series_per_node=100, series_horizon_s=3600)
-    decoder = Decoder(clock)
+    decoder = Decoder(ContentIds(), clock)
     decoder.decode(pods_batch(1, 60, pod="same"), limits)
     decoder.decode(pods_batch(2, 60, pod="same"), limits)  # the same 60 sets: nothing new
     with pytest.raises(BatchError, match="would have 110 label sets") as info:
@@ -63,7 +64,7 @@ def test_a_node_past_its_label_set_cap_is_refused_until_old_sets_age_out() -> No
 
 def test_a_label_past_its_distinct_value_cap_is_refused_per_node() -> None:
     limits = IngestLimits(max_values_per_label=50)
-    decoder = Decoder()
+    decoder = Decoder(ContentIds())
     decoder.decode(pods_batch(1, 50), limits)
     with pytest.raises(
         BatchError, match="label 'pod' of node 'node-a' would have 51 distinct values"
@@ -80,20 +81,20 @@ def test_a_label_past_its_distinct_value_cap_is_refused_per_node() -> None:
 def test_distinct_value_bytes_per_node_are_capped() -> None:
     limits = IngestLimits(max_label_value_bytes_per_node=10_000)
     with pytest.raises(BatchError, match="would hold 20[0-9]{3} bytes of distinct label values"):
-        Decoder().decode(pods_batch(1, 20, pod="x" * 1000 + "{i}"), limits)
+        Decoder(ContentIds()).decode(pods_batch(1, 20, pod="x" * 1000 + "{i}"), limits)
 
 
 def test_all_nodes_together_are_capped() -> None:
     """What bounds a token holder that poses as many nodes (no per-node certificates): the totals."""
     limits = IngestLimits(max_series_total=100)
-    decoder = Decoder()
+    decoder = Decoder(ContentIds())
     for n in range(5):
         decoder.decode(pods_batch(1, 20, node=f"n{n}"), limits)
     with pytest.raises(BatchError, match="the collector holds 100 label sets from all nodes") as info:
         decoder.decode(pods_batch(1, 1, node="n9"), limits)
     assert info.value.reason == "series_limit_total"
     limits = IngestLimits(max_label_value_bytes_total=5_000)
-    decoder = Decoder()
+    decoder = Decoder(ContentIds())
     decoder.decode(pods_batch(1, 4, node="n0", pod="x" * 1000 + "{i}"), limits)
     with pytest.raises(BatchError, match="holds 4010 bytes of distinct label values from all nodes"):
         decoder.decode(pods_batch(1, 1, node="n1", pod="y" * 1000 + "{i}"), limits)
@@ -103,7 +104,7 @@ def test_a_process_with_too_many_labels_is_refused() -> None:
     b = BatchBuilder("node-a", "a9e17000000000000000000000000002", 1)
     b.sample(b.process(1, "w", {f"l{i:05d}": "v" * 1000 for i in range(20_000)}), b.stack([("main", "m")]), 1)
     with pytest.raises(BatchError, match="process 0 has 20000 labels, over the limit of 64") as info:
-        Decoder().decode(b.build(), IngestLimits())
+        Decoder(ContentIds()).decode(b.build(), IngestLimits())
     assert info.value.reason == "too_many_labels"
 
 
@@ -183,7 +184,7 @@ def test_label_values_of_the_sets_match_selects(listed: RunningCollector) -> Non
 
 def test_connect_label_values_are_bounded(listed: RunningCollector, monkeypatch: pytest.MonkeyPatch) -> None:
     """Pyroscope's LabelValues has no limit: the first MAX_LABEL_VALUES, sorted."""
-    monkeypatch.setattr(querier, "MAX_LABEL_VALUES", 4)
+    monkeypatch.setattr(query_service, "MAX_LABEL_VALUES", 4)
     body = types_pb2.LabelValuesRequest(name="pod").SerializeToString()
     req = urllib.request.Request(
         f"{listed.url}/querier.v1.QuerierService/LabelValues",

@@ -1,5 +1,7 @@
 """The layout is the architecture: one import namespace, and no stage reaching back upstream or into another
-stage's internals (agent → wire → collector: ingest → store → query → render; the model underneath)."""
+stage's internals. The agent: bpf loaders -> sampler -> resolver -> batch/shipper. The collector: ingest ->
+store -> query -> serve (HTTP, Pyroscope), with render and metrics beside and the model underneath. The
+shared modules of fleetprof/ (auth, tls, HTTP, the client) belong to neither side."""
 
 from __future__ import annotations
 
@@ -16,16 +18,40 @@ TREES = {
     "fleetprof.agent": REPO / "agent",
     "fleetprof.collector": REPO / "collector",
 }
+AGENT, COLLECTOR = "fleetprof.agent", "fleetprof.collector"
 
-# What each part of the collector may import from the collector (itself always).
+# What each part of the collector may import from the rest of the collector (itself always), as module
+# names or packages under fleetprof.collector. main.py wires the parts and may import any of them.
 ALLOWED = {
-    "model": set(),
-    "ingest": {"model", "store"},  # the store interface it writes to
-    "store": {"model"},
-    "query": {"model"},
-    "render": {"model"},
-    "metrics": {"model", "ingest", "store"},  # reads ingest's counters and wraps the store to time queries
+    "model": (),  # plain values: imports no other part
+    # the store interface it writes to, and the dedupe state of a store that keeps none itself
+    "ingest": ("model", "store.base", "store.sequences"),
+    "store": ("model",),
+    "query": ("model", "store.base"),  # the store's protocol, never a store
+    "render": ("model",),
+    "serve": ("model", "query", "render"),  # parse, ask the query stage, render: never the store
+    # The store's protocol, which it wraps to time queries (metrics/queries.py); what it reads of ingest
+    # is plain values (model/counters.py) behind a protocol of its own (metrics/ingest.py).
+    "metrics": ("model", "store.base"),
 }
+
+# The agent's stages in the order a sample travels them: a module may import its own stage and earlier
+# ones, never a later one. A module belongs to the stage whose entry names it most closely (python.offsets
+# before python); agent/main.py wires the stages and may import any of them.
+AGENT_STAGES = (
+    # BCC and the kernel, and what the BPF programs share with user space: maps, offsets, unwind tables
+    ("bpf", ("bpf", "kernel", "bpfmaps", "memory", "offcpu", "python.offsets", "unwind.kernel_maps")),
+    ("sampler", ("sampler", "syscalls", "syscall_table")),  # drain the maps (and name the syscalls)
+    # pid -> process and pod, addresses -> symbols (native, Python, kernel), GPU state and its owners
+    (
+        "resolver",
+        ("resolver", "attribution", "process", "symbols", "python", "unwind", "kube", "gpu", "cupti"),
+    ),
+    ("ship", ("batch", "shipper", "metrics")),  # encode, spool, gRPC; and the agent's own metrics
+)
+# fleetprof/'s own modules other than these are shared by both sides (auth, tls, httpserve, httprequest,
+# client, gpu_families, procname): they never import the agent or the collector.
+NOT_SHARED = ("agent", "collector", "cli", "_proto")
 
 
 def modules(package: str, root: Path) -> dict[str, Path]:
@@ -39,17 +65,39 @@ def modules(package: str, root: Path) -> dict[str, Path]:
     return out
 
 
+ALL = {name: path for package, root in TREES.items() for name, path in modules(package, root).items()}
+
+
 def imports_of(path: Path) -> set[str]:
+    """The modules a file imports, anywhere in it; `from package import module` counts as the module."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in ALL)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
     return found
 
 
-ALL = {name: path for package, root in TREES.items() for name, path in modules(package, root).items()}
+def shared(name: str) -> bool:
+    """A module of fleetprof/ itself: not the agent's or the collector's, the CLI or generated code."""
+    return name.startswith("fleetprof") and name.split(".")[1:2] not in [[p] for p in NOT_SHARED]
+
+
+def within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def agent_stage(name: str) -> int | None:
+    """The index in AGENT_STAGES of an agent module (fleetprof.agent.X), by its most specific entry."""
+    rel = name.removeprefix(AGENT + ".")
+    best: tuple[int, int] | None = None  # (entry length, stage)
+    for i, (_, entries) in enumerate(AGENT_STAGES):
+        for entry in entries:
+            if within(rel, (entry,)) and (best is None or len(entry) > best[0]):
+                best = (len(entry), i)
+    return None if best is None else best[1]
 
 
 def test_pyproject_installs_every_package_of_the_tree_under_fleetprof_alone() -> None:
@@ -69,15 +117,48 @@ def test_pyproject_installs_every_package_of_the_tree_under_fleetprof_alone() ->
     }
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith("fleetprof.agent")))
+@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith(AGENT)))
 def test_the_agent_never_imports_the_collector(name: str) -> None:
-    assert not {m for m in imports_of(ALL[name]) if m.startswith("fleetprof.collector")}
+    assert not {m for m in imports_of(ALL[name]) if within(m, (COLLECTOR,))}
 
 
-@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith("fleetprof.collector.")))
-def test_collector_stages_import_only_downstream_and_the_model(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith(AGENT + ".") and n != f"{AGENT}.main"))
+def test_agent_stages_import_no_later_stage(name: str) -> None:
+    mine = agent_stage(name)
+    assert mine is not None, f"{name} is in no stage: add it to AGENT_STAGES"
+    later = {
+        m: AGENT_STAGES[agent_stage(m)][0]  # type: ignore[index]
+        for m in imports_of(ALL[name])
+        if within(m, (AGENT,)) and m != AGENT and agent_stage(m) is not None and agent_stage(m) > mine
+    }
+    assert not later, f"{name} ({AGENT_STAGES[mine][0]}) imports later stages: {later}"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n in ALL if n.startswith(COLLECTOR + ".") and n != f"{COLLECTOR}.main")
+)
+def test_collector_parts_import_only_what_their_rule_allows(name: str) -> None:
     part = name.split(".")[2]
-    if part not in ALLOWED:
-        return  # main.py wires the stages; api.py serves queries and renders: they may use any part
-    used = {m.split(".")[2] for m in imports_of(ALL[name]) if m.startswith("fleetprof.collector.")}
-    assert used - {part} <= ALLOWED[part], f"{name} imports {sorted(used - {part} - ALLOWED[part])}"
+    assert part in ALLOWED, f"{name} is in no part of the collector: add a rule for {part!r} to ALLOWED"
+    used = {m.removeprefix(COLLECTOR + ".") for m in imports_of(ALL[name]) if m.startswith(COLLECTOR + ".")}
+    bad = sorted(m for m in used if m.split(".")[0] != part and not within(m, ALLOWED[part]))
+    assert not bad, f"{name} imports {bad}; {part} may import {ALLOWED[part] or 'nothing'} of the collector"
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        n for n in ALL if n.startswith("fleetprof") and n.split(".")[1:2] not in ([p] for p in NOT_SHARED)
+    ),
+)
+def test_shared_modules_never_import_the_agent_the_collector_or_the_cli(name: str) -> None:
+    assert not {m for m in imports_of(ALL[name]) if within(m, (AGENT, COLLECTOR, "fleetprof.cli"))}
+
+
+def test_the_rules_cover_what_they_claim() -> None:
+    """The rules above are checked against real modules: each shared module named in the docstring exists,
+    and the main modules that may import anything are the two that wire a side."""
+    named = {f"fleetprof.{m}" for m in ("auth", "tls", "httpserve", "httprequest", "client")}
+    assert named <= {n for n in ALL if shared(n)}
+    assert {f"{AGENT}.main", f"{COLLECTOR}.main"} <= set(ALL)
+    assert {n.split(".")[2] for n in ALL if n.startswith(COLLECTOR + ".")} == {*ALLOWED, "main"}

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.model.selector import Selector
@@ -14,6 +15,7 @@ from fleetprof.collector.store.memory import MemoryStore
 from tests.stores import Clock
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
+IDS = ContentIds()
 
 
 def labels(pid: int, comm: str = "app", node: str = "n1") -> tuple:
@@ -21,7 +23,7 @@ def labels(pid: int, comm: str = "app", node: str = "n1") -> tuple:
 
 
 def window(t: float, rows: list, freq: int = 19) -> ProfileRows:
-    return ProfileRows.from_rows(t - 10, t, freq, rows)
+    return ProfileRows.from_rows(t - 10, t, freq, rows, ids=IDS)
 
 
 def test_select_merges_matching_label_sets_within_the_range() -> None:
@@ -85,7 +87,11 @@ def test_a_slow_query_holds_up_no_write_and_answers_from_its_view(query: str) ->
     clock = Clock(1_000.0)
     st = MemoryStore(retention_s=900, clock=clock)
     agg = SyscallAgg(4, 1, 1_000, [0, 1])
-    st.write(ProfileRows.from_rows(990, 1_000, 19, [(labels(1), (MAIN, HOT), 5)], [(labels(1), "read", agg)]))
+    st.write(
+        ProfileRows.from_rows(
+            990, 1_000, 19, [(labels(1), (MAIN, HOT), 5)], [(labels(1), "read", agg)], ids=IDS
+        )
+    )
     slow = _SlowSelector(parse_selector('{comm=~"a.p"}').matchers)
     answers: list = []
     run = {

@@ -1,6 +1,6 @@
 """A refused batch leaves nothing behind: every table ingest keeps across batches (stacks, frames, frame
-strings, wire ids, processes and label sets by content, the per-node label quota, the process-wide frame
-interning) has the same size after a refusal as before it, whatever part of the batch was wrong."""
+strings, wire ids, processes and label sets by content, the per-node label quota, the frames interned under
+the content-id key) has the same size after a refusal as before it, whatever part of the batch was wrong."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
+from fleetprof.collector.model.ids import ContentIds
 from tests.conftest import RunningCollector, http_get, start_collector
 from tests.wire import BatchBuilder, push
 
@@ -93,7 +94,7 @@ SPOILED = {
 
 @pytest.mark.parametrize("spoiled", list(SPOILED), ids=list(SPOILED))
 def test_a_refused_batch_changes_no_table(spoiled: str) -> None:
-    decoder = Decoder()
+    decoder = Decoder(ContentIds())
     limits = IngestLimits()
     decoder.decode(good_batch(1), limits)  # the agent is known: its tables exist
     before = decoder.sizes()
@@ -108,7 +109,7 @@ def test_a_refused_batch_changes_no_table(spoiled: str) -> None:
 
 def test_a_batch_over_the_label_quota_changes_no_table() -> None:
     limits = IngestLimits(max_series_per_node=4)
-    decoder = Decoder()
+    decoder = Decoder(ContentIds())
     decoder.decode(good_batch(1), limits)
     before = decoder.sizes()
     with pytest.raises(BatchError, match="would have 5 label sets"):
@@ -119,7 +120,7 @@ def test_a_batch_over_the_label_quota_changes_no_table() -> None:
 def test_eighty_attack_batches_pin_no_memory() -> None:
     """The attack's numbers: 80 refused batches of 16 stacks with ~65 KB names (83 MB of names) leave the
     tables as they were and under 1 MiB of traced memory behind (before: every name kept)."""
-    decoder = Decoder()
+    decoder = Decoder(ContentIds())
     limits = IngestLimits()
     decoder.decode(good_batch(1), limits)
     before = decoder.sizes()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.collector.ingest.decode import decode_payload
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.query.selector import parse_selector
@@ -16,11 +16,12 @@ from fleetprof.collector.store.cold.maintenance import RollupPolicy
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.collector.store.wal import WriteAheadLog
-from tests.stores import EVERYTHING, Clock, crash, stored_samples
+from tests.stores import EVERYTHING, Clock, crash, open_durable, rows_of, stored_samples
 from tests.wire import make_batch
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
 KERNEL = FrameKey("do_syscall_64", "", True)
+IDS = ContentIds()  # the rows' own: a store keeps rows by the ids they come with, under any key
 
 
 def labels(pid: int, comm: str = "app", node: str = "n1", pod: str = "") -> tuple:
@@ -31,11 +32,11 @@ def labels(pid: int, comm: str = "app", node: str = "n1", pod: str = "") -> tupl
 
 
 def window(t: float, rows: list, syscalls: list = (), freq: int = 19) -> ProfileRows:
-    return ProfileRows.from_rows(t - 10, t, freq, rows, list(syscalls))
+    return ProfileRows.from_rows(t - 10, t, freq, rows, list(syscalls), ids=IDS)
 
 
 def open_store(path: Path, clock: Clock, **kw) -> DurableStore:
-    return DurableStore(path, decode=decode_payload, clock=clock, background=False, **kw)
+    return open_durable(path, clock=clock, background=False, **kw)
 
 
 def fill(store, t0: float) -> None:  # noqa: ANN001
@@ -116,15 +117,15 @@ def test_logged_batches_survive_a_crash_and_resends_after_it_count_once(tmp_path
     batches = [make_batch(seq, "agent-x", count=seq) for seq in range(1, 7)]
     for b in batches[:3]:
         assert store.write_logged(
-            "agent-x", b.sequence, b.SerializeToString(), decode_payload(b.SerializeToString())
+            "agent-x", b.sequence, b.SerializeToString(), rows_of(store, b.SerializeToString())
         )
     store.flush()  # 1..3 in the database
     for b in batches[3:]:
         assert store.write_logged(
-            "agent-x", b.sequence, b.SerializeToString(), decode_payload(b.SerializeToString())
+            "agent-x", b.sequence, b.SerializeToString(), rows_of(store, b.SerializeToString())
         )
     assert not store.write_logged(
-        "agent-x", 2, batches[1].SerializeToString(), decode_payload(batches[1].SerializeToString())
+        "agent-x", 2, batches[1].SerializeToString(), rows_of(store, batches[1].SerializeToString())
     )
     crash(store)  # 4..6 only in the WAL
     clock.t += 5

@@ -10,20 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.collector.ingest.decode import decode_payload
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.wal import WriteAheadLog
-from tests.stores import Clock, Faults, crash, stored_samples
+from tests.stores import Clock, Faults, crash, open_durable, rows_of, stored_samples
 from tests.wire import make_batch
 
 AGENT = "agent-f"
 
 
 def open_store(path: Path, clock: Clock, faults: Faults, **kw) -> DurableStore:
-    return DurableStore(
+    return open_durable(
         path,
-        decode=decode_payload,
         clock=clock,
         background=False,
         wal_write=faults.write,
@@ -36,7 +34,7 @@ def push(store: DurableStore, seq: int) -> bool:
     """One batch of `seq` samples, as ingest hands it over; raises StoreUnavailable like ingest sees."""
     b = make_batch(seq, AGENT, count=seq)
     payload = b.SerializeToString()
-    return store.write_logged(AGENT, seq, payload, decode_payload(payload))
+    return store.write_logged(AGENT, seq, payload, rows_of(store, payload))
 
 
 def cold_total(store: DurableStore) -> int:

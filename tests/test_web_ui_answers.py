@@ -78,7 +78,7 @@ def test_a_python_function_is_one_row_until_lines_are_asked_for(page: Page, fed:
     assert top_cells(page, "checksum_rows (hot.py:6)")[2:4] == ["9", "15.00%"]
     assert "checksum_rows (hot.py)" not in page.evaluate(TOP_NAMES)
     assert parse_qs(page.evaluate("location.hash").lstrip("#"))["lines"] == ["1"]
-    page.evaluate("location.reload()")
+    page.reload()
     page.wait_for(f"{TOP_NAMES}.includes('checksum_rows (hot.py:7)')")
     assert page.evaluate("document.getElementById('top-lines').checked") is True
     assert page.errors() == []

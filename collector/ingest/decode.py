@@ -19,13 +19,7 @@ from fleetprof.collector.ingest.frames import FrameTable
 from fleetprof.collector.ingest.quota import SeriesQuota
 from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
-from fleetprof.collector.model.ids import (
-    interned_frame_count,
-    key_generation,
-    labels_id,
-    other_stack_id,
-    stack_ids_of,
-)
+from fleetprof.collector.model.ids import ContentIds, stack_ids_of
 from fleetprof.collector.model.profile import (
     GPU_STATE_NAME,
     IDLE_THREAD,
@@ -107,29 +101,23 @@ class StackCache:
     MAX_STACKS = 500_000  # slots; when full, only stacks some agent's table points to are kept
     MAX_WIRE_IDS = 2_000_000  # (agent, wire id) entries, all agents together
 
-    def __init__(self) -> None:
-        self._start_over()
+    def __init__(self, ids: ContentIds) -> None:
+        self._ids = ids
         # Stacks in batches so far: found by the agent's wire id, or checked and decoded (the share decoded
         # is what ingest costs: README, collector scale); and of those decoded, how many found their
         # content id held by other frames.
         self.counts = {"known": 0, "decoded": 0, "collisions": 0}
-
-    def _start_over(self) -> None:
-        """Forget every stack: at start, and when the content-id key changes."""
-        self._key_generation = key_generation()
         self._agents = _PerAgent(IdIndex, self.MAX_WIRE_IDS)
         # `_frames` is only appended to (StackTables handed out keep reading it); _compact makes a new one.
         self._frames: list[Stack] = []
         self._slot_ids = np.zeros(1024, dtype=np.int64)
         self._slot_of: dict[int, int] = {}
-        self._frame_table = FrameTable()
+        self._frame_table = FrameTable(self._ids)
 
     def plan(self, batch: pb.Batch, strings: Sequence[str], source: str) -> _StackPlan:
         """Look the batch's stacks up (its stack_ids were checked to be one per stack) and check the ones
         new to `source`; raises BatchError, changing nothing but the cache's own housekeeping."""
-        if self._key_generation != key_generation():
-            self._start_over()
-        elif len(self._frames) >= self.MAX_STACKS:
+        if len(self._frames) >= self.MAX_STACKS:
             self._compact()
         n = len(batch.stacks)
         wire = np.array(batch.stack_ids, dtype=np.uint64).view(np.int64)
@@ -197,7 +185,7 @@ class StackCache:
             if attempt == 0:
                 self.counts["collisions"] += 1
             attempt += 1
-            cid = other_stack_id(cid, attempt)
+            cid = self._ids.other_stack_id(cid, attempt)
 
     def _compact(self) -> None:
         """Keep only the slots some agent's table points to, dropping the least recently used agents'
@@ -295,17 +283,12 @@ class ProcessCache:
     MAX_CACHED = 500_000  # label sets and processes by content: each starts over when full
     MAX_WIRE_IDS = 1_000_000
 
-    def __init__(self) -> None:
+    def __init__(self, ids: ContentIds) -> None:
+        self._ids = ids
         self._lock = threading.Lock()  # _label_ids, which label_id reaches without the Decoder's lock
-        self._start_over()
-
-    def _start_over(self) -> None:
-        """Forget every label set: at start, and when the content-id key changes."""
-        self._key_generation = key_generation()
         self._agents = _PerAgent(dict, self.MAX_WIRE_IDS)
         self._by_content: dict[tuple, ProcessEntry] = {}
-        with self._lock:
-            self._label_ids: dict[Labels, int] = {}
+        self._label_ids: dict[Labels, int] = {}
 
     def label_id(self, labels: Labels) -> int:
         with self._lock:
@@ -313,7 +296,7 @@ class ProcessCache:
             if lid is None:
                 if len(self._label_ids) >= self.MAX_CACHED:
                     self._label_ids.clear()
-                lid = self._label_ids[labels] = labels_id(labels)
+                lid = self._label_ids[labels] = self._ids.labels_id(labels)
             return lid
 
     def plan(
@@ -321,8 +304,6 @@ class ProcessCache:
     ) -> _ProcessPlan:
         """The label set of each of the batch's processes (process_ids were checked to be one each), the
         ones new to the source checked; raises BatchError, changing nothing."""
-        if self._key_generation != key_generation():
-            self._start_over()
         wire_ids = list(batch.process_ids)  # one packed run: no Process message is touched for known ones
         # The node is in each entry's labels: an agent that comes back under another node name (a renamed
         # or re-imaged host keeping its state) must not file its processes under the old one.
@@ -390,7 +371,7 @@ class ProcessCache:
                     labels[name] = value
             lset = tuple(sorted((k, v) for k, v in labels.items() if v))
             lid = self._label_ids.get(lset)
-            hit = (labels_id(lset) if lid is None else lid, lset)
+            hit = (self._ids.labels_id(lset) if lid is None else lid, lset)
         return key, hit
 
 
@@ -411,10 +392,11 @@ class Decoder:
     under one lock with the learning that follows), so the caches' sizes after a refusal are what they
     were before it (tests/test_refused_batches.py)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, ids: ContentIds, clock: Callable[[], float] = time.time) -> None:
+        self._ids = ids
         self._lock = threading.Lock()
-        self.stacks = StackCache()
-        self.processes = ProcessCache()
+        self.stacks = StackCache(ids)
+        self.processes = ProcessCache(ids)
         self.quota = SeriesQuota(clock)
 
     def decode(
@@ -492,13 +474,17 @@ class Decoder:
             offcpu_rows,
         )
 
+    def decode_payload(self, payload: bytes) -> ProfileRows:
+        """Rows of a batch in wire form, as the write-ahead log keeps it (it was validated before logging)."""
+        return self.decode(pb.Batch.FromString(payload))
+
     def sizes(self) -> dict[str, int]:
         """Every table ingest keeps across batches, by entries (and characters of frame names): what a
         refused batch must leave as it was."""
         with self._lock:
             out = {**self.stacks.sizes(), **self.processes.sizes()}
         out.update({f"quota_{k}": v for k, v in self.quota.sizes().items()})
-        out["interned_frames"] = interned_frame_count()
+        out["interned_frames"] = self._ids.interned_frame_count()
         return out
 
     def _tagged_processes(
@@ -554,11 +540,6 @@ def _offcpu_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray
     )
 
 
-def decode_batch(batch: pb.Batch) -> ProfileRows:
+def decode_batch(batch: pb.Batch, ids: ContentIds) -> ProfileRows:
     """Rows for the store, without caches. Raises BatchError for a batch that cannot be decoded."""
-    return Decoder().decode(batch)
-
-
-def decode_payload(payload: bytes, decoder: Decoder | None = None) -> ProfileRows:
-    """Rows of a batch in wire form, as the write-ahead log keeps it (it was validated before logging)."""
-    return (decoder or Decoder()).decode(pb.Batch.FromString(payload))
+    return Decoder(ids).decode(batch)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fleetprof.collector.model.id_index import IdIndex, with_room
-from fleetprof.collector.model.ids import interned_frame_columns
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey
 
 # As Pyroscope's max_profile_symbol_value_length: a longer function or module name is cut (ending in "…")
@@ -28,15 +28,16 @@ class FrameTable:
     string table is never kept, so a batch full of strings no frame uses, or one refused later, pins
     nothing), and a frame is found by the code (function's string slot, module's string slot, kernel) in
     an IdIndex, so looking up every frame of a batch's new stacks is a few numpy passes. Only frames never
-    met before are interned one by one (collector/model/ids.py). When the string slots reach MAX_STRINGS,
-    or their text MAX_STRING_CHARS, everything starts over (stacks decoded earlier keep their FrameKeys).
-    Not thread-safe: its owner locks.
+    met before are interned one by one (in the ContentIds, collector/model/ids.py). When the string slots
+    reach MAX_STRINGS, or their text MAX_STRING_CHARS, everything starts over (stacks decoded earlier keep
+    their FrameKeys). Not thread-safe: its owner locks.
     """
 
     MAX_STRINGS = 1 << 20  # string slots stay below 2**31, so a frame code fits in an int64
     MAX_STRING_CHARS = 256 << 20
 
-    def __init__(self) -> None:
+    def __init__(self, ids: ContentIds) -> None:
+        self._content_ids = ids
         self._start_over()
 
     def _start_over(self) -> None:
@@ -83,7 +84,7 @@ class FrameTable:
         if missing.any():
             new_codes, first = np.unique(codes[missing], return_index=True)
             at = np.flatnonzero(missing)[first]
-            keys, ids = interned_frame_columns(
+            keys, ids = self._content_ids.interned_frame_columns(
                 map(texts.__getitem__, fpos[at].tolist()),
                 map(texts.__getitem__, mpos[at].tolist()),
                 map(bool, kernel[at].tolist()),

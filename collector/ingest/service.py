@@ -14,7 +14,6 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -25,24 +24,14 @@ from fleetprof.collector.ingest.decode import Decoder, source_key
 from fleetprof.collector.ingest.gpu import gpu_window
 from fleetprof.collector.ingest.peer import ANONYMOUS, Peer, peer_of
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits, fail
+from fleetprof.collector.model.counters import IngestStats
 from fleetprof.collector.model.gpu import GpuWindow
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.store.base import DurableBatches, ProfileStore, StoreUnavailable
 from fleetprof.collector.store.sequences import SeenSequences
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class IngestStats:
-    """Counters for self-metrics; updated under the servicer's lock."""
-
-    batches: int = 0
-    samples: int = 0
-    duplicates: int = 0
-    deferred: int = 0  # not acknowledged because the store could not take them: the agent resends them
-    rejected: dict[str, int] = field(default_factory=dict)
-    sampler: dict[str, int] = field(default_factory=dict)  # SamplerStats fields summed over batches
 
 
 INGEST_SERVICE = pb.DESCRIPTOR.services_by_name["Ingest"].full_name
@@ -117,6 +106,8 @@ class IngestService(pb_grpc.IngestServicer):
         on_gpu: Callable[[GpuWindow], None] | None = None,
         clock: Callable[[], float] = time.time,
         node_binding: str = "certificate",
+        *,
+        ids: ContentIds,
     ):
         self._store = store
         self._on_rows = on_rows
@@ -129,7 +120,7 @@ class IngestService(pb_grpc.IngestServicer):
         # The in-memory store's dedupe state (a durable store keeps its own); a resend older than the batch
         # age limit is refused, so entries past it are swept.
         self._seen = SeenSequences(horizon_s=self._limits.max_batch_age_s, clock=clock)
-        self._decoder = Decoder(clock)
+        self._decoder = Decoder(ids, clock)  # ids: the store's (collector/main.py makes them)
         self._duplicates = _Duplicates()
         self._trimmer = _HeapTrimmer()
         self.stats = IngestStats()

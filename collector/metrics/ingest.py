@@ -4,15 +4,31 @@ outcomes, and the store's state."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from fleetprof.collector.ingest.service import IngestService
+from fleetprof.collector.model.counters import IngestStats
 from fleetprof.collector.store.base import ProfileStore
 
 
+class IngestCounters(Protocol):
+    """What these metrics read of ingest (collector/ingest/service.py, IngestService)."""
+
+    stats: IngestStats
+
+    @property
+    def stack_counts(self) -> dict[str, int]:
+        """Stacks received: "known" (found by wire id), "decoded", and "collisions" among those."""
+        ...
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Entries of each table ingest keeps across batches."""
+        ...
+
+
 class IngestMetrics:
-    def __init__(self, ingest: IngestService, store: ProfileStore):
+    def __init__(self, ingest: IngestCounters, store: ProfileStore):
         self._ingest = ingest
         self._store = store
 

@@ -1,9 +1,9 @@
-"""A window's GPU section as plain values: what ingest decodes once and the GPU metrics and the per-pod
-usage log both read."""
+"""A window's GPU section as plain values (what ingest decodes once and the GPU metrics and the per-pod
+usage log both read), and a pod's GPU use over a time range (what the usage log answers queries)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fleetprof.gpu_families import DeviceReading
 
@@ -27,3 +27,26 @@ class GpuWindow:
     up: bool  # the agent's NVML poller answered its last poll
     devices: tuple[DeviceReading, ...]  # each device's values over the window (xid_errors: this window's)
     pods: dict[tuple[str, ...], PodGpuUse]  # keyed by POD_GPU_LABELS values
+
+
+@dataclass
+class PodGpuSummary:
+    """One pod over a time range: what `fleetprof gpus` prints per row."""
+
+    namespace: str
+    pod: str
+    gpus: set[str] = field(default_factory=set)  # "node/gpu"
+    seconds: float = 0.0  # window time covered
+    util_seconds: float = 0.0  # utilization x seconds, where known
+    util_known_seconds: float = 0.0
+    idle_seconds: float = 0.0  # idle ratio x seconds, where known
+    idle_known_seconds: float = 0.0
+    memory_bytes: int | None = None  # the most held by the pod at once (summed over its GPUs)
+
+    @property
+    def utilization(self) -> float | None:
+        return self.util_seconds / self.util_known_seconds if self.util_known_seconds else None
+
+    @property
+    def idle_ratio(self) -> float | None:
+        return self.idle_seconds / self.idle_known_seconds if self.idle_known_seconds else None

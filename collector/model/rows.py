@@ -10,10 +10,21 @@ from operator import itemgetter
 
 import numpy as np
 
-from fleetprof.collector.model.ids import labels_id, stack_id
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import Labels, Stack, SyscallRow
 
+# The stores' finest time bucket, in seconds: a window's rows count in the bucket of its midpoint, and a
+# query's step is a whole number of buckets (a shorter one gives no more points).
+BUCKET_S = 10
+
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def period_ns(frequency_hz: int | None) -> int:
+    """The nanoseconds one sample at `frequency_hz` stands for (0 when the frequency is unknown)."""
+    return round(1e9 / frequency_hz) if frequency_hz else 0
+
+
 _FIRST = itemgetter(0)
 
 
@@ -49,9 +60,10 @@ class ProfileRows:
     the window's syscall rows.
 
     `label_sets` and `stacks` are the window's definition tables, each entry (content id under the
-    process's key (collector/model/ids.py), content); the same content may appear twice. Ingest builds the
-    tables from its caches and the index columns straight from the batch's sample columns, so no store does
-    per-row Python work. `from_rows` builds one from (labels, stack, count) rows (tests, tools).
+    collector's key (collector/model/ids.py), content); the same content may appear twice. Every syscall
+    row's label set is in `label_sets`, so no store computes an id. Ingest builds the tables from its
+    caches and the index columns straight from the batch's sample columns, so no store does per-row Python
+    work. `from_rows` builds one from (labels, stack, count) rows (tests, tools).
     """
 
     start: float  # unix seconds
@@ -75,6 +87,8 @@ class ProfileRows:
         frequency_hz: int,
         rows: Iterable[tuple[Labels, Stack, int]],
         syscalls: Sequence[SyscallRow] = (),
+        *,
+        ids: ContentIds,
     ) -> ProfileRows:
         label_pos: dict[Labels, int] = {}
         stack_pos: dict[Stack, int] = {}
@@ -83,12 +97,14 @@ class ProfileRows:
             li.append(label_pos.setdefault(labels, len(label_pos)))
             si.append(stack_pos.setdefault(stack, len(stack_pos)))
             counts.append(count)
+        for labels, _, _ in syscalls:
+            label_pos.setdefault(labels, len(label_pos))
         return cls(
             start,
             end,
             frequency_hz,
-            [(labels_id(lb), lb) for lb in label_pos],
-            [(stack_id(st), st) for st in stack_pos],
+            [(ids.labels_id(lb), lb) for lb in label_pos],
+            [(ids.stack_id(st), st) for st in stack_pos],
             np.array(li, dtype=np.int64),
             np.array(si, dtype=np.int64),
             np.array(counts, dtype=np.int64),

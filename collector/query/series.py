@@ -1,4 +1,4 @@
-"""CPU over time: the step a range gets, its bounds, and the top series of a TimeSeries, for the UI's
+"""Profiles over time: the step a range gets, its bounds, and the top series of a TimeSeries, for the UI's
 chart (/api/v1/series) and Grafana's SelectSeries alike."""
 
 from __future__ import annotations
@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fleetprof.collector.model.rows import TimeSeries
+from fleetprof.collector.model.rows import BUCKET_S, TimeSeries
 
-BUCKET_S = 10.0  # the stores' finest bucket: a shorter step gives no more points
 MAX_POINTS = 11_000  # per series, as Prometheus' query_range
 AUTO_POINTS = 240  # what a chart across a screen needs
 
@@ -19,7 +18,7 @@ class SeriesError(ValueError):
 
 def auto_step(start: float, end: float) -> float:
     """About AUTO_POINTS points over the range, in whole buckets."""
-    return max(BUCKET_S, math.ceil((end - start) / AUTO_POINTS / BUCKET_S) * BUCKET_S)
+    return float(max(BUCKET_S, math.ceil((end - start) / AUTO_POINTS / BUCKET_S) * BUCKET_S))
 
 
 def check_step(step_s: float, start: float, end: float) -> float:
@@ -27,7 +26,7 @@ def check_step(step_s: float, start: float, end: float) -> float:
     15 s step over 10 s buckets alternated one and two)."""
     if not math.isfinite(step_s) or step_s <= 0:
         raise SeriesError(f"step must be a positive number of seconds, got {step_s:g}")
-    step_s = math.ceil(step_s / BUCKET_S) * BUCKET_S
+    step_s = float(math.ceil(step_s / BUCKET_S) * BUCKET_S)
     if (end - start) / step_s > MAX_POINTS:
         raise SeriesError(
             f"step {step_s:g} s makes more than {MAX_POINTS:,} points over {end - start:g} s: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.svg import render_tree_svg
 from fleetprof.collector.render.tree import (
     OTHER,
@@ -28,7 +29,12 @@ def _pct(part: int, whole: int) -> float:
 
 
 def function_diff(
-    baseline: Stacks, comparison: Stacks, limit: int = 50, sort: str = "self", lines: bool = False
+    baseline: Stacks,
+    comparison: Stacks,
+    limit: int = 50,
+    sort: str = "self",
+    lines: bool = False,
+    names: Names = as_stored,
 ) -> list[dict]:
     """Per function: its share of each profile (self and total %), and comparison − baseline in points.
 
@@ -44,7 +50,7 @@ def function_diff(
     c_self, c_total, c_all = function_counts(comparison, functions)
     rows = []
     for frame in b_total.keys() | c_total.keys():
-        row: dict = {**function_fields(frame), "module": frame.module, "kernel": frame.kernel}
+        row: dict = {**function_fields(frame, names), "module": frame.module, "kernel": frame.kernel}
         if functions and frame in functions.lines:
             row["lines"] = sorted(functions.lines[frame])
         for kind, b_counts, c_counts in (("self", b_self, c_self), ("total", b_total, c_total)):
@@ -105,10 +111,10 @@ def limit_pair(baseline: Stacks, comparison: Stacks, max_nodes: int) -> tuple[di
     return truncate_onto(baseline, shape), truncate_onto(comparison, shape)
 
 
-def build_diff_tree(baseline: Stacks, comparison: Stacks) -> DiffNode:
+def build_diff_tree(baseline: Stacks, comparison: Stacks, names: Names = as_stored) -> DiffNode:
     """The union of both call trees; each node's layout weight is base × |comparison| + comp × |baseline|,
     which is proportional to the sum of its two shares."""
-    root = DiffNode(name="all", module="", kernel=False)
+    root = DiffNode(name="all", module="", kernel=False, display="all")
     b_all, c_all = sum(baseline.values()), sum(comparison.values())
     for stacks, side, weight in ((baseline, "base", c_all or 1), (comparison, "comp", b_all or 1)):
         for stack, count in stacks.items():
@@ -119,7 +125,9 @@ def build_diff_tree(baseline: Stacks, comparison: Stacks) -> DiffNode:
             for frame in stack:
                 child = node.children.get(frame)
                 if child is None:
-                    child = DiffNode(name=frame.function, module=frame.module, kernel=frame.kernel)
+                    child = DiffNode(
+                        frame.function, frame.module, frame.kernel, display=names(frame.function)
+                    )
                     node.children[frame] = child
                 node = child
                 path.append(node)
@@ -144,10 +152,11 @@ def render_diff_svg(
     title: str = "CPU diff flame graph",
     subtitle: str = "",
     unit: str = "",
+    names: Names = as_stored,
 ) -> str:
     """A differential flame graph: frames sized by their shares in both profiles together, red where the
     comparison spends a larger share than the baseline and blue where smaller."""
-    tree = build_diff_tree(baseline, comparison)
+    tree = build_diff_tree(baseline, comparison, names)
     b_all, c_all = tree.base_total, tree.comp_total
     deltas: list[float] = []
     pending: list[DiffNode] = [tree]

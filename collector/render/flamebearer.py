@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree, by_weight, truncate
 
 
@@ -26,10 +27,11 @@ def _label(node: Node) -> str:
     return node.display + KERNEL_SUFFIX if node.kernel else node.display
 
 
-def to_flamebearer(stacks: Stacks, max_nodes: int, scale: int = 1) -> Flamebearer:
+def to_flamebearer(stacks: Stacks, max_nodes: int, scale: int = 1, names: Names = as_stored) -> Flamebearer:
     """The flame graph of `stacks` with at most `max_nodes` nodes besides the root (the lightest merged
     into "other" nodes, totals kept), every value multiplied by `scale` (nanoseconds per sample, say)."""
-    root = build_tree({st: n * scale for st, n in truncate(stacks, max_nodes).items()}, root_name="total")
+    scaled = {st: n * scale for st, n in truncate(stacks, max_nodes).items()}
+    root = build_tree(scaled, root_name="total", names=names)
     names: list[str] = []
     index: dict[str, int] = {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fleetprof.collector.model.profile import Stacks
 from fleetprof.collector.render.diff import DiffNode, build_diff_tree
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import KERNEL_SUFFIX, Node, build_tree, by_name, by_weight
 
 
@@ -43,9 +44,9 @@ def _frame(name: str, columns: dict[str, list]) -> dict:
     }
 
 
-def flamegraph_frame(stacks: Stacks, name: str = "cpu") -> dict:
+def flamegraph_frame(stacks: Stacks, name: str = "cpu", names: Names = as_stored) -> dict:
     """A flame graph data frame: level, value (samples in the subtree), self, label."""
-    rows = _preorder(build_tree(stacks), name_order=False)
+    rows = _preorder(build_tree(stacks, names=names), name_order=False)
     columns = {
         "level": [level for _, level in rows],
         "value": [n.total for n, _ in rows],
@@ -55,10 +56,12 @@ def flamegraph_frame(stacks: Stacks, name: str = "cpu") -> dict:
     return _frame(name, columns)
 
 
-def diff_flamegraph_frame(baseline: Stacks, comparison: Stacks, name: str = "cpu diff") -> dict:
+def diff_flamegraph_frame(
+    baseline: Stacks, comparison: Stacks, name: str = "cpu diff", names: Names = as_stored
+) -> dict:
     """A diff flame graph data frame: value/self are the baseline's samples, valueRight/selfRight the
     comparison's (Grafana adds the two for widths and colours by the change in share)."""
-    tree: DiffNode = build_diff_tree(baseline, comparison)
+    tree: DiffNode = build_diff_tree(baseline, comparison, names)
     rows = _preorder(tree, name_order=True)
     diff_rows = [(n, level) for n, level in rows if isinstance(n, DiffNode)]
     columns = {

@@ -9,6 +9,7 @@ import html
 import json
 
 from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import Node, build_tree, by_name
 from fleetprof.collector.render.webflame import flame_script, flame_style
 
@@ -41,13 +42,14 @@ def render_html(
     subtitle: str = "",
     unit: str = "samples",
     frequency_hz: int | None = None,
+    names: Names = as_stored,
 ) -> str:
     """One HTML document holding the flame graph of `stacks`: click to zoom, regex search, hover details;
     frames named by their shown (demangled) names.
 
     The data: a table of names, and the nodes in preorder as [name, module, depth, total, self, kernel],
     names and modules as indexes into the table."""
-    tree = build_tree(stacks)
+    tree = build_tree(stacks, names=names)
     names: dict[str, int] = {"": 0}
     nodes: list[list] = []
     if tree.total:

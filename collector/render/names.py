@@ -1,8 +1,9 @@
 """Function names as people read them: C++ and Rust linker names demangled when a profile is rendered.
 
 The store keeps each frame's name exactly as the agent sent it (FrameKey.function, which stays the
-frame's identity); renderers show display_name(raw). Only names that look mangled are tried, and one that
-does not demangle is shown as it came.
+frame's identity); renderers show what a `Names` function makes of it: a Demangler's display_name (the
+collector's: collector/main.py makes one Demangler, passes it to what renders and closes it at stop) or
+as_stored. Only names that look mangled are tried, and one that does not demangle is shown as it came.
 
 - Itanium C++ (`_Z…`): GCC's own demangler, abi::__cxa_demangle from libstdc++ (cxa_demangle.py). It
   runs in a helper process because its output can be exponential in its input: back-references to
@@ -17,7 +18,6 @@ does not demangle is shown as it came.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import re
@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fleetprof.collector.render import cxa_demangle
 
@@ -47,6 +47,14 @@ _RUST_HASH = re.compile(r"::h[0-9a-f]{16}$")
 # A legacy Rust name with a suffix (LLVM's ".llvm.123"), which GCC accepts only after a function's
 # parameters, and Rust names have none: GCC is asked about the name without it.
 _RUST_SUFFIXED = re.compile(r"(_ZN.*17h[0-9a-f]{16}E)\.[a-z0-9_.]+")
+
+Names = Callable[[str], str]  # a frame's raw name -> the name shown
+
+
+def as_stored(raw: str) -> str:
+    """Names shown as the agent sent them (renderers' default: tools and tests that demangle nothing)."""
+    return raw
+
 
 MAX_MANGLED_CHARS = 16_384  # longer names stay raw (real ones are under a few KB)
 DEADLINE_S = 1.0  # for one name; a real one takes microseconds
@@ -158,7 +166,8 @@ def _rust(raw: str) -> str | None:
 
 
 class Demangler:
-    """display_name() with a bounded cache (least recently used out first); thread-safe."""
+    """display_name() with a bounded cache (least recently used out first); thread-safe. It starts its
+    helper process at the first mangled C++ name; close() stops it."""
 
     def __init__(
         self,
@@ -217,12 +226,3 @@ class Demangler:
         """Stop the helper process (a later name starts another)."""
         with self._helper_lock:
             self._helper.close()
-
-
-_DEMANGLER = Demangler()
-atexit.register(_DEMANGLER.close)
-
-
-def display_name(raw: str) -> str:
-    """`raw` as it is shown: demangled where it is a C++ or Rust linker name (see the module's docstring)."""
-    return _DEMANGLER.display_name(raw)

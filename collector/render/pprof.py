@@ -1,4 +1,4 @@
-"""Merged stacks as a gzipped pprof profile (the public profile.proto message), encoded by hand.
+"""Merged stacks as a pprof profile (the public profile.proto message), encoded by hand.
 
 Only the wire format's two field kinds that profile.proto needs are written: varints (wire type 0) and
 length-delimited bytes (wire type 2: strings, embedded messages, packed repeated integers). Field numbers
@@ -10,7 +10,8 @@ from __future__ import annotations
 import gzip
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
-from fleetprof.collector.render.names import display_name
+from fleetprof.collector.model.rows import period_ns
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 KERNEL_FILE = "[kernel.kallsyms]"
@@ -76,15 +77,16 @@ class _Strings:
         return self.index.setdefault(text, len(self.index))
 
 
-def to_pprof(
+def pprof_message(
     stacks: Stacks,
     frequency_hz: int | None,
     start_s: float | None = None,
     end_s: float | None = None,
     comments: tuple[str, ...] = (),
     nanoseconds: str | None = None,
+    names: Names = as_stored,
 ) -> bytes:
-    """A gzipped profile.proto Profile: one sample per stack, values [samples, cpu nanoseconds].
+    """A profile.proto Profile, serialized: one sample per stack, values [samples, cpu nanoseconds].
 
     The period is one sampling interval (1e9 / frequency ns), so cpu = samples × period. Without a known
     frequency only the sample count is written. Kernel frames get the file "[kernel.kallsyms]". A function's
@@ -96,7 +98,7 @@ def to_pprof(
     if nanoseconds:
         period, value_types = 0, [(nanoseconds, "nanoseconds")]
     else:
-        period = round(1e9 / frequency_hz) if frequency_hz else 0
+        period = period_ns(frequency_hz)
         value_types = [("samples", "count")] + ([("cpu", "nanoseconds")] if period else [])
     out = bytearray()
     for kind, unit in value_types:
@@ -110,7 +112,7 @@ def to_pprof(
         loc = location_ids.get(frame)
         if loc is None:
             loc = location_ids[frame] = len(location_ids) + 1
-            name = string(display_name(frame.function) or UNKNOWN_FRAME)
+            name = string(names(frame.function) or UNKNOWN_FRAME)
             system_name = string(frame.function or UNKNOWN_FRAME)
             filename = string(frame.module or (KERNEL_FILE if frame.kernel else ""))
             # Function and location ids are the same number: one function per distinct frame.
@@ -147,4 +149,18 @@ def to_pprof(
     # The string table goes last so every string used above is already in it.
     for text in string.index:
         out += _bytes_field(_STRING_TABLE, text.encode("utf-8", "replace"))
-    return gzip.compress(bytes(out), mtime=0)
+    return bytes(out)
+
+
+def to_pprof(
+    stacks: Stacks,
+    frequency_hz: int | None,
+    start_s: float | None = None,
+    end_s: float | None = None,
+    comments: tuple[str, ...] = (),
+    nanoseconds: str | None = None,
+    names: Names = as_stored,
+) -> bytes:
+    """pprof_message() gzipped: a profile.pb.gz as `go tool pprof` reads it."""
+    message = pprof_message(stacks, frequency_hz, start_s, end_s, comments, nanoseconds, names)
+    return gzip.compress(message, mtime=0)

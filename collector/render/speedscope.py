@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
-from fleetprof.collector.render.names import display_name
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import UNKNOWN_FRAME
 
 SCHEMA_URL = "https://www.speedscope.app/file-format-schema.json"
 KERNEL_FILE = "[kernel]"
 
 
-def to_speedscope(stacks: Stacks, frequency_hz: int | None, name: str = "fleetprof CPU profile") -> dict:
+def to_speedscope(
+    stacks: Stacks, frequency_hz: int | None, name: str = "fleetprof CPU profile", names: Names = as_stored
+) -> dict:
     """A speedscope "sampled" profile: one sample per distinct stack (root first), weighted by CPU time.
 
     Weights are nanoseconds (samples × 1e9 / frequency) when the frequency is known, else plain sample
@@ -24,7 +26,7 @@ def to_speedscope(stacks: Stacks, frequency_hz: int | None, name: str = "fleetpr
         i = index.get(frame)
         if i is None:
             i = index[frame] = len(frames)
-            entry = {"name": display_name(frame.function) or UNKNOWN_FRAME}
+            entry = {"name": names(frame.function) or UNKNOWN_FRAME}
             file = frame.module or (KERNEL_FILE if frame.kernel else "")
             if file:
                 entry["file"] = file

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 
 from fleetprof.collector.model.profile import Stacks
+from fleetprof.collector.render.names import Names, as_stored
 from fleetprof.collector.render.tree import OTHER, Node, build_tree, by_name
 from fleetprof.collector.render.webflame import flame_script, frame_colour, look
 
@@ -98,9 +99,10 @@ def render_svg(
     frequency_hz: int | None = None,
     width: int = 1200,
     min_width_px: float = 0.1,
+    names: Names = as_stored,
 ) -> str:
     """An interactive flame graph, root on top, as one SVG document."""
-    tree = build_tree(stacks)
+    tree = build_tree(stacks, names=names)
     plain = look()["plain"]
 
     def fill(node: Node, depth: int) -> str:

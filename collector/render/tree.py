@@ -1,4 +1,7 @@
-"""The profile model all renderers share: merged stacks, their call tree, and folded/JSON/top views."""
+"""The profile model all renderers share: merged stacks, their call tree, and folded/JSON/top views.
+
+Frames are shown by what a `names` function (render/names.py) makes of their raw names: the collector
+passes its Demangler's; the default shows them as stored."""
 
 from __future__ import annotations
 
@@ -8,10 +11,9 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from fleetprof.collector.model.profile import FrameKey, Stacks
-from fleetprof.collector.render.names import display_name
+from fleetprof.collector.render.names import Names, as_stored
 
 KERNEL_SUFFIX = "_[k]"
 # The frame that truncate() folds a parent's light children into. The module marks it as ours, so a real
@@ -24,7 +26,8 @@ UNKNOWN_FRAME = "[unknown]"
 @dataclass
 class Node:
     """A call-tree node: total = samples in its subtree, self_count = samples where it was the leaf.
-    `name` is the frame's raw name (its identity, with module and kernel); renderers show `display`."""
+    `name` is the frame's raw name (its identity, with module and kernel); renderers show `display`, the
+    name as the tree's `names` show it (demangled, for the collector's)."""
 
     name: str
     module: str
@@ -32,15 +35,11 @@ class Node:
     total: int = 0
     self_count: int = 0
     children: dict[FrameKey, Node] = field(default_factory=dict)
+    display: str = ""
 
     @property
     def key(self) -> FrameKey:
         return FrameKey(self.name, self.module, self.kernel)
-
-    @cached_property
-    def display(self) -> str:
-        """The name as shown: demangled where it is a C++ or Rust linker name (names.py)."""
-        return display_name(self.name)
 
 
 def by_name(node: Node) -> tuple[str, str, str, bool]:
@@ -55,9 +54,11 @@ def _checked_count(stack: tuple[FrameKey, ...], count: int) -> int:
     return count
 
 
-def build_tree(stacks: Stacks, root_name: str = "all") -> Node:
-    """Merge root-first stacks into one call tree under a synthetic root; zero-count stacks add nothing."""
-    root = Node(name=root_name, module="", kernel=False)
+def build_tree(stacks: Stacks, root_name: str = "all", names: Names = as_stored) -> Node:
+    """Merge root-first stacks into one call tree under a synthetic root; zero-count stacks add nothing.
+    Each node's `display` is names(its raw name)."""
+    shown = None if names is as_stored else names  # as stored: no call per node (truncate's trees)
+    root = Node(name=root_name, module="", kernel=False, display=root_name)
     for stack, count in stacks.items():
         if not _checked_count(stack, count):
             continue
@@ -66,7 +67,8 @@ def build_tree(stacks: Stacks, root_name: str = "all") -> Node:
         for frame in stack:
             child = node.children.get(frame)
             if child is None:
-                child = Node(name=frame.function, module=frame.module, kernel=frame.kernel)
+                display = frame.function if shown is None else shown(frame.function)
+                child = Node(frame.function, frame.module, frame.kernel, display=display)
                 node.children[frame] = child
             child.total += count
             node = child
@@ -74,7 +76,7 @@ def build_tree(stacks: Stacks, root_name: str = "all") -> Node:
     return root
 
 
-def folded_frame(frame: FrameKey) -> str:
+def folded_frame(frame: FrameKey, names: Names = as_stored) -> str:
     """One frame as folded text: its shown (demangled) name, "_[k]" appended for a kernel frame.
 
     ';' separates frames and '\\n' separates lines, so inside a name ';' becomes ',' and CR/LF become a
@@ -82,13 +84,11 @@ def folded_frame(frame: FrameKey) -> str:
     "[unknown]" (an empty field would read as a missing frame). The module is not written: folded text
     has no place for it, so frames that differ only by module, or by raw names that demangle alike, merge.
     """
-    name = (
-        display_name(frame.function).replace(";", ",").replace("\r", " ").replace("\n", " ") or UNKNOWN_FRAME
-    )
+    name = names(frame.function).replace(";", ",").replace("\r", " ").replace("\n", " ") or UNKNOWN_FRAME
     return name + KERNEL_SUFFIX if frame.kernel else name
 
 
-def to_folded(stacks: Stacks) -> str:
+def to_folded(stacks: Stacks, names: Names = as_stored) -> str:
     """Brendan Gregg's folded format, "a;b;c 42" per line, root first, sorted by stack text."""
     lines: dict[str, int] = {}
     frames: dict[FrameKey, str] = {}  # each distinct frame written once: stacks share most of theirs
@@ -99,7 +99,7 @@ def to_folded(stacks: Stacks) -> str:
         for f in stack:
             part = frames.get(f)
             if part is None:
-                part = frames[f] = folded_frame(f)
+                part = frames[f] = folded_frame(f, names)
             parts.append(part)
         text = ";".join(parts) if stack else UNKNOWN_FRAME
         # Distinct stacks can fold to the same text (module dropped, names escaped): their counts add up.
@@ -140,16 +140,21 @@ def by_weight(node: Node) -> tuple[int, str, str, str, bool]:
     return (-node.total, *by_name(node))
 
 
-def function_fields(frame: FrameKey) -> dict[str, str]:
+def function_fields(frame: FrameKey, names: Names = as_stored) -> dict[str, str]:
     """A function's name in a JSON row: "function" as shown, and "system_name" the raw name (as the agent
     sent it) where the two differ."""
-    shown = display_name(frame.function)
+    shown = names(frame.function)
     return (
         {"function": shown} if shown == frame.function else {"function": shown, "system_name": frame.function}
     )
 
 
-def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int | None = None) -> dict:
+def to_json(
+    stacks: Stacks,
+    total_samples: int | None = None,
+    frequency_hz: int | None = None,
+    names: Names = as_stored,
+) -> dict:
     """The tree as plain dicts for the web UI.
 
     "total" is total_samples when given (the caller may know of samples not in these stacks), otherwise the
@@ -157,7 +162,7 @@ def to_json(stacks: Stacks, total_samples: int | None = None, frequency_hz: int 
     descending, then name. "name" is the shown (demangled) name; a node whose raw name differs has it as
     "system_name".
     """
-    tree = build_tree(stacks)
+    tree = build_tree(stacks, names=names)
 
     def as_dict(node: Node) -> dict:
         shown = node.display
@@ -308,7 +313,9 @@ def _merged(
     return merged_self, merged_totals
 
 
-def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self", lines: bool = False) -> list[dict]:
+def top_functions(
+    stacks: Stacks, limit: int = 20, sort: str = "self", lines: bool = False, names: Names = as_stored
+) -> list[dict]:
     """The heaviest functions by self samples (or by total samples with sort="total"): one row per function
     (raw name, module, kernel), named by function_fields(). A Python function's lines are one row unless
     `lines`; such a row lists the lines it holds as "lines"."""
@@ -320,7 +327,7 @@ def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self", lines: bo
         totals,
         key=lambda f: (
             (-self_counts.get(f, 0), -totals[f]) if sort == "self" else (-totals[f], -self_counts.get(f, 0)),
-            display_name(f.function),
+            names(f.function),
             f.function,
             f.module,
             f.kernel,
@@ -331,7 +338,7 @@ def top_functions(stacks: Stacks, limit: int = 20, sort: str = "self", lines: bo
         own = self_counts.get(frame, 0)
         rows.append(
             {
-                **function_fields(frame),
+                **function_fields(frame, names),
                 "module": frame.module,
                 "kernel": frame.kernel,
                 "self": own,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from fleetprof.collector.model.gpu import PodGpuSummary
 from fleetprof.collector.model.profile import SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector
@@ -62,6 +63,15 @@ class DurableBatches(Protocol):
     def write_logged(self, source: str, sequence: int, payload: bytes, profile: ProfileRows) -> bool:
         """Log and store one batch; False (and nothing stored) if (source, sequence) was stored before.
         Raises StoreUnavailable (and stores nothing) when the batch cannot be logged now."""
+        ...
+
+
+class GpuUsage(Protocol):
+    """Per-pod GPU use over time (store/gpu_usage.py keeps it in memory, fed by ingest)."""
+
+    def pods(self, selector: Selector, start: float, end: float) -> list[PodGpuSummary]:
+        """Per pod (namespace, pod), its use of the GPUs whose labels the selector matches in [start, end),
+        the pods whose GPUs idled most first."""
         ...
 
 

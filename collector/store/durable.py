@@ -16,14 +16,13 @@ Queries go to the hot tier when their range lies inside what it holds completely
 started, within its retention), else to DuckDB plus the chunks not yet committed.
 
 The data directory keeps the key of its content ids (`content-id.key`, made at the first start, mode
-0600; collector/model/ids.py says why ids are keyed). The store makes it the process's key when it opens,
-before the log is replayed, so the database's ids, the replayed batches' and the new ones agree. The key
-is the one process-wide thing a store sets: a store opened after another in the same process (tests;
-production opens one) moves both to its key, and the first one's later rows get a second id for content it
-holds under the first key, rows that queries merge by content. A directory from before keyed ids gets a
-key at its next start: its old rows keep their unkeyed ids, and the same stack or label set stored before
-and after has two ids, again merged by content (a stack's samples are summed per stack, labels per label
-value), and gone with the old rows at retention. Losing the key file (a restore without it) does the same.
+0600; collector/model/ids.py says why ids are keyed). collector/main.py reads it (content_key) into the
+ContentIds that ingest and this store share; the store checks, with the database open (its lock keeps a
+second collector out), that they hold the directory's key, so the database's ids, the replayed batches' and
+the new ones agree. A directory from before keyed ids gets a key at its next start: its old rows keep their
+unkeyed ids, and the same stack or label set stored before and after has two ids, merged by content (a
+stack's samples are summed per stack, labels per label value), and gone with the old rows at retention.
+Losing the key file (a restore without it) does the same.
 """
 
 from __future__ import annotations
@@ -39,9 +38,9 @@ from pathlib import Path
 
 import duckdb
 
-from fleetprof.collector.model.ids import KEY_BYTES, ContentKeyError, use_key
+from fleetprof.collector.model.ids import KEY_BYTES, ContentIds, ContentKeyError
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.cold.chunk import Chunk
@@ -55,7 +54,6 @@ from fleetprof.collector.store.wal import WalError, WriteAheadLog, WriteFn
 
 log = logging.getLogger(__name__)
 
-BUCKET_S = 10
 SEEN_WINDOW = 4096  # sequences remembered per agent (the agent's resend queue holds at most 64)
 MAINTAIN_EVERY_S = 600.0
 KEY_FILE = "content-id.key"
@@ -63,7 +61,9 @@ KEY_FILE = "content-id.key"
 
 def content_key(data_dir: Path) -> bytes:
     """The data directory's content-id key, made (random, mode 0600, written whole or not at all) when the
-    directory has none. Call with the database open: its lock keeps a second collector out."""
+    directory has none. Read before the store opens (collector/main.py), and again by the store with the
+    database open: its lock keeps a second collector out."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / KEY_FILE
     try:
         key = path.read_bytes()
@@ -114,12 +114,14 @@ class _Faults:
 
 
 class DurableStore:
-    """ProfileStore + DurableBatches over a data directory. `decode` turns a WAL payload back into rows."""
+    """ProfileStore + DurableBatches over a data directory. `decode` turns a WAL payload back into rows;
+    `ids` hold the directory's key (ContentIds(content_key(data_dir))), as the decoder's must."""
 
     def __init__(
         self,
         data_dir: Path,
         decode: Callable[[bytes], ProfileRows],
+        ids: ContentIds,
         retention_s: float = 7 * 86400.0,
         hot_s: float = 3600.0,
         flush_s: float = 10.0,
@@ -151,11 +153,16 @@ class DurableStore:
         self.counters = {"hot_queries": 0, "cold_queries": 0, "flushes": 0, "flush_errors": 0}
         self._db = Database(self.data_dir / "profiles.duckdb")
         try:
-            use_key(content_key(self.data_dir))  # before any id is made: the replay's, the writer's
+            if content_key(self.data_dir) != ids.key:  # before any id is made: the replay's, the writer's
+                raise ContentKeyError(
+                    f"{self.data_dir / KEY_FILE} is not the key this store was given: another collector "
+                    "made it while this one started? Start again"
+                )
         except BaseException:
             self._db.close()
             raise
-        self._writer = ChunkWriter(self._db, fault=db_fault)
+        self.ids = ids
+        self._writer = ChunkWriter(self._db, ids, fault=db_fault)
         self._maintenance = Maintenance(self._db)
         self._queries = Queries(self._db)
         self.hot = MemoryStore(retention_s=min(hot_s, retention_s), bucket_s=BUCKET_S, clock=clock)

@@ -12,9 +12,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow
+from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow, PodGpuSummary
 from fleetprof.collector.model.selector import Selector
 
 
@@ -28,29 +28,6 @@ class PodGpuWindow:
     utilization: float | None  # ratio 0..1 (mean over the window)
     memory_bytes: int | None  # the most it held
     idle_ratio: float | None  # of the polls with a known utilization, the share below the idle threshold
-
-
-@dataclass
-class PodGpuSummary:
-    """One pod over a time range: what `fleetprof gpus` prints per row."""
-
-    namespace: str
-    pod: str
-    gpus: set[str] = field(default_factory=set)  # "node/gpu"
-    seconds: float = 0.0  # window time covered
-    util_seconds: float = 0.0  # utilization x seconds, where known
-    util_known_seconds: float = 0.0
-    idle_seconds: float = 0.0  # idle ratio x seconds, where known
-    idle_known_seconds: float = 0.0
-    memory_bytes: int | None = None  # the most held by the pod at once (summed over its GPUs)
-
-    @property
-    def utilization(self) -> float | None:
-        return self.util_seconds / self.util_known_seconds if self.util_known_seconds else None
-
-    @property
-    def idle_ratio(self) -> float | None:
-        return self.idle_seconds / self.idle_known_seconds if self.idle_known_seconds else None
 
 
 def pod_windows(window: GpuWindow) -> list[PodGpuWindow]:

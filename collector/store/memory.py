@@ -10,9 +10,8 @@ from typing import NamedTuple
 import numpy as np
 
 from fleetprof.collector.model.id_index import IdIndex
-from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector, label_value, matching_sets
 
 
@@ -111,7 +110,7 @@ class MemoryStore:
 
     COMPACT_EVERY = 30  # expired buckets between compactions (5 minutes of 10 s buckets)
 
-    def __init__(self, retention_s: float = 3600.0, bucket_s: float = 10.0, clock=time.time):  # noqa: ANN001
+    def __init__(self, retention_s: float = 3600.0, bucket_s: float = BUCKET_S, clock=time.time):  # noqa: ANN001
         if retention_s < 15 * 60:
             raise ValueError("the recent window must keep at least 15 minutes")
         self.retention_s = retention_s
@@ -159,13 +158,7 @@ class MemoryStore:
         dense = {lset: int(d) for (_, lset), d in zip(profile.label_sets, label_map, strict=True)}
         sys_bucket = self._sys_buckets.setdefault(bucket_key, {})
         for labels, name, agg in profile.syscalls:
-            d = dense.get(labels)
-            if d is None:
-                lid = labels_id(labels)
-                d = dense[labels] = int(
-                    self._label_map(np.array([lid]), [(lid, labels)], profile.frequency_hz)[0]
-                )
-            key = (d, name)
+            key = (dense[labels], name)  # a syscall row's label set is in the window's table
             cur = sys_bucket.get(key)
             if cur is None:
                 sys_bucket[key] = SyscallAgg(agg.count, agg.timed, agg.timed_ns, list(agg.hist))

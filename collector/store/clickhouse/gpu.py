@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow
+from fleetprof.collector.model.gpu import POD_GPU_LABELS, GpuWindow, PodGpuSummary
 from fleetprof.collector.model.selector import Selector
 from fleetprof.collector.store.clickhouse.connection import Connection
 from fleetprof.collector.store.clickhouse.schema import Layout
-from fleetprof.collector.store.gpu_usage import PodGpuSummary, PodGpuWindow, pod_windows, summarize
+from fleetprof.collector.store.gpu_usage import PodGpuWindow, pod_windows, summarize
 
 
 class ClickHouseGpuUsage:

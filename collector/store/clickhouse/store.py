@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from fleetprof.collector.model.ids import use_key
+from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
 from fleetprof.collector.model.selector import Selector, label_value, matching_sets
@@ -68,7 +68,8 @@ class ClickHouseStore:
         self.retention_s = retention_s
         self._clock = clock
         self.schema: Schema = ensure_schema(conn, layout)
-        use_key(self.schema.content_key)  # every collector of the deployment computes the same ids
+        # Every collector of the deployment computes the same ids: the key is the schema's, shared.
+        self.ids = ContentIds(self.schema.content_key)
         self._batch_key = hashlib.blake2b(
             digest_size=8, key=self.schema.content_key, person=b"fleetprof-batch"
         )
@@ -90,7 +91,9 @@ class ClickHouseStore:
         self._inflight: dict[int, Pending] = {}
         self._failing = 0  # batches refused since ClickHouse last took one
         self.counters = {"duplicates_found_in_clickhouse": 0, "write_errors": 0, "maintenance_errors": 0}
-        self._writer = GroupWriter(conn, layout, insert, read, group_s=group_s, on_stored=self._stored)
+        self._writer = GroupWriter(
+            conn, layout, self.ids, insert, read, group_s=group_s, on_stored=self._stored
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._maintain_loop, name="clickhouse-retention", daemon=True)
         if background:

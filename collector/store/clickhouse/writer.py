@@ -26,7 +26,7 @@ from itertools import chain
 
 import numpy as np
 
-from fleetprof.collector.model.ids import frame_ids, labels_id, labels_json
+from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.profile import Labels, Stack
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.store.clickhouse.connection import (
@@ -86,6 +86,7 @@ class GroupWriter:
         self,
         conn: Connection,
         layout: Layout,
+        ids: ContentIds,
         insert_settings: dict,
         read_settings: dict,
         group_s: float = 0.2,
@@ -95,6 +96,7 @@ class GroupWriter:
     ):
         self._conn = conn
         self._layout = layout
+        self._ids = ids
         self._insert = insert_settings
         self._read = read_settings
         self._group_s = group_s
@@ -251,7 +253,7 @@ class GroupWriter:
                 if lid not in known_labels:
                     labels.setdefault(lid, lb)
             for lb, _, _ in prof.syscalls:
-                lid = labels_id(lb)
+                lid = self._ids.labels_id(lb)
                 if lid not in known_labels:
                     labels.setdefault(lid, lb)
         out = []
@@ -304,7 +306,7 @@ class GroupWriter:
             # Every frame of every new stack in one flat list, their ids in one call (ingest interned the
             # frames, so this is a dict lookup each), then cut back into one id list per stack.
             flat = list(chain.from_iterable(stacks.values()))
-            fids = frame_ids(flat)
+            fids = self._ids.frame_ids(flat)
             at = 0
             for sid, stack in stacks.items():
                 s_day.append(day)
@@ -339,8 +341,7 @@ class GroupWriter:
             }
         return frames_cols, stack_cols, frames_new, stacks_new
 
-    @staticmethod
-    def _rows_of(group: list[Pending]) -> dict[str, np.ndarray]:
+    def _rows_of(self, group: list[Pending]) -> dict[str, np.ndarray]:
         """The group's rows as columns of `rows`: per batch its samples, syscall rows, latency buckets and
         marker."""
         kind, bucket, lid, sid, freq, count = [], [], [], [], [], []
@@ -368,7 +369,7 @@ class GroupWriter:
             for lset, name, agg in prof.syscalls:
                 lid_s = ids.get(lset)
                 if lid_s is None:
-                    lid_s = ids[lset] = labels_id(lset)
+                    lid_s = ids[lset] = self._ids.labels_id(lset)
                 extra.append((SYSCALL, lid_s, name, 0, agg.count, agg.timed, agg.timed_ns))
                 extra.extend((HIST, lid_s, name, i, v, 0, 0) for i, v in enumerate(agg.hist) if v)
             extra.append((MARKER, 0, "", 0, 0, 0, 0))

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetprof.collector.model.ids import labels_id
 from fleetprof.collector.model.profile import Labels, Stack
-from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
 
 
 @dataclass
@@ -17,7 +16,7 @@ class Chunk:
     """Rows not yet in the database, in numpy column parts ready for one bulk insert (the flusher's unit
     of work), with the definitions they use."""
 
-    bucket_s: int = 10
+    bucket_s: int = BUCKET_S
     # parts of (bucket, lid, sid, freq, count) columns; bucket and freq are one value per part
     parts: list[tuple[int, np.ndarray, np.ndarray, int, np.ndarray]] = field(default_factory=list)
     # each window's stack table with its content ids: definitions are read only for stacks new to the
@@ -43,10 +42,7 @@ class Chunk:
         if profile.syscalls:
             ids = {lset: lid for lid, lset in profile.label_sets}
             for lset, name, agg in profile.syscalls:
-                lid = ids.get(lset)
-                if lid is None:
-                    lid = ids[lset] = labels_id(lset)
-                    self.labels[lid] = lset
+                lid = ids[lset]  # a syscall row's label set is in the window's table
                 self.sys_rows.append((b, lid, name, agg.count, agg.timed, agg.timed_ns))
                 self.hist_rows.extend((b, lid, name, i, v) for i, v in enumerate(agg.hist) if v)
 

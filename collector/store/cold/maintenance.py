@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.store.cold.database import Database, KnownIds, rollback
 
 
@@ -24,7 +25,7 @@ class Maintenance:
 
     def rollup(self, now: float, policy: RollupPolicy) -> None:
         """10 s rows older than policy.raw_s become 1 min rows; 1 min rows older than minute_s, 10 min."""
-        for src, dst, age in ((10, 60, policy.raw_s), (60, 600, policy.minute_s)):
+        for src, dst, age in ((BUCKET_S, 60, policy.raw_s), (60, 600, policy.minute_s)):
             cut = int((now - age) // dst * dst)  # whole destination buckets only
             with self._db.write_lock:
                 con = self._db.con

@@ -10,6 +10,7 @@ import duckdb
 import numpy as np
 
 from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
+from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.model.selector import Selector, label_value
 from fleetprof.collector.store.cold.chunk import Chunk, merged_columns
 from fleetprof.collector.store.cold.database import Database
@@ -45,7 +46,7 @@ class Queries:
     _RANGE = "bucket + res > $start AND bucket < $end"
     _ALL_SAMPLES = (
         "(SELECT res, bucket, lid, sid, freq, count FROM samples UNION ALL "
-        "SELECT 10 AS res, bucket, lid, sid, freq, count FROM pending_samples)"
+        f"SELECT {BUCKET_S} AS res, bucket, lid, sid, freq, count FROM pending_samples)"
     )
 
     def labels_of(self, lids: Iterable[int], pending: Sequence[Chunk] = ()) -> dict[int, Labels]:
@@ -184,7 +185,7 @@ class Queries:
             "GROUP BY lid, syscall, i",
             params,
         ).fetchall()
-        lo = start - 10
+        lo = start - BUCKET_S
         sums += [(lid, name, c, t, ns) for b, lid, name, c, t, ns in pend_sys if lo < b < end]
         hist += [(lid, name, i, n) for b, lid, name, i, n in pend_hist if lo < b < end]
         per: dict[tuple[int, str], SyscallAgg] = {}

@@ -9,8 +9,9 @@ from itertools import chain
 import duckdb
 import numpy as np
 
-from fleetprof.collector.model.ids import frame_ids, labels_json
+from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.profile import Stack
+from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database, rollback
 
@@ -18,8 +19,9 @@ from fleetprof.collector.store.cold.database import Database, rollback
 class ChunkWriter:
     """The flusher thread's side of the database."""
 
-    def __init__(self, db: Database, fault: Callable[[str], None] | None = None):
+    def __init__(self, db: Database, ids: ContentIds, fault: Callable[[str], None] | None = None):
         self._db = db
+        self._ids = ids  # frame ids: ingest interned these frames moments ago
         # The fault seam: called at each step of a flush ("definitions", "rows", "commit", "committed");
         # tests raise from it to fail a flush there, as a full disk or an I/O error would.
         self._fault = fault or (lambda step: None)
@@ -37,14 +39,18 @@ class ChunkWriter:
                 if chunk.rows:
                     con.register("chunk_samples", chunk.sample_columns())
                     con.execute(
-                        "INSERT INTO samples SELECT 10, bucket, lid, sid, freq, sum(count) "
+                        f"INSERT INTO samples SELECT {BUCKET_S}, bucket, lid, sid, freq, sum(count) "
                         "FROM chunk_samples GROUP BY bucket, lid, sid, freq"
                     )
                     con.unregister("chunk_samples")
                 if chunk.sys_rows:
-                    con.executemany("INSERT INTO syscalls VALUES (10, ?, ?, ?, ?, ?, ?)", chunk.sys_rows)
+                    con.executemany(
+                        f"INSERT INTO syscalls VALUES ({BUCKET_S}, ?, ?, ?, ?, ?, ?)", chunk.sys_rows
+                    )
                 if chunk.hist_rows:
-                    con.executemany("INSERT INTO syscall_hist VALUES (10, ?, ?, ?, ?, ?)", chunk.hist_rows)
+                    con.executemany(
+                        f"INSERT INTO syscall_hist VALUES ({BUCKET_S}, ?, ?, ?, ?, ?)", chunk.hist_rows
+                    )
                 if chunk.seen:
                     con.execute(
                         "INSERT INTO seen SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), "
@@ -110,7 +116,7 @@ class ChunkWriter:
         addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
         _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
         frames = [flat[i] for i in first.tolist()]
-        fids = np.array(frame_ids(frames), dtype=np.int64)
+        fids = np.array(self._ids.frame_ids(frames), dtype=np.int64)
         known = self._db.known.frames
         new = [i for i, fid in enumerate(fids.tolist()) if fid not in known]
         new_fids = np.zeros(0, np.int64)

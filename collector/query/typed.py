@@ -1,29 +1,19 @@
-"""Profile types: what a query counts. `cpu` is CPU samples (today's profiles); `offcpu` is nanoseconds
-threads spent switched out, by the stack they left with; `wall` is both in nanoseconds (CPU samples ×
-the sampling period, plus off-CPU time): where a thread's time went, running or waiting.
+"""A store as one profile type counts it (query/types.py says what each counts).
 
-Off-CPU rows live beside the samples under label sets carrying __type__="offcpu" (ingest adds it), so a
-typed view of the store only adds a matcher, or for `wall` merges the two. Idle threads' off-CPU rows
-(pools waiting for work: the agent's verdict, per window) also carry __thread__="idle"; `threads` says
-whether a view counts them: `all` (the default for offcpu: where threads wait, all of them) or `active`
-(the default for wall, so that a pod's sleeping pools do not drown where its working threads' time went)."""
+Off-CPU rows live beside the samples under label sets carrying __type__="offcpu" (ingest adds it), and idle
+threads' off-CPU rows also carry __thread__="idle": a typed view of the store only adds matchers, or for
+`wall` merges the two, CPU samples scaled to nanoseconds by their sampling period."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from fleetprof.collector.model.profile import IDLE_THREAD, OFFCPU, PROFILE_TYPE_NAME, THREAD_STATE_NAME, Stack
-from fleetprof.collector.model.rows import Grouped, Selection, TimeSeries
+from fleetprof.collector.model.rows import Grouped, Selection, TimeSeries, period_ns
 from fleetprof.collector.model.selector import Matcher, Selector
+from fleetprof.collector.query.types import DEFAULT_THREADS, NS_HZ, THREADS, TYPES, UNITS
 from fleetprof.collector.store.base import ProfileStore
 
-TYPES = ("cpu", "offcpu", "wall")
-UNITS = {"cpu": "samples", "offcpu": "nanoseconds", "wall": "nanoseconds"}
-THREADS = ("active", "all")
-DEFAULT_THREADS = {"cpu": "all", "offcpu": "all", "wall": "active"}
-# Nanoseconds read as samples at 1 GHz, so every renderer that turns samples into seconds with the
-# frequency shows nanosecond profiles in seconds too.
-NS_HZ = 1_000_000_000
 _CPU = Matcher(PROFILE_TYPE_NAME, "=", "")
 _OFFCPU = Matcher(PROFILE_TYPE_NAME, "=", OFFCPU)
 _ACTIVE = Matcher(THREAD_STATE_NAME, "!=", IDLE_THREAD)
@@ -33,8 +23,13 @@ def _with(selector: Selector, *matchers: Matcher) -> Selector:
     return Selector((*selector.matchers, *matchers))
 
 
-def period_ns(frequency_hz: int | None) -> int:
-    return round(1e9 / frequency_hz) if frequency_hz else 0
+def _wall(cpu: Selection, off: Selection) -> Selection:
+    """CPU samples in nanoseconds (a sampling period each) plus off-CPU nanoseconds, by stack."""
+    period = period_ns(cpu.frequency_hz)
+    stacks: dict[Stack, int] = {st: n * period for st, n in cpu.stacks.items()} if period else {}
+    for st, n in off.stacks.items():
+        stacks[st] = stacks.get(st, 0) + n
+    return Selection(stacks, NS_HZ)
 
 
 class TypedStore:
@@ -58,12 +53,18 @@ class TypedStore:
         off = self.store.select(_with(selector, *self._off), start, end)
         if self.kind == "offcpu":
             return Selection(off.stacks, NS_HZ)
+        return _wall(self.store.select(_with(selector, _CPU), start, end), off)
+
+    def select_with_wall(self, selector: Selector, start: float, end: float) -> tuple[Selection, Selection]:
+        """This view's selection and the wall view's of active threads (what the per-pod GPU report shows
+        of a pod's idle time), from the store's selects the two share."""
         cpu = self.store.select(_with(selector, _CPU), start, end)
-        period = period_ns(cpu.frequency_hz)
-        stacks: dict[Stack, int] = {st: n * period for st, n in cpu.stacks.items()} if period else {}
-        for st, n in off.stacks.items():
-            stacks[st] = stacks.get(st, 0) + n
-        return Selection(stacks, NS_HZ)
+        active = self.store.select(_with(selector, _OFFCPU, _ACTIVE), start, end)
+        wall = _wall(cpu, active)
+        if self.kind == "cpu":
+            return cpu, wall
+        off = active if self.threads == "active" else self.store.select(_with(selector, _OFFCPU), start, end)
+        return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), wall
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         if self.kind == "cpu":

@@ -83,9 +83,18 @@ def connect_error(status: int, message: str) -> Response:
 
 
 @dataclass(frozen=True)
+class Encoded:
+    """An answer a method has serialized already (a pprof Profile, written by render/pprof.py): sent as it
+    is to a proto client, read into its message only for a JSON one."""
+
+    message: type[Message]
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Method:
     request: type[Message]
-    call: Callable[[Message], Message]
+    call: Callable[[Message], Message | Encoded]
 
 
 class ConnectService:
@@ -114,8 +123,11 @@ class ConnectService:
         except HttpError as err:
             return connect_error(err.status, err.message)
         if codec == "proto":
-            body, content_type = answer.SerializeToString(), "application/proto"
+            data = answer.data if isinstance(answer, Encoded) else answer.SerializeToString()
+            body, content_type = data, "application/proto"
         else:
+            if isinstance(answer, Encoded):
+                answer = answer.message.FromString(answer.data)
             body, content_type = json_format.MessageToJson(answer, indent=None).encode(), "application/json"
         headers = {}
         if len(body) > COMPRESS_ABOVE and _accepts_gzip(req.headers.get("accept-encoding", "")):
