@@ -258,16 +258,34 @@ def test_the_hottest_stacks_match_perfs_dwarf_unwinding(
     n1, n2 = sum(ours.values()), sum(theirs.values())
     top_ours = {s for s, _ in ours.most_common(2)}
     top_theirs = {s for s, _ in theirs.most_common(2)}
-    p1 = sum(n for s, n in ours.items() if s and s[-1] == "leaf_spin") / n1
-    p2 = sum(n for s, n in theirs.items() if s and s[-1] == "leaf_spin") / n2
-    sigma = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    print(f"ours {n1}: {ours.most_common(3)}\nperf {n2}: {theirs.most_common(3)}\nshare {p1:.3f} vs {p2:.3f}")
+    truth = run.truth()
+    print(f"ours {n1}: {ours.most_common(3)}\nperf {n2}: {theirs.most_common(3)}\ntruth {truth}")
     # 1.5 s of CPU a part (the workload's own clock): ~1,500 samples each way, sd <= 39: 500 is > 25
     # sigma below.
     assert n1 > 500 and n2 > 500, (n1, n2)
     assert top_ours == top_theirs, (top_ours, top_theirs)
-    # Two samplings of one run: their shares differ by noise alone, sigma ~ 0.018 at n ~ 1,500 each.
-    assert abs(p1 - p2) <= 4.5 * sigma + 0.01, (p1, p2, sigma)
+    # How each sampler splits the sort part between its two stacks (the comparator's and sort_round's own)
+    # is a question of unwinding alone. The split between the two parts is not compared with perf's: perf
+    # record -p samples on the task's own clock, and the workload switches parts by that same clock, so
+    # the two lock in phase (CI read 0.353 of perf's samples in leaf_spin, 0.468 of ours, for a true ~0.49).
+    # Ours is held to the workload's clock instead.
+    q1, m1 = _share_within(ours, "sort_round", "compare_slow")
+    q2, m2 = _share_within(theirs, "sort_round", "compare_slow")
+    sigma_q = math.sqrt(q1 * (1 - q1) / m1 + q2 * (1 - q2) / m2)  # ~0.016 at q ~0.88, m ~800 each
+    assert abs(q1 - q2) <= 4.5 * sigma_q + 0.01, (q1, m1, q2, m2, sigma_q)
+    chain_ns, sort_ns = truth["chain_ns"], truth["sort_ns"]
+    p_true = chain_ns / (chain_ns + sort_ns)
+    p1 = sum(n for s, n in ours.items() if "chain_a" in s) / n1
+    # A share p over n ~1,500 samples: sigma ~0.013 at p ~0.5; 0.01 for what the parts' clock reads
+    # outside them (the loop's own ~1 us per call).
+    sigma_p = math.sqrt(p_true * (1 - p_true) / n1)
+    assert abs(p1 - p_true) <= 4.5 * sigma_p + 0.01, (p1, p_true, sigma_p)
+
+
+def _share_within(stacks: collections.Counter, part: str, frame: str) -> tuple[float, int]:
+    """Of the samples under `part`, the share with `frame` in their stack, and how many they are."""
+    under = sum(n for s, n in stacks.items() if part in s)
+    return sum(n for s, n in stacks.items() if part in s and frame in s) / max(under, 1), max(under, 1)
 
 
 OWN = frozenset({"main", "chain_a", "chain_b", "chain_c", "leaf_spin", "sort_round", "compare_slow"})
