@@ -20,10 +20,9 @@ from fleetprof.agent.sampler import (
     Drain,
     SampleCount,
 )
-from fleetprof.agent.syscalls import syscall_name
 from fleetprof.agent.symbols.modules import ModuleWatch
 from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, unknown_frame
-from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
+from fleetprof.agent.syscalls import SyscallDrain, SyscallStat, syscall_name
 
 log = logging.getLogger(__name__)
 

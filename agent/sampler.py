@@ -47,7 +47,7 @@ PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 
 STACK_NONE = 0
 STACK_LOST = 1
 STACK_UNTAKEN = 2  # a long wait recorded exactly, its stack not taken (cpu_sampler.c offcpu_untaken)
-STACK_SYSCALL = 0x400  # kernel_stack STACK_SYSCALL + nr: the wait was in syscall nr (its stack taken at return)
+STACK_SYSCALL = 0x400  # kernel_stack STACK_SYSCALL + nr: the wait was in syscall nr (stack taken at return)
 STACK_RESERVED = 0x800  # ids below this name no stored stack
 GPU_SLOT_FINE = 1 << 63  # a gpu_slot of SamplerConfig.gpu_fine_slot_us (a process with an activity timeline)
 GPU_TAG_POLLED, GPU_TAG_TIMELINE = 1, 2  # gpu_procs values (cpu_sampler.c)
@@ -269,9 +269,7 @@ class SamplerConfig:
 
     def offcpu_flags(self, ncpus: int) -> list[str]:
         if self.offcpu_sample_every < 1 or self.offcpu_min_block_us < 0 or self.offcpu_exact_us < 0:
-            raise ValueError(
-                "offcpu_sample_every must be >= 1, offcpu_min_block_us and offcpu_exact_us >= 0"
-            )
+            raise ValueError("offcpu_sample_every must be >= 1, offcpu_min_block_us and offcpu_exact_us >= 0")
         counts, tasks = self.offcpu_sizes(ncpus)
         exact = self.offcpu_exact_us * 1000 if self.off_cpu else 0
         return [

@@ -224,6 +224,8 @@ struct offcpu_task {
     u64 user_sp;    // same one is the return from this wait, and the user stack is the one it waited with
     u32 sampled;    // the switch-out was sampled: offcpu_wake records it, with the stacks taken then
     u32 pad;
+    u64 pend_ns;    // long unsampled waits earlier in the same kernel entry (a syscall that blocked, woke and
+    u64 pend_ran;   // was preempted or blocked again before it returned): recorded with it, as one wait
 };
 // offcpu_tasks: task -> its last switch-out. Written at every switch-out (sched_switch), read and cleared at
 // the task's next syscall return (sys_exit) or switch-out; freed by the kernel with the task (no capacity to
@@ -1073,7 +1075,9 @@ static __always_inline void offcpu_untaken(u32 set, u64 waited, u64 ran, u64 wok
 
 // Every switch-out (of a task that will run again): keep when it left, so that a wait found long at its end
 // is recorded however it was sampled. Its previous wait, if long, unsampled and not recorded at a syscall
-// return, is recorded now (its stack is gone). `since`: when it was switched in last.
+// return, is carried on while the task is still in the same kernel entry (the same saved user context: the
+// syscall blocked again, or was preempted on its way out), else recorded now (its stack is gone). `since`:
+// when it was switched in last.
 static __always_inline void offcpu_exact_out(u32 set, u32 sampled, u64 since) {
     struct offcpu_task *t = offcpu_tasks.task_storage_get(bpf_get_current_task_btf(), 0,
                                                           BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -1082,16 +1086,25 @@ static __always_inline void offcpu_exact_out(u32 set, u32 sampled, u64 since) {
         return;
     }
     u64 now = bpf_ktime_get_ns();
+    u64 ip = 0, sp = 0, bp = 0;
+    int regs = user_regs(&ip, &sp, &bp);
     if (t->out_ns && !t->sampled && since > t->out_ns) {
         u64 waited = since - t->out_ns;
-        if (waited >= OFFCPU_EXACT_NS && waited >= OFFCPU_MIN_BLOCK_NS)
-            offcpu_untaken(set, waited, t->ran_ns, since);
+        if (waited >= OFFCPU_EXACT_NS && waited >= OFFCPU_MIN_BLOCK_NS) {
+            t->pend_ns += waited;
+            t->pend_ran += t->ran_ns;
+        }
+    }
+    if (t->pend_ns && !(regs && ip == t->user_ip && sp == t->user_sp)) {
+        offcpu_untaken(set, t->pend_ns, t->pend_ran, since);
+        t->pend_ns = t->pend_ran = 0;
     }
     t->out_ns = now;
     t->ran_ns = since && now > since ? now - since : 0;
     t->sampled = sampled;
-    u64 ip = 0, sp = 0, bp = 0;
-    if (!sampled && user_regs(&ip, &sp, &bp)) {
+    if (t->pend_ns)
+        return;   // the context the pending wait left with is kept (it is this one)
+    if (!sampled && regs) {
         t->user_ip = ip;
         t->user_sp = sp;
     } else {
@@ -1188,31 +1201,33 @@ TRACEPOINT_PROBE(sched, sched_switch) {
 RAW_TRACEPOINT_PROBE(sys_exit) {
     struct task_struct *task = bpf_get_current_task_btf();
     struct offcpu_task *t = offcpu_tasks.task_storage_get(task, 0, 0);
-    if (!t || !t->out_ns)
+    if (!t || !(t->out_ns || t->pend_ns))
         return 0;
-    u64 out = t->out_ns;
-    t->out_ns = 0;
-    if (t->sampled)
-        return 0;   // recorded at its wake-up
+    u64 out = t->sampled ? 0 : t->out_ns;   // a sampled one is recorded at its wake-up
+    u64 waited = t->pend_ns, ran = t->pend_ran;
+    t->out_ns = t->pend_ns = t->pend_ran = 0;
     u32 zero = 0;
     u64 *in = switched_in.lookup(&zero);
     u32 *active = control.lookup(&zero);
     if (!in || !active)
         return 0;
     u64 woke = *in;   // the task runs: this CPU's last switch-in was its own
-    u64 waited = woke > out ? woke - out : 0;
-    if (waited < OFFCPU_EXACT_NS || waited < OFFCPU_MIN_BLOCK_NS)
+    if (out && woke > out && woke - out >= OFFCPU_EXACT_NS && woke - out >= OFFCPU_MIN_BLOCK_NS) {
+        waited += woke - out;
+        ran += t->ran_ns;
+    }
+    if (!waited)
         return 0;
     u32 set = *active;
     u64 ip, sp, bp;
     if (!user_regs(&ip, &sp, &bp) || ip != t->user_ip || sp != t->user_sp) {
-        offcpu_untaken(set, waited, t->ran_ns, woke);   // the wait did not end here: another context
+        offcpu_untaken(set, waited, ran, woke);   // the wait did not end here: another context
         return 0;
     }
     struct task_walk *w = task_walks.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!w) {
         count_stat(STAT_TASK_STORAGE_FAILED);
-        offcpu_untaken(set, waited, t->ran_ns, woke);
+        offcpu_untaken(set, waited, ran, woke);
         return 0;
     }
     u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -1232,7 +1247,7 @@ RAW_TRACEPOINT_PROBE(sys_exit) {
     count_stat(STAT_OFFCPU_EXACT_WALKS);
     walk_init(&w->walk, &key, set, WALK_LONG_WAIT, ip, sp, bp, 0);
     w->walk.arg[0] = waited;
-    w->walk.arg[1] = t->ran_ns;
+    w->walk.arg[1] = ran;
 #if UNWIND
     if (unwind_procs.lookup(&key.tgid)) {
         unwind_progs_raw.call(ctx, 0);
