@@ -6,8 +6,9 @@
 // INCLUDE_IDLE, STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_FINE_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH,
 // PY_MAX_THREADS, PY_STACKS_SIZE, PY_PROCS_SIZE, OFF_CPU, OFFCPU_SAMPLE_EVERY, OFFCPU_MIN_BLOCK_NS,
 // OFFCPU_EXACT_NS, OFFCPU_RUNNABLE, OFFCPU_COUNTS_SIZE, OFFCPU_TASKS_SIZE and CUDA with -D flags and mirrors
-// every struct here with ctypes. With CUDA, agent/bpf/cuda_probes.c is compiled after this file, in the same
-// object (it shares the stack maps and the walk), its uprobe programs loaded by agent/cuda/probes.py.
+// every struct here with ctypes. CUDA (issue 28, not written yet; sampler.py never defines it, so it is 0):
+// agent/bpf/cuda_probes.c is to be compiled after this file, in the same object (it shares the stack maps
+// and the walk: WALK_CUDA, task_walks, unwind_state.at_entry), its uprobe programs loaded by the agent.
 //
 // Rules this file keeps:
 //  * No kernel struct is read through headers. The agent may run with headers of another kernel
@@ -548,14 +549,36 @@ static __always_inline void walk_init(struct unwind_state *s, struct sample_key 
     s->frames.len = 0;
 }
 
+// ip, cs, flags, sp: adjacent in x86-64's struct pt_regs (a fixed ABI), read in one helper call.
+struct user_ip_sp {
+    u64 ip;
+    u64 cs;
+    u64 flags;
+    u64 sp;
+};
+
+// The current task's user ip and sp as its entry into the kernel saved them; 0 when it has none. What
+// identifies one entry into the kernel (offcpu_exact_out runs it at every switch-out: one read, not three).
+static __always_inline int user_ip_sp(u64 *ip, u64 *sp) {
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    struct user_ip_sp r;
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), &regs->ip) != 0 || r.ip == 0)
+        return 0;
+    *ip = r.ip;
+    *sp = r.sp;
+    return 1;
+}
+
 // The current task's user registers as its entry into the kernel saved them (a syscall, a fault, an
 // interrupt); 0 when it has none (a kernel thread).
 static __always_inline int user_regs(u64 *ip, u64 *sp, u64 *bp) {
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-    if (!regs || bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip) != 0 ||
-        bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp) != 0 ||
-        bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp) != 0 || *ip == 0)
+    struct user_ip_sp r;
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), &regs->ip) != 0 ||
+        bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp) != 0 || r.ip == 0)
         return 0;
+    *ip = r.ip;
+    *sp = r.sp;
     return 1;
 }
 
@@ -1086,8 +1109,8 @@ static __always_inline void offcpu_exact_out(u32 set, u32 sampled, u64 since) {
         return;
     }
     u64 now = bpf_ktime_get_ns();
-    u64 ip = 0, sp = 0, bp = 0;
-    int regs = user_regs(&ip, &sp, &bp);
+    u64 ip = 0, sp = 0;
+    int regs = user_ip_sp(&ip, &sp);
     if (t->out_ns && !t->sampled && since > t->out_ns) {
         u64 waited = since - t->out_ns;
         if (waited >= OFFCPU_EXACT_NS && waited >= OFFCPU_MIN_BLOCK_NS) {
