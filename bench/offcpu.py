@@ -2,8 +2,8 @@
 
 Run as root from the repository root:
 
-    .venv/bin/python bench/offcpu.py --quick     # ~4 minutes: 3 rounds of 0.5 s runs
-    .venv/bin/python bench/offcpu.py             # ~12 minutes: 7 rounds of 1 s runs
+    .venv/bin/python bench/offcpu.py --quick     # ~12 minutes on a busy 2-vCPU VM: 3 rounds of 0.5 s runs
+    .venv/bin/python bench/offcpu.py             # ~30 minutes there: 7 rounds of 1 s runs
 
 Method
 ------
