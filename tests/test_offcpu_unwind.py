@@ -146,15 +146,20 @@ def test_a_wait_through_glibc_keeps_the_wrappers_caller_and_a_whole_root(
     stacks = run.user_stacks(tid)
     in_glibc = {s: ns for s, ns in stacks.items() if blocked_in_glibc(s)}
     good = sum(ns for s, ns in in_glibc.items() if whole(s, ["main", "loon_outer", "loon_wait"]))
-    bad = {s: ns for s, ns in in_glibc.items() if not whole(s, ["main", "loon_outer", "loon_wait"])}
+    # Judged: the waits under loon_outer (where the frame-pointer walk also lands, loon_wait skipped) or cut
+    # short inside glibc; main's pthread_join of the helper at the end is its own, whole, stack.
+    bad = {
+        s: ns
+        for s, ns in in_glibc.items()
+        if not whole(s, ["main", "loon_outer", "loon_wait"]) and "__pthread_clockjoin_ex" not in s
+    }
     # Every wait is recorded (1/1): no sampling noise. The blocks' own total (CLOCK_MONOTONIC around each
     # loon_wait) bounds their off-CPU time from above; the CPU time of ~400 syscall paths (~20 us each, 0.4%
     # of 2 s) and any wait a preemption split off in loon_outer's own code are the only shortfall.
     assert good >= 0.9 * total, (mode, good, total, sorted(stacks.items(), key=lambda kv: -kv[1])[:5])
-    # A walk by frame pointer would put every one of them here (loon_wait skipped); the tables, none. The
-    # only stacks allowed outside the chain are walks a full table cut short, which the stats count.
-    cut = sum(run.stats[k] for k in ("stack_table_full", "unwind_depth", "unwind_read_fault"))
-    assert sum(bad.values()) <= 0.01 * total or cut, (mode, bad)
+    # A walk by frame pointer puts every one of them here (the control below); the tables, none. 1% of the
+    # time is left for a walk that a read fault cut short (none seen in the runs so far).
+    assert sum(bad.values()) <= 0.01 * total, (mode, bad)
 
 
 def test_by_frame_pointer_the_same_wait_loses_the_wrappers_caller(glibc_bin: Path) -> None:
