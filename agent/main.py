@@ -28,7 +28,11 @@ from fleetprof.agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_
 from fleetprof.agent.kube.watcher import PodWatcher
 from fleetprof.agent.memory import HeapTrimmer
 from fleetprof.agent.metrics import AgentCounters, build_registry
-from fleetprof.agent.offcpu import DEFAULT_OFFCPU_MIN_BLOCK_US, DEFAULT_OFFCPU_SAMPLE_EVERY
+from fleetprof.agent.offcpu import (
+    DEFAULT_OFFCPU_EXACT_US,
+    DEFAULT_OFFCPU_MIN_BLOCK_US,
+    DEFAULT_OFFCPU_SAMPLE_EVERY,
+)
 from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.process.table import ProcessInfo, ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
@@ -81,6 +85,7 @@ class AgentConfig:
     off_cpu: bool = SamplerConfig.off_cpu
     offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY
     offcpu_min_block_us: int = DEFAULT_OFFCPU_MIN_BLOCK_US
+    offcpu_exact_us: int = DEFAULT_OFFCPU_EXACT_US  # waits this long are recorded exactly; 0: off
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
     tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
@@ -379,6 +384,7 @@ class Agent:
                 off_cpu=cfg.off_cpu,
                 offcpu_sample_every=cfg.offcpu_sample_every,
                 offcpu_min_block_us=cfg.offcpu_min_block_us,
+                offcpu_exact_us=cfg.offcpu_exact_us,
                 unwind=cfg.unwind,
             ),
             on_process_event=self._on_process_event,

@@ -58,6 +58,9 @@ class AgentCounters:
         "count_table_full",
         "stacks_carried",
         "stacks_unresolved",
+        "exact",
+        "exact_untaken",
+        "exact_walks",
     )
 
     # The table walk of user stacks (agent/bpf/unwind.h; all 0 with --unwind=fp): how each walk ended
@@ -218,7 +221,9 @@ class _AgentCollector:
             "Off-CPU recorder (sched_switch), by event: switches seen on the node; switch-outs sampled"
             " (of them runnable: preempted); waits recorded, or dropped as below_min; waits lost to a"
             " full state_table or count_table, or with their stacks unresolved; stacks carried across"
-            " drains",
+            " drains; exact: waits at or above --off-cpu-exact-ms recorded once at their length (of them"
+            " exact_untaken: without a user stack, they did not end in a syscall's return), exact_walks:"
+            " their user stacks walked at the syscall's return",
             "event",
             offcpu,
         )

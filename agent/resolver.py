@@ -11,17 +11,28 @@ from fleetprof.agent.process.table import ProcessInfo, ProcessTable
 from fleetprof.agent.python.codes import PYTHON_MODULE
 from fleetprof.agent.python.merge import PythonFrames
 from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
-from fleetprof.agent.sampler import STACK_LOST, STACK_NONE, Drain, SampleCount
+from fleetprof.agent.sampler import (
+    STACK_LOST,
+    STACK_NONE,
+    STACK_RESERVED,
+    STACK_SYSCALL,
+    STACK_UNTAKEN,
+    Drain,
+    SampleCount,
+)
 from fleetprof.agent.symbols.modules import ModuleWatch
 from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, by_module, module_runs, unknown_frame
 from fleetprof.agent.symbols.unsymbolized import Run, UnsymbolizedAddresses
-from fleetprof.agent.syscalls import SyscallDrain, SyscallStat
+from fleetprof.agent.syscalls import SyscallDrain, SyscallStat, syscall_name
 
 log = logging.getLogger(__name__)
 
 LOST_USER_STACK = Frame("[user stack lost: stack table full]", "[fleetprof]")
 LOST_KERNEL_STACK = Frame("[kernel stack lost: stack table full]", "[fleetprof]", kernel=True)
 NO_STACK = Frame("[no stack]", "[fleetprof]")
+# A wait at or above the exact threshold, recorded at its length, whose switch-out was not sampled and which
+# did not end in a return to the user context it left (preempted or faulted in user code): no stack.
+UNTAKEN_STACK = Frame("[long wait: stack not taken]", "[fleetprof]")
 UNMAPPED = "[unmapped]"
 # User frames of a process that was gone before its mappings could be read (it lived between two looks, or
 # its first events were lost): its addresses cannot be named, nor told apart from garbage.
@@ -206,6 +217,8 @@ class Resolver:
             return (), False, ()
         if stack_id == STACK_LOST:
             return (LOST_USER_STACK,), False, ()
+        if stack_id == STACK_UNTAKEN:
+            return (UNTAKEN_STACK,), False, ()
         key = (proc.pid, proc.start_ticks, stack_id)
         cached = self._user_cache.get(key)
         if cached is not None:
@@ -242,6 +255,10 @@ class Resolver:
             return ()
         if stack_id == STACK_LOST:
             return (LOST_KERNEL_STACK,)
+        if STACK_SYSCALL <= stack_id < STACK_RESERVED:
+            # A long wait whose stack was taken at its syscall's return: its kernel stack is gone, the
+            # syscall says where it waited.
+            return (Frame(f"[syscall {syscall_name(stack_id - STACK_SYSCALL)}]", "[kernel]", kernel=True),)
         cached = self._kernel_cache.get(stack_id)
         if cached is not None:
             return cached

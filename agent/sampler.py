@@ -22,6 +22,7 @@ from fleetprof.agent.bpfmaps import drain_map as _drain_map
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.offcpu import (
+    DEFAULT_OFFCPU_EXACT_US,
     DEFAULT_OFFCPU_MIN_BLOCK_US,
     DEFAULT_OFFCPU_SAMPLE_EVERY,
     START_LAYOUT,
@@ -45,6 +46,11 @@ PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached p
 PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 KB, a few hundred in flight
 STACK_NONE = 0
 STACK_LOST = 1
+STACK_UNTAKEN = 2  # a long wait recorded exactly, its stack not taken (cpu_sampler.c offcpu_untaken)
+STACK_SYSCALL = 0x400  # kernel_stack STACK_SYSCALL + nr: the wait was in syscall nr (stack taken at return)
+STACK_RESERVED = 0x800  # ids below this name no stored stack
+GPU_SLOT_FINE = 1 << 63  # a gpu_slot of SamplerConfig.gpu_fine_slot_us (a process with an activity timeline)
+GPU_TAG_POLLED, GPU_TAG_TIMELINE = 1, 2  # gpu_procs values (cpu_sampler.c)
 EVENT_NEW, EVENT_EXEC, EVENT_EXIT, EVENT_UNMAPPED = 1, 2, 3, 4  # bpf/process_event.h
 STAT_NAMES = (
     "samples",
@@ -88,6 +94,11 @@ STAT_NAMES = (
     "python_cycle",
     "python_stale",
     "python_names_lost",
+    # waits at or above the exact threshold, each recorded once at its length (SamplerConfig.offcpu_exact_us)
+    "offcpu_exact",
+    "offcpu_exact_untaken",  # ... of which without their user stack (did not end in a syscall's return)
+    "task_storage_failed",  # a task's own BPF storage could not be made: a wait or walk not kept
+    "offcpu_exact_walks",  # user stacks of long unsampled waits walked at their syscall's return
 )
 # Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
 # set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.
@@ -191,11 +202,17 @@ class SamplerConfig:
     python: bool = True  # walk CPython frames of processes that user space registers (set_python_process)
     python_procs: int = 4096  # CPython processes walked at once
     gpu_slot_s: float = 1.0  # time resolution of GPU-state tagging: the GPU poll interval
+    # ... for processes whose GPU activity timeline the agent reads (our CUPTI library): fine enough to put a
+    # sample inside a 5 ms gap. Each such sample is its own count key (no two share a slot at 19 Hz).
+    gpu_fine_slot_us: int = 100
     gpu_procs: int = 4096  # processes on GPUs tagged at once
     # Off-CPU time (sched_switch). Off: no sched_switch program is attached at all.
     off_cpu: bool = True
     offcpu_sample_every: int = DEFAULT_OFFCPU_SAMPLE_EVERY  # sample 1 switch-out in N (at random); 1: all
     offcpu_min_block_us: int = DEFAULT_OFFCPU_MIN_BLOCK_US  # shorter waits are dropped (not scaled)
+    # Waits at or above this are recorded exactly (once, at their length) whatever the 1-in-N sampling; 0:
+    # off (no per-switch bookkeeping, no sys_exit program). See agent/offcpu.py DEFAULT_OFFCPU_EXACT_US.
+    offcpu_exact_us: int = DEFAULT_OFFCPU_EXACT_US
     offcpu_runnable: bool = True  # count time runnable (preempted) as well as blocked: see cpu_sampler.c
     offcpu_counts: int = 0  # (thread, stacks, GPU slot) keys per window; 0: from the node (offcpu_sizes)
     offcpu_tasks: int = 0  # sampled switch-outs pending at once (LRU beyond); 0: from the node
@@ -251,13 +268,15 @@ class SamplerConfig:
         ]
 
     def offcpu_flags(self, ncpus: int) -> list[str]:
-        if self.offcpu_sample_every < 1 or self.offcpu_min_block_us < 0:
-            raise ValueError("offcpu_sample_every must be >= 1 and offcpu_min_block_us >= 0")
+        if self.offcpu_sample_every < 1 or self.offcpu_min_block_us < 0 or self.offcpu_exact_us < 0:
+            raise ValueError("offcpu_sample_every must be >= 1, offcpu_min_block_us and offcpu_exact_us >= 0")
         counts, tasks = self.offcpu_sizes(ncpus)
+        exact = self.offcpu_exact_us * 1000 if self.off_cpu else 0
         return [
             f"-DOFF_CPU={1 if self.off_cpu else 0}",
             f"-DOFFCPU_SAMPLE_EVERY={self.offcpu_sample_every}U",
             f"-DOFFCPU_MIN_BLOCK_NS={self.offcpu_min_block_us * 1000}ULL",
+            f"-DOFFCPU_EXACT_NS={exact}ULL",
             f"-DOFFCPU_RUNNABLE={1 if self.offcpu_runnable else 0}",
             f"-DOFFCPU_COUNTS_SIZE={counts}",
             f"-DOFFCPU_TASKS_SIZE={tasks}",
@@ -310,7 +329,9 @@ class CpuSampler:
         self._config = config
         self._lock = threading.Lock()
         self._gpu_lock = threading.Lock()
-        self._gpu_pids: set[int] = set()
+        self._polled_pids: set[int] = set()
+        self._timeline_pids: set[int] = set()
+        self._gpu_tags: dict[int, int] = {}  # pid -> GPU_TAG_* as written to gpu_procs
         self._gpu_table = None  # the BCC map, looked up once the BPF object exists
         self.counts_size, self.stacks_size = config.table_sizes(os.cpu_count() or 1)
         cflags = [
@@ -327,6 +348,7 @@ class CpuSampler:
             f"-DPY_PROCS_SIZE={config.python_procs}",
             f"-DPY_NEW_PAGES={PY_NEW_PAGES if config.python else 1}",
             f"-DGPU_SLOT_NS={int(config.gpu_slot_s * 1e9)}ULL",
+            f"-DGPU_FINE_SLOT_NS={config.gpu_fine_slot_us * 1000}ULL",
             f"-DGPU_PROCS_SIZE={config.gpu_procs}",
             *config.offcpu_flags(os.cpu_count() or 1),
             *config.unwind_flags(),
@@ -348,11 +370,18 @@ class CpuSampler:
         self._carry = StackCarry()
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
         if config.unwind == "eh_frame":
-            try:
-                step = self._bpf.load_func(b"unwind_step", bcc.BPF.PERF_EVENT)
-            except Exception as exc:  # the verifier's answer
-                raise BpfUnavailable(f"the table unwinder did not load (try --unwind=fp): {exc}") from exc
-            self._bpf["unwind_progs"][ct.c_int(0)] = ct.c_int(step.fd)
+            # One step program per program type that walks (cpu_sampler.c): a tail call stays in its type.
+            steps = [(b"unwind_step", bcc.BPF.PERF_EVENT, "unwind_progs")]
+            if config.off_cpu:
+                steps.append((b"unwind_step_tp", bcc.BPF.TRACEPOINT, "unwind_progs_tp"))
+                if config.offcpu_exact_us:
+                    steps.append((b"unwind_step_raw", bcc.BPF.RAW_TRACEPOINT, "unwind_progs_raw"))
+            for name, prog_type, array in steps:
+                try:
+                    step = self._bpf.load_func(name, prog_type)
+                except Exception as exc:  # the verifier's answer
+                    raise BpfUnavailable(f"the table unwinder did not load (try --unwind=fp): {exc}") from exc
+                self._bpf[array][ct.c_int(0)] = ct.c_int(step.fd)
         self._events_cb = on_process_event
         self._extra_callbacks: list = []
         if on_process_event is not None:
@@ -426,23 +455,39 @@ class CpuSampler:
 
     # -- CPython processes ------------------------------------------------------------------------
     def set_gpu_processes(self, pids: set[int]) -> None:
-        """The processes holding a GPU context now: their samples get time slots (SampleCount.gpu_slot)."""
+        """The processes holding a GPU context now (NVML): their samples get time slots of the poll
+        interval (SampleCount.gpu_slot)."""
         with self._gpu_lock:
-            if pids == self._gpu_pids:
-                return
-            table = self._gpu_table
-            for pid in self._gpu_pids - pids:
-                try:
-                    del table[ct.c_uint32(pid)]
-                except KeyError:
-                    pass
-                self._gpu_pids.discard(pid)
-            for pid in pids - self._gpu_pids:
-                try:
-                    table[ct.c_uint32(pid)] = ct.c_uint8(1)
-                except Exception:  # BCC raises bare Exception: the map is full, go untagged
-                    continue
-                self._gpu_pids.add(pid)
+            self._polled_pids = set(pids)
+            self._write_gpu_tags()
+
+    def set_gpu_timeline_processes(self, pids: set[int]) -> None:
+        """The processes whose GPU activity timeline the agent reads (our CUPTI library): their samples get
+        fine time slots (GPU_SLOT_FINE), whether NVML sees them or not."""
+        with self._gpu_lock:
+            self._timeline_pids = set(pids)
+            self._write_gpu_tags()
+
+    def _write_gpu_tags(self) -> None:
+        wanted = dict.fromkeys(self._polled_pids, GPU_TAG_POLLED)
+        wanted.update(dict.fromkeys(self._timeline_pids, GPU_TAG_TIMELINE))
+        if wanted == self._gpu_tags:
+            return
+        table = self._gpu_table
+        for pid in set(self._gpu_tags) - set(wanted):
+            try:
+                del table[ct.c_uint32(pid)]
+            except KeyError:
+                pass
+            del self._gpu_tags[pid]
+        for pid, tag in wanted.items():
+            if self._gpu_tags.get(pid) == tag:
+                continue
+            try:
+                table[ct.c_uint32(pid)] = ct.c_uint8(tag)
+            except Exception:  # BCC raises bare Exception: the map is full, go untagged
+                continue
+            self._gpu_tags[pid] = tag
 
     def set_python_process(self, pid: int, proc: PyProc) -> None:
         """Walk the CPython frames of `pid` from now on (BPF forgets it at exec and exit)."""

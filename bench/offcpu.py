@@ -2,8 +2,8 @@
 
 Run as root from the repository root:
 
-    .venv/bin/python bench/offcpu.py --quick     # ~4 minutes: 3 rounds of 0.5 s runs
-    .venv/bin/python bench/offcpu.py             # ~12 minutes: 7 rounds of 1 s runs
+    .venv/bin/python bench/offcpu.py --quick     # ~12 minutes on a busy 2-vCPU VM: 3 rounds of 0.5 s runs
+    .venv/bin/python bench/offcpu.py             # ~30 minutes there: 7 rounds of 1 s runs
 
 Method
 ------
@@ -36,6 +36,13 @@ Conditions:
     (a start time per switch, two BPF_STACK_TRACE ids and a count per wait), the stacks taken at the
     switch-out because at a tracepoint the current task is the one leaving.
 
+"BPF ns, tables" is the same with the storm's two processes described to the table unwinder (their user
+stacks walked by call-frame information, as the agent walks every described process's CPU samples and
+recorded waits; the other rows' storm is not described, so its stacks are taken by frame pointer). Per
+recorded wait, the walk costs (BPF ns, tables - BPF ns) / sampled. With a threshold for exact waits (the
+default), every syscall return of the node also runs a sys_exit program; "sys_exit ns" is its net run time
+per run during the storm (two syscalls a switch), and its walks of long waits are too rare there to matter.
+
 "BPF ns" is a second, noise-free measure taken after the pairs: the kernel's own accounting of the
 tracer's sched_switch program (BPF_ENABLE_STATS) over a storm, per program run (every switch on the node),
 net of what the accounting adds (an empty program's run time per run, measured in each round).
@@ -50,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,12 +79,19 @@ from common import (
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from fleetprof.agent.offcpu import DEFAULT_OFFCPU_MIN_BLOCK_US, DEFAULT_OFFCPU_SAMPLE_EVERY  # noqa: E402
+from fleetprof.agent.offcpu import (  # noqa: E402
+    DEFAULT_OFFCPU_EXACT_US,
+    DEFAULT_OFFCPU_MIN_BLOCK_US,
+    DEFAULT_OFFCPU_SAMPLE_EVERY,
+)
+from fleetprof.agent.process.table import ProcessTable  # noqa: E402
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig  # noqa: E402
+from fleetprof.agent.unwind.unwinder import Unwinder  # noqa: E402
 
 STORM_SOURCE = REPO / "tests" / "workloads" / "switch_storm.c"
 OFFCPUTIME = "offcputime-bpfcc"
 BPF_PROG_TYPE_TRACEPOINT = "5"
+BPF_PROG_TYPE_RAW_TRACEPOINT = "17"
 
 # The floor: an empty program (not fleetprof code; loaded from this string only to measure the machinery).
 EMPTY_PROGRAM = b"TRACEPOINT_PROBE(sched, sched_switch) { return 0; }\n"
@@ -228,8 +243,12 @@ def offcputime_runs() -> str:
     return ""
 
 
-def fleetprof(every: int, min_block_us: int = DEFAULT_OFFCPU_MIN_BLOCK_US) -> Callable[[], Tracer]:
-    config = SamplerConfig(offcpu_sample_every=every, offcpu_min_block_us=min_block_us)
+def fleetprof(
+    every: int, min_block_us: int = DEFAULT_OFFCPU_MIN_BLOCK_US, exact_us: int = DEFAULT_OFFCPU_EXACT_US
+) -> Callable[[], Tracer]:
+    config = SamplerConfig(
+        offcpu_sample_every=every, offcpu_min_block_us=min_block_us, offcpu_exact_us=exact_us
+    )
     return lambda: Fleetprof(config)
 
 
@@ -246,6 +265,9 @@ def conditions(anchor: str, everies: list[int]) -> list[tuple[str, Callable[[], 
     # The storm's waits are ~1 us: a minimum above them leaves the wake-up's recording out. The difference
     # to the row at the default minimum is what recording a wait costs.
     out.append(("fleetprof off-CPU 1/1, min 1000 us", fleetprof(1, 1000)))
+    # Exact long waits cost a task-storage write per switch-out and a sys_exit program on every syscall.
+    every = DEFAULT_OFFCPU_SAMPLE_EVERY
+    out.append((f"fleetprof off-CPU 1/{every}, exact waits off", fleetprof(every, min_us, 0)))
     if anchor == "tool":
         out.append((f"bcc {OFFCPUTIME}", lambda: BccTool(OFFCPUTIME)))
     elif anchor == "port":
@@ -262,6 +284,8 @@ class Row:
     cpu_slowdown_pct: list[float] = field(default_factory=list)
     wall_slowdown_pct: list[float] = field(default_factory=list)
     bpf_ns: float | None = None  # net BPF run time per sched_switch run
+    bpf_tables_ns: float | None = None  # ... with the storm's stacks walked by tables (fleetprof rows)
+    sys_exit_ns: float | None = None  # net run time per run of the exact waits' sys_exit program
     bpf_node_pct: float | None = None  # its run time during the CPU-bound runs, % of the node
     sampled_per_switch: float | None = None
 
@@ -353,13 +377,99 @@ def measure_bpf_time(rows: list[Row], conds: list[tuple[str, Callable[[], Tracer
         return statistics.median(accounting)
 
 
+def _storm_pids(parent: int) -> list[int]:
+    """The storm's two processes once both have mapped libc (the child is forked after the parent did)."""
+    try:
+        children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        pids = [parent, *(int(c) for c in children)]
+        if len(pids) == 2 and all("/libc.so" in Path(f"/proc/{p}/maps").read_text() for p in pids):
+            return pids
+    except OSError:
+        pass
+    return []
+
+
+def walked_switch_time(config: SamplerConfig, bins: Binaries, seconds: float) -> tuple[float, float] | None:
+    """(ns per sched_switch run, ns per sys_exit run) of fleetprof's programs while a storm runs whose two
+    processes are described to the table unwinder (their stacks walked by tables); None if it could not be
+    described in time."""
+    sampler = CpuSampler(config)
+    maps = sampler.unwind_maps()
+    if maps is None:
+        sampler.close()
+        return None
+    unwinder = Unwinder(maps)
+    table = ProcessTable(on_capture=unwinder.describe)
+    cpu = str((os.cpu_count() or 1) - 1)
+    # Long enough to describe both processes and build their tables first (a second or two), then measure.
+    storm = subprocess.Popen(
+        ["taskset", "-c", cpu, str(bins.storm), f"{seconds + 10:g}"], stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 5
+        pids: list[int] = []
+        while not pids and time.monotonic() < deadline:
+            time.sleep(0.005)
+            pids = _storm_pids(storm.pid)
+        if not pids:
+            return None
+        for pid in pids:
+            table.refresh(pid)
+        unwinder.build_pending()
+        sampler.drain()
+        before = bpf_programs(os.getpid())
+        time.sleep(seconds)
+        after = bpf_programs(os.getpid())
+        drained = sampler.drain()
+        if not drained.stats.get("unwind_walks") and not drained.stats.get("offcpu_sampled"):
+            return None
+    finally:
+        storm.kill()
+        storm.wait()
+        unwinder.stop()
+        sampler.close()
+    best = {BPF_PROG_TYPE_TRACEPOINT: (0, 0), BPF_PROG_TYPE_RAW_TRACEPOINT: (0, 0)}
+    for prog_id, prog in after.items():
+        if prog.prog_type not in best:
+            continue
+        was = before.get(prog_id, BpfProgram(prog.prog_type, 0, 0))
+        runs = prog.run_cnt - was.run_cnt
+        if runs > best[prog.prog_type][1]:
+            best[prog.prog_type] = (prog.run_time_ns - was.run_time_ns, runs)
+    (sw_ns, sw_runs), (ex_ns, ex_runs) = best[BPF_PROG_TYPE_TRACEPOINT], best[BPF_PROG_TYPE_RAW_TRACEPOINT]
+    return (sw_ns / sw_runs if sw_runs else 0.0, ex_ns / ex_runs if ex_runs else 0.0)
+
+
+def measure_walk_time(rows: list[Row], conds: list[tuple[str, Callable[[], Tracer]]], bins: Binaries,
+                      seconds: float, rounds: int, accounting_ns: float) -> None:  # fmt: skip
+    """Fill the fleetprof off-CPU rows' bpf_tables_ns and sys_exit_ns (medians over rounds, net of the
+    accounting's own ns per run)."""
+    with BpfRunTimeStats() as stats:
+        if stats.error:
+            return
+        for row, (_, make) in zip(rows, conds, strict=True):
+            tracer = make()
+            if not isinstance(tracer, Fleetprof) or not tracer.config.off_cpu:
+                continue
+            walked, exits = [], []
+            for _ in range(rounds):
+                got = walked_switch_time(tracer.config, bins, seconds)
+                if got is not None:
+                    walked.append(got[0] - accounting_ns)
+                    exits.append(got[1] - accounting_ns)
+            if walked:
+                row.bpf_tables_ns = statistics.median(walked)
+                row.sys_exit_ns = statistics.median(exits) if tracer.config.offcpu_exact_us else None
+
+
 def table(rows: list[Row], untraced: dict[str, list[float]], accounting_ns: float | None) -> str:
     base_ns, base_rate = statistics.median(untraced["ns"]), statistics.median(untraced["rate"])
     lines = [
         "| tracer | ns added per switch (%) [min..max] | switches/s | CPU-bound slowdown %: in-task, wall "
-        "| BPF ns per switch | BPF % of node, CPU-bound | sampled |",
-        "|---|---|---|---|---|---|---|",
-        f"| none | 0 ({base_ns:.0f} ns a switch) | {base_rate / 1e3:.0f}k | 0, 0 | 0 | 0 | |",
+        "| BPF ns per switch | BPF ns, tables | ns per recorded wait, tables | sys_exit ns "
+        "| BPF % of node, CPU-bound | sampled |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| none | 0 ({base_ns:.0f} ns a switch) | {base_rate / 1e3:.0f}k | 0, 0 | 0 | | | | 0 | |",
     ]
     for row in rows:
         added = statistics.median(row.added_ns)
@@ -368,10 +478,15 @@ def table(rows: list[Row], untraced: dict[str, list[float]], accounting_ns: floa
         bpf = "n/a" if row.bpf_ns is None else f"{row.bpf_ns:.0f}"
         node = "n/a" if row.bpf_node_pct is None else f"{row.bpf_node_pct:.4f}"
         sampled = "" if row.sampled_per_switch is None else f"{row.sampled_per_switch:.3f}"
+        tables = "" if row.bpf_tables_ns is None else f"{row.bpf_tables_ns:.0f}"
+        per_wait = ""
+        if row.bpf_tables_ns is not None and row.bpf_ns is not None and row.sampled_per_switch:
+            per_wait = f"{(row.bpf_tables_ns - row.bpf_ns) / row.sampled_per_switch:+.0f}"
+        exits = "" if row.sys_exit_ns is None else f"{row.sys_exit_ns:.0f}"
         lines.append(
             f"| {row.name} | {added:+.0f} ({added / base_ns * 100:+.1f}%) [{lo:+.0f}..{hi:+.0f}] "
-            f"| {statistics.median(row.rate) / 1e3:.0f}k | {cpu:+.2f}, {wall:+.2f} | {bpf} | {node} "
-            f"| {sampled} |"
+            f"| {statistics.median(row.rate) / 1e3:.0f}k | {cpu:+.2f}, {wall:+.2f} | {bpf} | {tables} "
+            f"| {per_wait} | {exits} | {node} | {sampled} |"
         )
     lines.append("")
     lines.append(
@@ -422,6 +537,8 @@ def main() -> int:
                 j = (i + r) % len(conds)  # rotate who goes first in each round
                 measure_pair(rows[j], conds[j][1], bins, seconds, (r + i) % 2 == 0, untraced)
         accounting_ns = measure_bpf_time(rows, conds, bins, seconds, rounds)
+        if accounting_ns is not None:
+            measure_walk_time(rows, conds, bins, seconds, rounds, accounting_ns)
     print(f"\n{rounds} rounds of {seconds:g} s runs, {os.cpu_count()} CPUs, kernel {os.uname().release}\n")
     print(table(rows, untraced, accounting_ns))
     return 0

@@ -59,3 +59,23 @@ def test_idle_rows_go_on_the_wire_apart_from_active_ones() -> None:
     oc = batch.offcpu_columns
     assert sorted(zip(oc.idle, oc.blocked_ns, strict=True)) == [(False, 300 * MS), (True, 17_000 * MS)]
     assert len(batch.stacks) == 1
+
+
+def test_the_exact_wait_threshold_goes_from_the_flag_to_the_bpf_object() -> None:
+    from fleetprof.agent.sampler import SamplerConfig
+    from fleetprof.cli.parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["agent", "--off-cpu-exact-ms", "25"]).off_cpu_exact_ms == 25
+    assert parser.parse_args(["agent"]).off_cpu_exact_ms is None  # the agent's default (10 ms)
+    for bad in ("-1", "ten", "3600001"):
+        try:
+            parser.parse_args(["agent", "--off-cpu-exact-ms", bad])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"--off-cpu-exact-ms {bad} was accepted")
+    assert "-DOFFCPU_EXACT_NS=10000000ULL" in SamplerConfig().offcpu_flags(2)
+    assert "-DOFFCPU_EXACT_NS=25000000ULL" in SamplerConfig(offcpu_exact_us=25_000).offcpu_flags(2)
+    # Off-CPU off: no exact path at all (no sys_exit program, no per-switch bookkeeping).
+    assert "-DOFFCPU_EXACT_NS=0ULL" in SamplerConfig(off_cpu=False).offcpu_flags(2)

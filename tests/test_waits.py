@@ -246,6 +246,13 @@ CASES = [
         "spin",
         PREEMPTED,
     ),
+    (
+        "an exact long wait, its user stack taken at its syscall's return: one [syscall NAME] kernel frame",
+        "main<loon>;loon_outer<loon>;loon_long<loon>;clock_nanosleep@@GLIBC_2.17<libc.so.6>;"
+        "[syscall clock_nanosleep]_[k]",
+        "loon_long",
+        "clock_nanosleep",
+    ),
 ]
 
 

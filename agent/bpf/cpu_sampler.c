@@ -3,11 +3,14 @@
 // threads wait: blocked nanoseconds by the stack a thread left the CPU with (sched:sched_switch).
 //
 // Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE, INCLUDE_IDLE,
-// STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH, PY_MAX_THREADS, PY_STACKS_SIZE,
-// PY_PROCS_SIZE, PY_NEW_PAGES, OFF_CPU, OFFCPU_SAMPLE_EVERY, OFFCPU_MIN_BLOCK_NS, OFFCPU_RUNNABLE,
-// OFFCPU_COUNTS_SIZE, OFFCPU_TASKS_SIZE and, for unwind.h, UNWIND, UNWIND_ROWS, UNWIND_FILES, UNWIND_MAPS,
-// UNWIND_PROCS, UNWIND_FRAMES_PER_PROG and UNWIND_MAX_FRAMES with -D flags, and mirrors every struct here
-// with ctypes.
+// STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_FINE_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH,
+// PY_MAX_THREADS, PY_STACKS_SIZE, PY_PROCS_SIZE, PY_NEW_PAGES, OFF_CPU, OFFCPU_SAMPLE_EVERY,
+// OFFCPU_MIN_BLOCK_NS, OFFCPU_EXACT_NS, OFFCPU_RUNNABLE, OFFCPU_COUNTS_SIZE, OFFCPU_TASKS_SIZE, CUDA and, for
+// unwind.h, UNWIND, UNWIND_ROWS, UNWIND_FILES, UNWIND_MAPS, UNWIND_PROCS, UNWIND_FRAMES_PER_PROG and
+// UNWIND_MAX_FRAMES with -D flags, and mirrors every struct here with ctypes. CUDA (issue 28, not written
+// yet; sampler.py never defines it, so it is 0): agent/bpf/cuda_probes.c is to be compiled after this file,
+// in the same object (it shares the stack maps and the walk: WALK_CUDA, task_walks, unwind_state.at_entry),
+// its uprobe programs loaded by the agent.
 //
 // Rules this file keeps:
 //  * No kernel struct is read through headers. The agent may run with headers of another kernel
@@ -21,6 +24,14 @@
 //  * sched_switch reads only its tracepoint arguments (prev_pid, prev_state, next_pid: BCC builds the args
 //    struct from the running kernel's format file) and, for the task leaving, the same helpers as the
 //    sampler: the tracepoint fires before the switch, so `current` is still prev.
+//  * One table walk (unwind_one), entered from every kind of program that takes a stack (unwind.h): the
+//    perf_event sampler, sched_switch (a tracepoint), sys_exit (a raw tracepoint) and the CUDA uprobes
+//    (kprobe programs). A tail call stays within one program type, so each type has its own step program
+//    and prog array; what the walk was for (a sample, a switch-out, ...) is in its state, and walk_finish
+//    does it. The perf_event and sched_switch programs hold bpf_prog_active and run with interrupts off, so
+//    neither interrupts the other: they share per-CPU state. Uprobe and raw-tracepoint programs hold
+//    neither (a uprobe program can be preempted: measured PREEMPT_RCU kernels), so theirs is the task's
+//    own (task storage, struct task_walk).
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 
@@ -94,10 +105,23 @@ struct sample_key {
 #define STAT_PY_CYCLE            35   // CPython walks that met a frame again: stale memory, frames dropped
 #define STAT_PY_STALE            36   // CPython walks cut at a frame whose owner or code object is not one
 #define STAT_PY_NAMES_LOST       37   // new CPython stacks not announced (python_new full): named at the drain
-#define NSTATS                   38
+// Waits at or above OFFCPU_EXACT_NS, each recorded once at its own length whether or not its switch-out was
+// sampled (OFFCPU_EXACT_NS > 0).
+#define STAT_OFFCPU_EXACT        38   // long waits recorded exactly
+#define STAT_OFFCPU_EXACT_UNTAKEN 39  // ... of which without a user stack: not sampled, and the wait did not
+                                      // end in a return to the same user context (preempted in user code)
+#define STAT_TASK_STORAGE_FAILED 40   // a task's storage could not be made: its wait or walk not kept
+#define STAT_OFFCPU_EXACT_WALKS  41   // user stacks of long unsampled waits walked at their syscall's return
+#define NSTATS                   42
 
-#define STACK_NONE 0
-#define STACK_LOST 1
+// Stack ids below STACK_RESERVED name no stored stack: 0 none, 1 lost (table full), 2 not taken (a long
+// wait recorded exactly without its stack), STACK_SYSCALL + nr: the wait was in syscall nr (the kernel
+// stack of a long wait whose stack was taken at that syscall's return). Hashes are moved out of the range.
+#define STACK_NONE     0
+#define STACK_LOST     1
+#define STACK_UNTAKEN  2
+#define STACK_SYSCALL  0x400
+#define STACK_RESERVED 0x800
 
 // control[0]: index (0 or 1) of the map set the sampler writes. Written only by user space.
 BPF_ARRAY(control, u32, 1);
@@ -137,10 +161,23 @@ BPF_PERCPU_ARRAY(python_scratch, struct py_stack, 1);
 // batch it has not read yet). Full: counted (STAT_PY_NAMES_LOST); the drain names what it can.
 BPF_RINGBUF_OUTPUT(python_new, PY_NEW_PAGES);
 
-// gpu_procs: tgid -> 1 for processes that hold a GPU context (from NVML's process lists). Written only by
-// user space after each GPU poll; their samples carry a time slot (sample_key.gpu_slot). GPU_PROCS_SIZE
-// entries; a process not in it (the map full, or no GPU) is profiled as usual, untagged.
+// gpu_procs: tgid -> GPU_TAG_* for processes that hold a GPU context (from NVML's process lists) or whose
+// GPU activity the agent reads (our CUPTI library). Written only by user space; their samples and waits
+// carry a time slot (sample_key.gpu_slot, see gpu_slot_at). GPU_PROCS_SIZE entries; a process not in it (the
+// map full, or no GPU) is profiled as usual, untagged.
 BPF_HASH(gpu_procs, u32, u8, GPU_PROCS_SIZE);
+#define GPU_TAG_POLLED   1   // NVML's utilization: slots of GPU_SLOT_NS (its poll interval)
+#define GPU_TAG_TIMELINE 2   // the process's own activity timeline (agent/gpu/activity.py): GPU_FINE_SLOT_NS
+#define GPU_SLOT_FINE    (1ULL << 63)   // marks a slot of GPU_FINE_SLOT_NS in sample_key.gpu_slot
+
+// task_walks: task -> the state of a walk taken in that task's own context by a program that can be
+// preempted or interrupted mid-walk (uprobes, sys_exit): per-CPU state would be overwritten by whatever ran
+// in between. ~2.2 KB per task that ever took such a walk, freed by the kernel with the task.
+struct task_walk {
+    struct unwind_state walk;
+    struct py_stack py;      // the CPython walk's scratch
+};
+BPF_TASK_STORAGE(task_walks, struct task_walk);
 
 // stats: per-CPU counters (see STAT_*). Never cleared; user space computes deltas.
 BPF_PERCPU_ARRAY(stats, u64, NSTATS);
@@ -181,6 +218,25 @@ BPF_HASH(offcpu1, struct sample_key, struct offcpu_value, OFFCPU_COUNTS_SIZE);
 // running. Written at every switch (a per-CPU slot: no hash, no lock), read at a sampled switch-out.
 BPF_PERCPU_ARRAY(switched_in, u64, 1);
 
+#if OFFCPU_EXACT_NS
+// A task's last switch-out, whatever the sampling: a wait found at or above OFFCPU_EXACT_NS is recorded at
+// its own length (weight 1), with the stack taken at the return of the syscall it waited in.
+struct offcpu_task {
+    u64 out_ns;     // bpf_ktime_get_ns() at the switch-out; 0 once its wait was dealt with
+    u64 ran_ns;     // the run that ended there
+    u64 user_ip;    // the user context saved at its entry into the kernel: a later syscall return with the
+    u64 user_sp;    // same one is the return from this wait, and the user stack is the one it waited with
+    u32 sampled;    // the switch-out was sampled: offcpu_wake records it, with the stacks taken then
+    u32 pad;
+    u64 pend_ns;    // long unsampled waits earlier in the same kernel entry (a syscall that blocked, woke and
+    u64 pend_ran;   // was preempted or blocked again before it returned): recorded with it, as one wait
+};
+// offcpu_tasks: task -> its last switch-out. Written at every switch-out (sched_switch), read and cleared at
+// the task's next syscall return (sys_exit) or switch-out; freed by the kernel with the task (no capacity to
+// outgrow: the longest sleepers are the ones that must not be evicted).
+BPF_TASK_STORAGE(offcpu_tasks, struct offcpu_task);
+#endif
+
 // offcpu_starts: tid -> its pending sampled switch-out. Created at a sampled switch-out, deleted when that
 // task is next switched in; never created for a task's last switch-out (state X or Z) and deleted at
 // sched_process_exit for every exiting thread, so a dying task leaves nothing behind. LRU as a backstop:
@@ -192,8 +248,18 @@ BPF_TABLE("lru_hash", u32, struct offcpu_start, offcpu_starts, OFFCPU_TASKS_SIZE
 
 static __always_inline void count_stat(u32 idx) {
     u64 *v = stats.lookup(&idx);
-    if (v)
-        (*v)++;   // per-CPU slot: no atomics needed
+    if (v)   // per-CPU slot, but a uprobe program can be interrupted by the sampler mid-increment
+        __sync_fetch_and_add(v, 1);
+}
+
+// The GPU time slot of `tgid` at `t` (CLOCK_MONOTONIC) for sample_key.gpu_slot; 0 for a process on no GPU.
+static __always_inline u64 gpu_slot_at(u32 tgid, u64 t) {
+    u8 *tag = gpu_procs.lookup(&tgid);
+    if (!tag)
+        return 0;
+    if (*tag == GPU_TAG_TIMELINE)
+        return (t / GPU_FINE_SLOT_NS + 1) | GPU_SLOT_FINE;
+    return t / GPU_SLOT_NS + 1;
 }
 
 static __always_inline void notify(u32 tgid, u32 kind) {
@@ -222,8 +288,8 @@ static __always_inline u64 hash_stack(struct stack_trace *st, u64 seed) {
         h *= 0xff51afd7ed558ccdULL;
         h ^= h >> 33;
     }
-    if (h <= STACK_LOST)
-        h += 2;   // keep 0 and 1 for "no stack" and "stack lost"
+    if (h < STACK_RESERVED)
+        h += STACK_RESERVED;   // the reserved ids name no stored stack
     return h;
 }
 
@@ -260,15 +326,18 @@ static __always_inline u64 hash_python_stack(struct py_stack *st) {
         h *= 0xc4ceb9fe1a85ec53ULL;
         h ^= h >> 29;
     }
-    if (h <= STACK_LOST)
-        h += 2;
+    if (h < STACK_RESERVED)
+        h += STACK_RESERVED;
     return h;
 }
 
 // The current thread's CPython stack id (STACK_NONE when it has no Python frames or the walk failed).
 // `sample`: a CPU sample, whose walk outcomes the python_* stats count (they are per-sample ratios; off-CPU
-// walks would skew them). Table-full is counted either way: the table is shared.
-static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p, int sample) {
+// walks would skew them). Table-full is counted either way: the table is shared. `st`: where the frames are
+// walked into (python_scratch for the perf_event and sched_switch programs, the task's own struct task_walk
+// for programs that can be preempted or interrupted mid-walk).
+static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p, int sample,
+                                        struct py_stack *st) {
     if (sample)
         count_stat(STAT_PY_SAMPLES);
     struct bpf_pidns_info ns = {};
@@ -286,10 +355,6 @@ static __always_inline u64 python_stack(u32 set, u64 pid_tgid, struct py_proc *p
     }
     if (!cached || *cached != ts)
         python_threads.update(&pid_tgid, &ts);
-    u32 zero = 0;
-    struct py_stack *st = python_scratch.lookup(&zero);
-    if (!st)
-        return STACK_NONE;
     u32 outcome = py_walk(p, ts, st);
     if (sample && outcome == PY_TRUNCATED)
         count_stat(STAT_PY_TRUNCATED);
@@ -387,6 +452,139 @@ static __always_inline void note_process(u32 tgid) {
     }
 }
 
+#if OFF_CPU
+// Adds a wait of `ns` (and the run `ran_ns` that ended in it) to `key`'s off-CPU row of `set`.
+static __always_inline void add_offcpu(u32 set, struct sample_key *key, u64 ns, u64 ran_ns) {
+    struct offcpu_value zero = {};
+    struct offcpu_value *c;
+    if (set == 0)
+        c = offcpu0.lookup_or_try_init(key, &zero);
+    else
+        c = offcpu1.lookup_or_try_init(key, &zero);
+    if (c) {
+        __sync_fetch_and_add(&c->ns, ns);
+        __sync_fetch_and_add(&c->ran_ns, ran_ns);
+        count_stat(STAT_OFFCPU_RECORDED);
+    } else {
+        count_stat(STAT_OFFCPU_COUNT_FULL);
+    }
+}
+
+// A sampled switch-out, its stacks taken (into `set`): keep its start until the task runs again. `since`:
+// when it was switched in (0: before the load), so the run that ends here goes with the wait.
+static __always_inline void offcpu_keep(u32 set, struct sample_key *key, u64 since, u32 runnable) {
+    struct offcpu_start st = {};
+    st.key = *key;
+    st.set = set;
+    st.runnable = runnable;
+    st.ns = bpf_ktime_get_ns();   // last: the stack walks before this are on-CPU time
+    st.ran_ns = since && st.ns > since ? st.ns - since : 0;
+    u32 tid = key->tid;
+    if (offcpu_starts.update(&tid, &st) != 0)
+        count_stat(STAT_OFFCPU_STATE_FULL);
+    note_process(key->tgid);   // a process that only ever waits still gets described
+}
+#endif
+
+// -- Walks of a user stack, whatever took them ------------------------------------------------------------
+// What a walk is for (unwind_state.purpose): walk_done does it once the user stack is known.
+#define WALK_SAMPLE    0   // a CPU sample: count it
+#define WALK_OFFCPU    1   // a sampled switch-out: keep its start (arg[0]: its switch-in, arg[1]: runnable)
+#define WALK_LONG_WAIT 2   // a long unsampled wait, at its syscall's return: record it (arg[0] ns, arg[1] ran)
+#define WALK_CUDA      3   // a CUDA uprobe: cuda_probes.c's cuda_walk_done (arg: its own)
+
+#define USER_STACK_SEED   0x7573657273746b31ULL
+#define KERNEL_STACK_SEED 0x6b65726e656c6b31ULL
+
+#if CUDA
+static __always_inline void cuda_walk_done(u32 set, struct sample_key *key, u64 *arg);   // cuda_probes.c
+#endif
+
+// `key` (user_stack filled) is what a walk for `purpose` found: do what it was for.
+static __always_inline void walk_done(u32 set, struct sample_key *key, u32 purpose, u64 *arg) {
+    if (purpose == WALK_SAMPLE) {
+        count_sample(set, key);
+        note_process(key->tgid);
+        return;
+    }
+#if OFF_CPU
+    if (purpose == WALK_OFFCPU) {
+        offcpu_keep(set, key, arg[0], (u32)arg[1]);
+        return;
+    }
+    if (purpose == WALK_LONG_WAIT) {
+        count_stat(STAT_OFFCPU_EXACT);
+        add_offcpu(set, key, arg[0], arg[1]);
+        return;
+    }
+#endif
+#if CUDA
+    if (purpose == WALK_CUDA)
+        cuda_walk_done(set, key, arg);
+#endif
+}
+
+// The walk in `s` ended: store the frames it found and do what it was for.
+static __always_inline void walk_finish(struct unwind_state *s) {
+    struct sample_key key = s->key;
+    if (s->frames.len > 0)
+        key.user_stack = store_stack(s->set, &s->frames, USER_STACK_SEED);
+    walk_done(s->set, &key, s->purpose, s->arg);
+}
+
+// Makes `s` a walk for `purpose` of the current task's user stack from (ip, sp, bp); the caller tail-calls
+// its program type's step. `at_entry`: ip is a function's first instruction (an entry uprobe), whose
+// return address is at sp whatever the function's table says.
+static __always_inline void walk_init(struct unwind_state *s, struct sample_key *key, u32 set, u32 purpose,
+                                      u64 ip, u64 sp, u64 bp, u32 at_entry) {
+    s->key = *key;
+    s->set = set;
+    s->purpose = purpose;
+    s->ip = ip;
+    s->sp = sp;
+    s->bp = bp;
+    s->at_entry = at_entry;
+    s->calls = 0;
+    s->leaf = 1;
+    s->done = 0;
+    s->from_jit = 0;
+    s->from_fp = 0;
+    s->frames.len = 0;
+}
+
+// ip, cs, flags, sp: adjacent in x86-64's struct pt_regs (a fixed ABI), read in one helper call.
+struct user_ip_sp {
+    u64 ip;
+    u64 cs;
+    u64 flags;
+    u64 sp;
+};
+
+// The current task's user ip and sp as its entry into the kernel saved them; 0 when it has none. What
+// identifies one entry into the kernel (offcpu_exact_out runs it at every switch-out: one read, not three).
+static __always_inline int user_ip_sp(u64 *ip, u64 *sp) {
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    struct user_ip_sp r;
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), &regs->ip) != 0 || r.ip == 0)
+        return 0;
+    *ip = r.ip;
+    *sp = r.sp;
+    return 1;
+}
+
+// The current task's user registers as its entry into the kernel saved them (a syscall, a fault, an
+// interrupt); 0 when it has none (a kernel thread).
+static __always_inline int user_regs(u64 *ip, u64 *sp, u64 *bp) {
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    struct user_ip_sp r;
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), &regs->ip) != 0 ||
+        bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp) != 0 || r.ip == 0)
+        return 0;
+    *ip = r.ip;
+    *sp = r.sp;
+    return 1;
+}
+
 #if UNWIND
 // -- User stacks by call-frame information (the design: unwind.h) ----------------------------------------
 // unwind_rows: every loaded file's rows, each file a contiguous range. Written by user space only (a range
@@ -408,8 +606,15 @@ BPF_ARRAY(unwind_wanted, u8, UNWIND_FILES);
 // described that process again: it re-reads those processes' mappings, and describes again the ones that
 // changed (a dlopen since). UNWIND_PROCS / 4 entries; when full, later processes wait a drain.
 BPF_HASH(unwind_unmapped, u32, u8, UNWIND_PROCS / 4);
-// unwind_progs[0]: unwind_step (user space puts its fd there after loading it).
+// unwind_progs[0]: unwind_step (user space puts its fd there after loading it). A tail call reaches only a
+// program of its caller's type: each type that walks has its own step and array (see the top of the file).
 BPF_PROG_ARRAY(unwind_progs, 1);
+#if OFF_CPU
+BPF_PROG_ARRAY(unwind_progs_tp, 1);    // unwind_step_tp, for sched_switch
+#endif
+#if OFFCPU_EXACT_NS
+BPF_PROG_ARRAY(unwind_progs_raw, 1);   // unwind_step_raw, for sys_exit
+#endif
 
 // The mapping of `proc` that holds `ip`, or NULL.
 static __always_inline struct unwind_map *unwind_find_map(struct unwind_proc *proc, u64 ip) {
@@ -528,6 +733,21 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
         s->done = 1;
         return;
     }
+    if (s->at_entry) {
+        // A function's first instruction (an entry uprobe): nothing pushed yet, its return address is at sp.
+        // Said so, not looked up: a file without a table would be stepped by frame pointer here, which
+        // skips the caller (rbp is still the caller's).
+        s->at_entry = 0;
+        u64 ra = 0;
+        if (bpf_probe_read_user(&ra, sizeof(ra), (void *)s->sp) != 0) {
+            count_stat(STAT_UNWIND_READ_FAULT);
+            s->done = 1;
+            return;
+        }
+        s->sp += 8;
+        s->ip = ra;
+        return;
+    }
     if (m->file == UNWIND_FILE_JIT) {
         // No table for JIT code: its frame pointer, if it keeps one, gives its caller, which the next step
         // takes only if it lies in a known mapping (else the walk ends there, counted as jit).
@@ -603,48 +823,9 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
     s->from_fp = 0;
 }
 
-// Starts a table walk of the current task's user stack (the sample's key filled but for user_stack) and
-// does not return when it could; returns when the sample must be unwound by frame pointer instead.
-static __always_inline void unwind_begin(struct bpf_perf_event_data *ctx, u32 set, struct sample_key *key) {
-    if (!unwind_procs.lookup(&key->tgid))
-        return;
-    u32 zero = 0;
-    struct unwind_state *s = unwind_state.lookup(&zero);
-    if (!s)
-        return;
-    if (ctx->regs.cs & 3) {   // the sample interrupted user mode: its registers are the user's
-        s->ip = ctx->regs.ip;
-        s->sp = ctx->regs.sp;
-        s->bp = ctx->regs.bp;
-    } else {   // in the kernel: the user registers saved at its entry (a syscall, a fault, an interrupt)
-        struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-        if (!regs || bpf_probe_read_kernel(&s->ip, sizeof(s->ip), &regs->ip) != 0 ||
-            bpf_probe_read_kernel(&s->sp, sizeof(s->sp), &regs->sp) != 0 ||
-            bpf_probe_read_kernel(&s->bp, sizeof(s->bp), &regs->bp) != 0 || s->ip == 0) {
-            count_stat(STAT_UNWIND_FALLBACK);   // a kernel thread, or no user context
-            return;
-        }
-    }
-    s->key = *key;
-    s->set = set;
-    s->calls = 0;
-    s->leaf = 1;
-    s->done = 0;
-    s->from_jit = 0;
-    s->from_fp = 0;
-    s->frames.len = 0;
-    count_stat(STAT_UNWIND_WALKS);
-    unwind_progs.call(ctx, 0);
-    count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed: not loaded yet
-}
-
-// Tail-called from on_cpu_sample, then from itself: unwinds UNWIND_FRAMES_PER_PROG frames a call, and
-// counts the sample once the walk ended.
-int unwind_step(struct bpf_perf_event_data *ctx) {
-    u32 zero = 0;
-    struct unwind_state *s = unwind_state.lookup(&zero);
-    if (!s)
-        return 0;
+// One step program's share of a walk: UNWIND_FRAMES_PER_PROG frames; 1 when the walk should go on in a tail
+// call of the step again.
+static __always_inline int unwind_more(struct unwind_state *s) {
     u32 tgid = s->key.tgid;
     struct unwind_proc *proc = unwind_procs.lookup(&tgid);
     if (!proc) {   // forgotten meanwhile: what was walked stands
@@ -660,17 +841,81 @@ int unwind_step(struct bpf_perf_event_data *ctx) {
     }
     if (!s->done && s->calls < 32) {
         s->calls++;
-        unwind_progs.call(ctx, 0);
+        return 1;
     }
-    if (!s->done)
-        count_stat(STAT_UNWIND_DEPTH);   // out of tail calls
-    struct sample_key key = s->key;
-    if (s->frames.len > 0)
-        key.user_stack = store_stack(s->set, &s->frames, 0x7573657273746b31ULL);
-    count_sample(s->set, &key);
-    note_process(key.tgid);
     return 0;
 }
+
+// After a step: a walk not done here ran out of tail calls (or the call failed); it ends with what it has.
+static __always_inline void unwind_end(struct unwind_state *s) {
+    if (!s->done)
+        count_stat(STAT_UNWIND_DEPTH);
+    walk_finish(s);
+}
+
+// Starts a table walk of the current task's user stack for a CPU sample (the key filled but for user_stack)
+// and does not return when it could; returns when the sample must be unwound by frame pointer instead.
+static __always_inline void unwind_begin(struct bpf_perf_event_data *ctx, u32 set, struct sample_key *key) {
+    if (!unwind_procs.lookup(&key->tgid))
+        return;
+    u32 zero = 0;
+    struct unwind_state *s = unwind_state.lookup(&zero);
+    if (!s)
+        return;
+    u64 ip, sp, bp;
+    if (ctx->regs.cs & 3) {   // the sample interrupted user mode: its registers are the user's
+        ip = ctx->regs.ip;
+        sp = ctx->regs.sp;
+        bp = ctx->regs.bp;
+    } else if (!user_regs(&ip, &sp, &bp)) {   // in the kernel: the user registers saved at its entry
+        count_stat(STAT_UNWIND_FALLBACK);   // a kernel thread, or no user context
+        return;
+    }
+    walk_init(s, key, set, WALK_SAMPLE, ip, sp, bp, 0);
+    count_stat(STAT_UNWIND_WALKS);
+    unwind_progs.call(ctx, 0);
+    count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed: not loaded yet
+}
+
+// Tail-called from on_cpu_sample, then from itself: unwinds UNWIND_FRAMES_PER_PROG frames a call, and
+// does what the walk was for once it ended.
+int unwind_step(struct bpf_perf_event_data *ctx) {
+    u32 zero = 0;
+    struct unwind_state *s = unwind_state.lookup(&zero);
+    if (!s)
+        return 0;
+    if (unwind_more(s))
+        unwind_progs.call(ctx, 0);
+    unwind_end(s);
+    return 0;
+}
+
+#if OFF_CPU
+// The same for a sampled switch-out (sched_switch: a tracepoint program; per-CPU state, as the sampler's).
+int unwind_step_tp(void *ctx) {
+    u32 zero = 0;
+    struct unwind_state *s = unwind_state.lookup(&zero);
+    if (!s)
+        return 0;
+    if (unwind_more(s))
+        unwind_progs_tp.call(ctx, 0);
+    unwind_end(s);
+    return 0;
+}
+#endif
+
+#if OFFCPU_EXACT_NS
+// The same for a long wait's stack at its syscall's return (sys_exit: a raw tracepoint; the task's state).
+int unwind_step_raw(struct bpf_raw_tracepoint_args *ctx) {
+    struct task_walk *w = task_walks.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!w)
+        return 0;
+    if (unwind_more(&w->walk))
+        unwind_progs_raw.call(ctx, 0);
+    unwind_end(&w->walk);
+    return 0;
+}
+#endif
 #endif
 
 int on_cpu_sample(struct bpf_perf_event_data *ctx) {
@@ -699,11 +944,11 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
     u32 set = *active;
 #if PYTHON_STACKS
     struct py_proc *py = python_procs.lookup(&tgid);
-    if (py)
-        key.python_stack = python_stack(set, pid_tgid, py, 1);
+    struct py_stack *pst = python_scratch.lookup(&zero);
+    if (py && pst)
+        key.python_stack = python_stack(set, pid_tgid, py, 1, pst);
 #endif
-    if (gpu_procs.lookup(&tgid))
-        key.gpu_slot = bpf_ktime_get_ns() / GPU_SLOT_NS + 1;
+    key.gpu_slot = gpu_slot_at(tgid, bpf_ktime_get_ns());
 #if UNWIND
     take_kernel_stack(ctx, set, &key, st, 1);
     unwind_begin(ctx, set, &key);   // returns only if the user stack is to be walked by frame pointer
@@ -742,29 +987,13 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
 #define TASK_REPORT_STATES  0xff
 #define TASK_REPORT_DEAD    (0x10 | 0x20)   // X (EXIT_DEAD), Z (EXIT_ZOMBIE): the task's last switch-out
 
-static __always_inline void add_offcpu(u32 set, struct sample_key *key, u64 ns, u64 ran_ns) {
-    struct offcpu_value zero = {};
-    struct offcpu_value *c;
-    if (set == 0)
-        c = offcpu0.lookup_or_try_init(key, &zero);
-    else
-        c = offcpu1.lookup_or_try_init(key, &zero);
-    if (c) {
-        __sync_fetch_and_add(&c->ns, ns);
-        __sync_fetch_and_add(&c->ran_ns, ran_ns);
-        count_stat(STAT_OFFCPU_RECORDED);
-    } else {
-        count_stat(STAT_OFFCPU_COUNT_FULL);
-    }
-}
-
 // A wait that crossed a flip is recorded in the current set, but its stacks went into the other one. Copy
 // each body over while that set still holds it: user space reads the pending switch-outs (offcpu_starts)
 // after the flip's grace and before it drains, so a wait that ends after that read is one it has seen
 // and carries the bodies of itself (agent/offcpu.py StackCarry); one that ended before it finds them
 // here, not yet drained.
 static __always_inline void carry_stack(u32 set, u64 id) {
-    if (id <= STACK_LOST)
+    if (id < STACK_RESERVED)
         return;
     struct stack_trace *old;
     int err;
@@ -790,7 +1019,7 @@ static __always_inline void carry_stack(u32 set, u64 id) {
 }
 
 static __always_inline void carry_python_stack(u32 set, u64 id) {
-    if (id <= STACK_LOST)
+    if (id < STACK_RESERVED)
         return;
     struct py_stack *old;
     int err;
@@ -815,7 +1044,8 @@ static __always_inline void carry_python_stack(u32 set, u64 id) {
         count_stat(STAT_PY_STACK_TABLE_FULL);
 }
 
-// `tid` runs again: record its wait if its switch-out was sampled.
+// `tid` runs again: record its wait if its switch-out was sampled. A wait at or above OFFCPU_EXACT_NS counts
+// once at its own length; shorter ones count OFFCPU_SAMPLE_EVERY times theirs (they stand for the unsampled).
 static __always_inline void offcpu_wake(u32 tid, u32 set) {
     struct offcpu_start *s = offcpu_starts.lookup(&tid);
     if (!s)
@@ -836,10 +1066,78 @@ static __always_inline void offcpu_wake(u32 tid, u32 set) {
         carry_stack(set, key.kernel_stack);
         carry_python_stack(set, key.python_stack);
     }
-    if (gpu_procs.lookup(&key.tgid))
-        key.gpu_slot = now / GPU_SLOT_NS + 1;   // the wake-up's slot (see the top of this section)
-    add_offcpu(set, &key, waited * OFFCPU_SAMPLE_EVERY, ran * OFFCPU_SAMPLE_EVERY);
+    key.gpu_slot = gpu_slot_at(key.tgid, now);   // the wake-up's slot (see the top of this section)
+    u64 weight = OFFCPU_SAMPLE_EVERY;
+#if OFFCPU_EXACT_NS
+    if (waited >= OFFCPU_EXACT_NS) {
+        weight = 1;
+        count_stat(STAT_OFFCPU_EXACT);
+    }
+#endif
+    add_offcpu(set, &key, waited * weight, ran * weight);
 }
+
+// The current task (tid == pid, tgid) as an off-CPU row's key, its stacks not taken yet.
+static __always_inline void offcpu_key(struct sample_key *key, u64 pid_tgid) {
+    key->tgid = pid_tgid >> 32;
+    key->tid = (u32)pid_tgid;
+    key->cgroup_id = bpf_get_current_cgroup_id();
+    bpf_get_current_comm(&key->comm, sizeof(key->comm));
+}
+
+#if OFFCPU_EXACT_NS
+// A long wait of the current task that was not sampled and whose stack cannot be taken any more (it did not
+// end in a return to the user context it left: preempted or faulted in user code, and it ran since): recorded
+// at its length, under a stack that says so (STACK_UNTAKEN), woken at `woke`.
+static __always_inline void offcpu_untaken(u32 set, u64 waited, u64 ran, u64 woke) {
+    struct sample_key key = {};
+    offcpu_key(&key, bpf_get_current_pid_tgid());
+    key.user_stack = STACK_UNTAKEN;
+    key.gpu_slot = gpu_slot_at(key.tgid, woke);
+    count_stat(STAT_OFFCPU_EXACT);
+    count_stat(STAT_OFFCPU_EXACT_UNTAKEN);
+    add_offcpu(set, &key, waited, ran);
+}
+
+// Every switch-out (of a task that will run again): keep when it left, so that a wait found long at its end
+// is recorded however it was sampled. Its previous wait, if long, unsampled and not recorded at a syscall
+// return, is carried on while the task is still in the same kernel entry (the same saved user context: the
+// syscall blocked again, or was preempted on its way out), else recorded now (its stack is gone). `since`:
+// when it was switched in last.
+static __always_inline void offcpu_exact_out(u32 set, u32 sampled, u64 since) {
+    struct offcpu_task *t = offcpu_tasks.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                          BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!t) {
+        count_stat(STAT_TASK_STORAGE_FAILED);
+        return;
+    }
+    u64 now = bpf_ktime_get_ns();
+    u64 ip = 0, sp = 0;
+    int regs = user_ip_sp(&ip, &sp);
+    if (t->out_ns && !t->sampled && since > t->out_ns) {
+        u64 waited = since - t->out_ns;
+        if (waited >= OFFCPU_EXACT_NS && waited >= OFFCPU_MIN_BLOCK_NS) {
+            t->pend_ns += waited;
+            t->pend_ran += t->ran_ns;
+        }
+    }
+    if (t->pend_ns && !(regs && ip == t->user_ip && sp == t->user_sp)) {
+        offcpu_untaken(set, t->pend_ns, t->pend_ran, since);
+        t->pend_ns = t->pend_ran = 0;
+    }
+    t->out_ns = now;
+    t->ran_ns = since && now > since ? now - since : 0;
+    t->sampled = sampled;
+    if (t->pend_ns)
+        return;   // the context the pending wait left with is kept (it is this one)
+    if (!sampled && regs) {
+        t->user_ip = ip;
+        t->user_sp = sp;
+    } else {
+        t->user_ip = t->user_sp = 0;
+    }
+}
+#endif
 
 // `tid` (the current task) leaves the CPU in `state`, having run since `since`: sample it, take its
 // stacks, keep the start.
@@ -851,10 +1149,15 @@ static __always_inline void offcpu_leave(void *ctx, u32 tid, long state, u32 set
     if (runnable)
         return;
 #endif
+    u32 sampled = 1;
 #if OFFCPU_SAMPLE_EVERY > 1
-    if (bpf_get_prandom_u32() % OFFCPU_SAMPLE_EVERY != 0)
-        return;
+    sampled = bpf_get_prandom_u32() % OFFCPU_SAMPLE_EVERY == 0;
 #endif
+#if OFFCPU_EXACT_NS
+    offcpu_exact_out(set, sampled, since);
+#endif
+    if (!sampled)
+        return;
     u64 pid_tgid = bpf_get_current_pid_tgid();
     if ((u32)pid_tgid != tid)
         return;   // not expected: the tracepoint fires in prev's context
@@ -867,25 +1170,31 @@ static __always_inline void offcpu_leave(void *ctx, u32 tid, long state, u32 set
     struct stack_trace *st = scratch.lookup(&zero);
     if (!st)
         return;
-    struct offcpu_start s = {};
+    struct sample_key key = {};
     u32 tgid = pid_tgid >> 32;
-    s.key.tgid = tgid;
-    s.key.tid = tid;
-    s.key.cgroup_id = bpf_get_current_cgroup_id();
-    bpf_get_current_comm(&s.key.comm, sizeof(s.key.comm));
-    take_stacks(ctx, set, &s.key, st, 0);
+    offcpu_key(&key, pid_tgid);
+    take_kernel_stack(ctx, set, &key, st, 0);
 #if PYTHON_STACKS
     struct py_proc *py = python_procs.lookup(&tgid);
-    if (py)
-        s.key.python_stack = python_stack(set, pid_tgid, py, 0);
+    struct py_stack *pst = python_scratch.lookup(&zero);
+    if (py && pst)
+        key.python_stack = python_stack(set, pid_tgid, py, 0, pst);
 #endif
-    s.set = set;
-    s.runnable = runnable;
-    s.ns = bpf_ktime_get_ns();   // last: the stack walks above are on-CPU time
-    s.ran_ns = since && s.ns > since ? s.ns - since : 0;
-    if (offcpu_starts.update(&tid, &s) != 0)
-        count_stat(STAT_OFFCPU_STATE_FULL);
-    note_process(tgid);   // a process that only ever waits still gets described
+#if UNWIND
+    // The user stack by the tables, as a CPU sample's (tail calls of unwind_step_tp, which keep the start
+    // once the walk ends); by frame pointer where the process has none or the walk cannot start.
+    u64 ip, sp, bp;
+    struct unwind_state *s = unwind_state.lookup(&zero);
+    if (s && unwind_procs.lookup(&tgid) && user_regs(&ip, &sp, &bp)) {
+        walk_init(s, &key, set, WALK_OFFCPU, ip, sp, bp, 0);
+        s->arg[0] = since;
+        s->arg[1] = runnable;
+        unwind_progs_tp.call(ctx, 0);
+        count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed: not loaded yet
+    }
+#endif
+    take_user_stack(ctx, set, &key, st, 0);
+    offcpu_keep(set, &key, since, runnable);
 }
 
 TRACEPOINT_PROBE(sched, sched_switch) {
@@ -909,6 +1218,74 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     }
     return 0;
 }
+
+#if OFFCPU_EXACT_NS
+// A syscall returns: if the task waited in it long enough, unsampled, record the wait now, at its length,
+// with the user stack it waited with (unchanged: it has not been back in user code since) walked by the
+// tables, and its Python frames. The kernel stack of the wait is gone; the syscall's number stands for it
+// (STACK_SYSCALL + nr). Every syscall of the node runs this: the common path is one task-storage lookup.
+RAW_TRACEPOINT_PROBE(sys_exit) {
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct offcpu_task *t = offcpu_tasks.task_storage_get(task, 0, 0);
+    if (!t || !(t->out_ns || t->pend_ns))
+        return 0;
+    u64 out = t->sampled ? 0 : t->out_ns;   // a sampled one is recorded at its wake-up
+    u64 waited = t->pend_ns, ran = t->pend_ran;
+    t->out_ns = t->pend_ns = t->pend_ran = 0;
+    u32 zero = 0;
+    u64 *in = switched_in.lookup(&zero);
+    u32 *active = control.lookup(&zero);
+    if (!in || !active)
+        return 0;
+    u64 woke = *in;   // the task runs: this CPU's last switch-in was its own
+    if (out && woke > out && woke - out >= OFFCPU_EXACT_NS && woke - out >= OFFCPU_MIN_BLOCK_NS) {
+        waited += woke - out;
+        ran += t->ran_ns;
+    }
+    if (!waited)
+        return 0;
+    u32 set = *active;
+    u64 ip, sp, bp;
+    if (!user_regs(&ip, &sp, &bp) || ip != t->user_ip || sp != t->user_sp) {
+        offcpu_untaken(set, waited, ran, woke);   // the wait did not end here: another context
+        return 0;
+    }
+    struct task_walk *w = task_walks.task_storage_get(task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!w) {
+        count_stat(STAT_TASK_STORAGE_FAILED);
+        offcpu_untaken(set, waited, ran, woke);
+        return 0;
+    }
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    struct sample_key key = {};
+    offcpu_key(&key, pid_tgid);
+    u64 nr = 0;
+    struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax) == 0 && nr < STACK_SYSCALL)
+        key.kernel_stack = STACK_SYSCALL + nr;
+    key.gpu_slot = gpu_slot_at(key.tgid, woke);
+#if PYTHON_STACKS
+    u32 tgid = key.tgid;
+    struct py_proc *py = python_procs.lookup(&tgid);
+    if (py)
+        key.python_stack = python_stack(set, pid_tgid, py, 0, &w->py);
+#endif
+    count_stat(STAT_OFFCPU_EXACT_WALKS);
+    walk_init(&w->walk, &key, set, WALK_LONG_WAIT, ip, sp, bp, 0);
+    w->walk.arg[0] = waited;
+    w->walk.arg[1] = ran;
+#if UNWIND
+    if (unwind_procs.lookup(&key.tgid)) {
+        unwind_progs_raw.call(ctx, 0);
+        count_stat(STAT_UNWIND_FALLBACK);
+    }
+#endif
+    int n = bpf_get_stack(ctx, w->walk.frames.ip, sizeof(w->walk.frames.ip), BPF_F_USER_STACK);
+    w->walk.frames.len = n > 0 ? n / sizeof(u64) : 0;
+    walk_finish(&w->walk);
+    return 0;
+}
+#endif
 #endif
 
 // Both hooks are process-lifetime events (not per syscall), and they only speak about processes the

@@ -5,8 +5,9 @@
 // Defined with -D flags by agent/sampler.py: UNWIND_ROWS, UNWIND_FILES, UNWIND_MAPS, UNWIND_PROCS,
 // UNWIND_FRAMES_PER_PROG, UNWIND_MAX_FRAMES.
 //
-// A walk is a chain of tail calls of unwind_step (each unwinds UNWIND_FRAMES_PER_PROG frames; the kernel
-// allows 33 tail calls), state in the per-CPU unwind_state. Per frame:
+// A walk is a chain of tail calls of a step program (each unwinds UNWIND_FRAMES_PER_PROG frames; the kernel
+// allows 33 tail calls), state in the per-CPU unwind_state or the task's own task_walks (cpu_sampler.c says
+// which program types use which). Per frame:
 //   1. the mapping that holds ip: binary search of the process's range of unwind_maps (sorted by start);
 //   2. the row for ip's file address: binary search of its file's range of unwind_rows (the last row whose
 //      pc <= vaddr; for a return address, vaddr - 1: the call may be the last instruction of a function);
@@ -77,6 +78,9 @@ struct unwind_state {
     u32 done;
     u32 from_jit;            // 1 when ip came from a frame-pointer step out of JIT code
     u32 from_fp;             // 1 when ip came from a frame-pointer step (JIT code, or a file without rows)
+    u32 purpose;             // what the walk is for (WALK_* in cpu_sampler.c): walk_finish does it
+    u32 at_entry;            // 1 while ip is a function's first instruction (an entry uprobe's leaf)
+    u64 arg[4];              // the purpose's own values
     struct stack_trace frames;   // leaf first, as bpf_get_stack gives them
     u64 guard;                   // what a masked index one past frames.ip may touch (never written)
 };

@@ -73,6 +73,9 @@ _PREEMPTING_CALLERS = frozenset(
 )
 # A syscall's arch entry (`__x64_sys_read`, `__arm64_sys_read`, `__ia32_compat_sys_x`, ...) and the generic
 # names it expands to (`__se_sys_x`, `__do_sys_x`).
+# The one kernel frame of a long wait whose stack the agent took when its syscall returned: the kernel
+# stack is gone by then, and the frame names the syscall (agent/resolver.py, `[syscall read]`).
+_TAKEN_AT_RETURN = re.compile(r"\[syscall (\w+)\]")
 _SYSCALL_ENTRY = re.compile(r"__(?:x64|ia32|x32|arm64|riscv|s390x|powerpc|se|do)_(?:compat_)?sys_(\w+)")
 # Inner helpers that name their syscall where the entry is inlined into the dispatcher (`x64_sys_call`):
 # `ksys_read` (read, write, pread64, ...), `__sys_recvmsg` (the socket calls), and a few more by name.
@@ -174,6 +177,8 @@ def _first_kernel(stack: Stack) -> int:
 def _reason(tail: Stack, has_user: bool) -> str:
     """wait_reason() of a stack whose kernel frames are `tail` (and which has user frames before them)."""
     kernel = [_method(f) for f in tail if f.kernel]
+    if len(kernel) == 1 and (taken := _TAKEN_AT_RETURN.fullmatch(kernel[0])) is not None:
+        return taken[1]  # an exact long wait taken at its syscall's return (agent/resolver.py)
     if "__schedule" not in kernel and "schedule" not in kernel:
         return UNKNOWN  # its kernel stack was lost
     if _preempted(kernel):

@@ -144,6 +144,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 ("off_cpu", args.off_cpu),
                 ("offcpu_sample_every", args.off_cpu_sample),
                 ("offcpu_min_block_us", args.off_cpu_min_block),
+                ("offcpu_exact_us", None if args.off_cpu_exact_ms is None else args.off_cpu_exact_ms * 1000),
             )
             if v is not None
         },

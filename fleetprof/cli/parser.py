@@ -62,6 +62,16 @@ def _microseconds(text: str) -> int:
     return v
 
 
+def _exact_ms(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of milliseconds, got {text!r}") from None
+    if not 0 <= v <= 3_600_000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600000 milliseconds, got {v}")
+    return v
+
+
 def _frequency(text: str) -> int:
     v = _positive_int(text)
     if v > 1000:
@@ -542,6 +552,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="US",
         help="drop waits shorter than US microseconds (default: the measured one)",
+    )
+    a.add_argument(
+        "--off-cpu-exact-ms",
+        type=_exact_ms,
+        default=None,
+        metavar="MS",
+        help="record every wait of MS milliseconds or more exactly, once, with its stack, whatever the"
+        " sampling; 0: off (default: 10)",
     )
     a.add_argument(
         "--syscall-latency-sample",
