@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # An arm64 Debian bookworm machine under emulation (qemu-system-aarch64, TCG), for testing the agent on
 # aarch64 on an x86-64 host.
-#   scripts/arm64_guest.sh build          build the guest once (cached; ~10 min the first time), print its dir
+#   scripts/arm64_guest.sh build          build the guest once (cached; ~4-5 min the first time), print its dir
 #   scripts/arm64_guest.sh path           print the cached guest's dir, or exit 1 when it is not built
 #   scripts/arm64_guest.sh run IN OUT [S] boot it: IN/run.sh runs inside (as `sh run.sh OUTDIR`, in IN), what it
 #                                         writes to OUTDIR comes back into OUT, with OUT/console.log (the
 #                                         serial console); S: seconds before the guest is killed (600)
 #
 # The guest is a root filesystem made by mmdebstrap (Debian's cloud arm64 kernel 6.1 and its headers, BCC,
-# Python 3.11 with a venv /opt/fleetprof holding fleetprof's dependencies as aarch64 wheels from PyPI),
+# Python 3.11 with a venv /opt/fleetprof holding fleetprof's dependencies as aarch64 wheels from PyPI) and an
+# initramfs of ours (scripts/arm64_guest_initrd.c: loads the virtio modules, mounts the root, runs its init),
 # cached under $FLEETPROF_ARM64_CACHE (/var/cache/fleetprof-arm64) in a folder named by a hash of the
 # recipe below: a changed package list, dependency or init script builds a new one. Every boot uses it
 # read-only (qemu's snapshot=on: writes go to a throwaway overlay), so boots may run side by side and a
@@ -17,7 +18,8 @@
 # guest's init (below) writes OUTDIR as a tar onto the third and powers off.
 #
 # Host packages (scripts/setup.sh --test installs them): qemu-system-arm, qemu-user-static, binfmt-support,
-# mmdebstrap, arch-test (mmdebstrap runs the guest's package scripts through qemu-user via binfmt_misc).
+# mmdebstrap, arch-test (mmdebstrap runs the guest's package scripts through qemu-user via binfmt_misc),
+# gcc-aarch64-linux-gnu (the initramfs' /init), ca-certificates (the guest's certificate links, made here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -108,25 +110,43 @@ build_image() {
   local packages
   packages=$(IFS=,; echo "${GUEST_PACKAGES[*]}")
   # mmdebstrap runs dpkg and the package scripts inside the arm64 root through qemu-user. To spare them work:
+  # - dpkg-deb, which decompresses every package (xz: most of dpkg's time under emulation), is the host's
+  #   own (the same dpkg 1.21 on Debian 12), run natively from /.host-dpkg-deb with its loader and libraries,
+  #   diverted in as mmdebstrap's eatmydata hook diverts dpkg; taken out again after;
   # - eatmydata (mmdebstrap's own hook) makes dpkg's fsyncs no-ops: the root is copied into an image anyway;
   # - manuals, documentation and translations are not unpacked (nothing in the guest reads them);
-  # - update-initramfs is diverted to a no-op while packages are installed (the kernel's postinst and
-  #   initramfs-tools' trigger call it), and put back after: the initramfs is made here, below.
-  # The venv is created inside (its interpreter links are the guest's own) without pip, and filled here
-  # (scripts/arm64_guest_venv.py): the wheels, and pip's and setuptools' from the guest's python-wheels (those
-  # Debian's ensurepip installs), installed by the host's pip and compiled to .pyc by the host's CPython 3.11.
+  # - update-initramfs and update-ca-certificates are diverted to no-ops while packages are installed (the
+  #   kernel's postinst and initramfs-tools' trigger ran mkinitramfs twice; ca-certificates' postinst and
+  #   its trigger each took 40-60 s of emulated shell over 142 certificates) and put back after: both are
+  #   done here on the host, below.
   say "mmdebstrap"
   mmdebstrap --mode=root --variant=minbase --architectures=arm64 --include="$packages" --verbose \
+    --extract-hook="'$PWD/scripts/arm64_guest_host_dpkg_deb.sh' add \"\$1\"" \
     --hook-dir=/usr/share/mmdebstrap/hooks/eatmydata \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --essential-hook='chroot "$1" dpkg-divert --quiet --local --rename --add /usr/sbin/update-initramfs' \
-    --essential-hook='printf "#!/bin/sh\nexit 0\n" >"$1/usr/sbin/update-initramfs"; chmod 0755 "$1/usr/sbin/update-initramfs"' \
-    --customize-hook='rm "$1/usr/sbin/update-initramfs"' \
-    --customize-hook='chroot "$1" dpkg-divert --quiet --local --rename --remove /usr/sbin/update-initramfs' \
+    --essential-hook='for f in /usr/sbin/update-initramfs /usr/sbin/update-ca-certificates; do
+      chroot "$1" dpkg-divert --quiet --local --rename --add "$f"; printf "#!/bin/sh\nexit 0\n" >"$1$f"
+      chmod 0755 "$1$f"; done' \
+    --customize-hook='for f in /usr/sbin/update-initramfs /usr/sbin/update-ca-certificates; do
+      rm "$1$f"; chroot "$1" dpkg-divert --quiet --local --rename --remove "$f"; done' \
+    --customize-hook="'$PWD/scripts/arm64_guest_host_dpkg_deb.sh' remove \"\$1\"" \
     --customize-hook='chroot "$1" python3 -m venv --without-pip /opt/fleetprof' \
     "$SUITE" "$root" "$mirror"
+  # The certificates (/etc/ssl/certs: a link per certificate, the bundle, openssl's hash links) by the host's
+  # update-ca-certificates, Debian 12's as the guest's, pointed at the guest's folders; the links it makes
+  # name the host's path to the root, which is cut off again. The guest has no hooks in update.d: none run.
+  say "the certificates"
+  [ -z "$(ls -A "$root/etc/ca-certificates/update.d")" ] || die "ca-certificates hooks in the guest: run them there"
+  update-ca-certificates --certsconf "$root/etc/ca-certificates.conf" --certsdir "$root/usr/share/ca-certificates" \
+    --localcertsdir "$root/usr/local/share/ca-certificates" --etccertsdir "$root/etc/ssl/certs" \
+    --hooksdir "$root/etc/ca-certificates/update.d"
+  local link target
+  for link in "$root"/etc/ssl/certs/*; do
+    target=$(readlink "$link") || continue
+    [ "${target#"$root"}" = "$target" ] || ln -sfn "${target#"$root"}" "$link"
+  done
   say "the venv"
   local site=$root/opt/fleetprof/lib/python3.11/site-packages
   "$PY" scripts/arm64_guest_venv.py "$root" /opt/fleetprof "$work/wheels/requirements.txt" "$work/wheels" \
@@ -151,7 +171,7 @@ build_image() {
 # the image), the package list and the dependencies.
 recipe_key() {
   { declare -f build_image guest_init; echo "$SUITE ${GUEST_PACKAGES[*]} ${GUEST_MODULES[*]}"; dependencies
-    cat scripts/arm64_guest_initrd.c scripts/arm64_guest_initrd.py; } \
+    cat scripts/arm64_guest_initrd.c scripts/arm64_guest_initrd.py scripts/arm64_guest_host_dpkg_deb.sh; } \
     | sha256sum | cut -c1-16
 }
 
@@ -162,7 +182,7 @@ build() {
   dir=$(guest_dir)
   [ -f "$dir/root.img" ] && { echo "$dir"; return; }
   [ "$(id -u)" = 0 ] || die "building the guest needs root (mmdebstrap --mode=root)"
-  for tool in mmdebstrap qemu-system-aarch64 mkfs.ext4 aarch64-linux-gnu-gcc; do
+  for tool in mmdebstrap qemu-system-aarch64 mkfs.ext4 aarch64-linux-gnu-gcc update-ca-certificates; do
     command -v "$tool" >/dev/null || die "$tool is missing (scripts/setup.sh --test installs the host packages)"
   done
   # mmdebstrap runs arm64 package scripts through qemu-user; binfmt_misc must be mounted and enabled.
@@ -177,7 +197,7 @@ build() {
   [ -f "$dir/root.img" ] && { echo "$dir"; return; }
   local work start=$SECONDS
   work=$(mktemp -d "$CACHE/.build.XXXXXX")
-  say "building the arm64 guest into $dir (mmdebstrap + qemu-user: ~10 min; log $CACHE/build.log)"
+  say "building the arm64 guest into $dir (mmdebstrap + qemu-user: ~4-5 min; log $CACHE/build.log)"
   # Each line of the log stamped with the time, so that a slow build says which step was slow. Not called as
   # an `if` condition, which would switch off set -e inside build_image: a failed step must stop the build.
   local rc
