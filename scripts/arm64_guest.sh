@@ -88,7 +88,8 @@ EOF
 
 # The root filesystem. Runs under flock; $1 is an empty work folder, the result lands in $2.
 # Everything that can run natively runs here on the host: under qemu-user each arm64 instruction costs tens of
-# host ones, which made mkinitramfs (minutes), pip (a minute or two) and dpkg's fsyncs the bulk of a build.
+# host ones, which made mkinitramfs (twice, ~7 min), dpkg-deb's decompression, update-ca-certificates and pip
+# the bulk of a build (bench/README.md, "arm64 guest build").
 build_image() {
   local work=$1 dest=$2 root=$1/root mirror
   mirror=${DEBIAN_MIRROR:-$(apt-get indextargets --format '$(REPO_URI)' 2>/dev/null | grep -m 1 -E '/debian/?$' || true)}
