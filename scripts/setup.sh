@@ -34,9 +34,10 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # 
 # The arm64 guest (scripts/arm64_guest.sh, tests/test_arm64_guest.py) and the arm64 image (scripts/images.sh):
 # qemu-system-aarch64 runs the guest, qemu-user through binfmt_misc runs arm64 package scripts while the
 # guest's root and the image's base are made (arch-test checks that it does); the cross compiler builds the
-# aarch64 workloads, and its linux-libc-dev-arm64-cross has the arm64 syscall table (scripts/gen_syscalls.py).
+# aarch64 workloads and the guest's initramfs /init, and its linux-libc-dev-arm64-cross has the arm64 syscall
+# table (scripts/gen_syscalls.py); ca-certificates' update-ca-certificates fills the guest's /etc/ssl/certs.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(qemu-system-arm qemu-user-static binfmt-support mmdebstrap arch-test
-  gcc-aarch64-linux-gnu)
+  gcc-aarch64-linux-gnu ca-certificates)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

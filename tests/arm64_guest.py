@@ -14,7 +14,7 @@ from tests.conftest import REPO, WORKLOADS
 
 SCRIPT = REPO / "scripts" / "arm64_guest.sh"
 CROSS_GCC = "aarch64-linux-gnu-gcc"
-# A first build runs mmdebstrap through qemu-user: ~10 minutes on an idle 2-core machine, more under load.
+# A first build runs mmdebstrap through qemu-user: ~5 minutes on a loaded 2-core machine (bench/README.md).
 BUILD_LIMIT_S = 3600
 
 # How the aarch64 workloads are built. Both sign their return addresses (pointer authentication, as
