@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
 
-# Mirrors of cpu_sampler.c's constants and structs (keep in sync with the .c file).
+# Mirrors of cpu_sampler.c's constants and structs: the structs and STAT_NAMES are checked against the C side
+# at every load (_check_layouts) and by tests/test_sampler_layout.py.
 MAX_DEPTH = 127
 UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
