@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
-from fleetprof.agent.process.table import ProcessInfo
+from fleetprof.agent.model import Labels, ProcessInfo
 
 
 class PodSource(Protocol):
@@ -43,4 +44,14 @@ class Attributor:
                 out["container"] = name
         for k, v in meta.labels.items():
             out.setdefault(k, v)
+        return out
+
+    def by_process(self, processes: Iterable[ProcessInfo]) -> dict[tuple[int, int], Labels]:
+        """(pid, start_ticks) -> labels sorted by name (Window.labels), for each process; the first of
+        several with one key decides (as the batch keeps the first)."""
+        out: dict[tuple[int, int], Labels] = {}
+        for p in processes:
+            key = (p.pid, p.start_ticks)
+            if key not in out:
+                out[key] = tuple(sorted(self.labels(p).items()))
         return out

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.agent.attribution import Attributor
-from fleetprof.agent.gpu.samples import DeviceSample, GpuWindow
-from fleetprof.agent.process.cgroups import CgroupIdentity
-from fleetprof.agent.process.table import ProcessInfo
-from fleetprof.agent.resolver import ResolvedSample, Window
+from fleetprof.agent.model import CgroupIdentity, DeviceSample, GpuWindow, ProcessInfo, ResolvedSample, Window
+
+# ResolvedSample.gpu_state -> the wire's enum
+_GPU_STATES = {"": pb.GPU_STATE_NONE, "idle": pb.GPU_STATE_IDLE, "busy": pb.GPU_STATE_BUSY}
 
 
 class _Strings:
@@ -48,20 +47,9 @@ def _wire_id(text: str) -> int:
     return h or 1
 
 
-def encode_window(
-    window: Window,
-    identity: pb.AgentIdentity,
-    frequency_hz: int,
-    attributor: Attributor | None = None,
-    gpu: GpuWindow | None = None,
-    gpu_state: Callable[[int, int], int] | None = None,
-    offcpu: tuple[int, int] | None = None,
-) -> pb.Batch:
-    """The Batch for `window`, without a sequence number (the shipper assigns it). `gpu`: the GPU polls of
-    the same window, processes and owners attributed (GpuWindow.attributed); None leaves the section out.
-    `gpu_state(pid, gpu_slot)`: the pb.GpuState of a tagged sample's GPUs at its time slot. `offcpu`: the
-    off-CPU recorder's (sample_every, min_block_ns) when it runs (its stats go in the batch)."""
-    attributor = attributor or Attributor()
+def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
+    """The Batch for `window` (complete: labels, GPU states and polls resolved), without a sequence number
+    (the shipper assigns it). A pure function of its arguments."""
     strings = _Strings()
     stacks: dict[tuple, int] = {}
     stack_ids: list[int] = []  # Batch.stack_ids, parallel to batch.stacks
@@ -70,7 +58,7 @@ def encode_window(
         agent=identity,
         start_unix_ns=window.start_ns,
         end_unix_ns=window.end_ns,
-        frequency_hz=frequency_hz,
+        frequency_hz=window.frequency_hz,
     )
 
     def process_index(p: ProcessInfo) -> int:
@@ -78,7 +66,7 @@ def encode_window(
         pidx = processes.get(pkey)
         if pidx is None:
             pidx = processes[pkey] = len(batch.processes)
-            labels = sorted(attributor.labels(p).items())
+            labels = window.labels_of(p)
             wire_id = process_wire_id(p.pid, p.start_ticks, p.comm, p.exe, labels)
             batch.processes.append(
                 pb.Process(
@@ -112,7 +100,7 @@ def encode_window(
                 )
                 stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
             # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
-            state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
+            state = _GPU_STATES[s.gpu_state]
             ckey = (pidx, sidx, state, s.idle)
             counts[ckey] = counts.get(ckey, 0) + s.count
         return counts
@@ -150,13 +138,14 @@ def encode_window(
             )
         )
     batch.syscall_latency_sample_every = window.syscall_sample_every
-    if gpu is not None:
-        _encode_gpu(batch, gpu, strings, process_index)
+    if window.gpu is not None:
+        _encode_gpu(batch, window.gpu, strings, process_index)
     batch.syscall_latency_duty = window.syscall_duty
     batch.syscall_tracer.table_full = window.syscall_counters.get("table_full", 0)
     batch.syscall_tracer.stale_starts = window.syscall_counters.get("stale_start", 0)
     batch.strings.extend(strings.table)
     st = window.stats
+    offcpu = window.offcpu_settings
     if offcpu is not None:
         batch.offcpu_stats.CopyFrom(
             pb.OffCpuStats(
@@ -165,8 +154,8 @@ def encode_window(
                 recorded=st.get("offcpu_recorded", 0),
                 below_min=st.get("offcpu_below_min", 0),
                 state_full=st.get("offcpu_state_table_full", 0),
-                sample_every=offcpu[0],
-                min_block_ns=offcpu[1],
+                sample_every=offcpu.sample_every,
+                min_block_ns=offcpu.min_block_ns,
             )
         )
     batch.stats.CopyFrom(

@@ -9,7 +9,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import generate_latest
@@ -28,23 +27,17 @@ from fleetprof.agent.kube.pods import DEFAULT_POD_LABELS, PodCache, parse_label_
 from fleetprof.agent.kube.watcher import PodWatcher
 from fleetprof.agent.memory import HeapTrimmer
 from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.model import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, EVENT_UNMAPPED, ProcessInfo
 from fleetprof.agent.offcpu import (
     DEFAULT_OFFCPU_EXACT_US,
     DEFAULT_OFFCPU_MIN_BLOCK_US,
     DEFAULT_OFFCPU_SAMPLE_EVERY,
 )
 from fleetprof.agent.process.rootfs import FileErrors
-from fleetprof.agent.process.table import ProcessInfo, ProcessTable, read_process
+from fleetprof.agent.process.table import ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
-from fleetprof.agent.resolver import Resolver
-from fleetprof.agent.sampler import (
-    EVENT_EXEC,
-    EVENT_EXIT,
-    EVENT_NEW,
-    EVENT_UNMAPPED,
-    CpuSampler,
-    SamplerConfig,
-)
+from fleetprof.agent.resolver import GpuSources, Resolver
+from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.shipper import Shipper
 from fleetprof.agent.symbols.debuginfod import Debuginfod, DebuginfodConfig
 from fleetprof.agent.symbols.modules import ModuleWatch
@@ -111,9 +104,6 @@ def split_hostport(text: str, flag: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-_GPU_STATES = {None: pb.GPU_STATE_NONE, "idle": pb.GPU_STATE_IDLE, "busy": pb.GPU_STATE_BUSY}
-
-
 class Agent:
     """Owns the pipeline's stages and threads. `run()` blocks until `stop()`."""
 
@@ -140,14 +130,6 @@ class Agent:
         self._started_ticks = read_process(os.getpid(), mappings=False).start_ticks
         # The module list is read before kallsyms (at start()), so a module loaded in between is read again.
         self.unsymbolized = UnsymbolizedAddresses()  # served at /unsymbolized
-        self.resolver = Resolver(
-            self.processes,
-            self.symbolizer,
-            python=self.python,
-            modules=ModuleWatch(),
-            unsymbolized=config.unsymbolized,
-            addresses=self.unsymbolized,
-        )
         self.shipper = Shipper(
             config.collector,
             max_batches=config.queue_batches,
@@ -161,6 +143,19 @@ class Agent:
         self.pod_watcher = self._pod_watcher()
         self.gpu_owners = GpuOwners(PodResourcesClient(config.pod_resources_socket))
         self.gpu = GpuPoller(GpuPollerConfig(interval_s=config.gpu_interval_s)) if config.gpu else None
+        gpu_sources = (
+            GpuSources(self.gpu.timeline, config.gpu_interval_s, self.gpu_owners.owner) if self.gpu else None
+        )
+        self.resolver = Resolver(
+            self.processes,
+            self.symbolizer,
+            python=self.python,
+            modules=ModuleWatch(),
+            unsymbolized=config.unsymbolized,
+            addresses=self.unsymbolized,
+            attributor=self.attributor,
+            gpu=gpu_sources,
+        )
         self.counters = AgentCounters()
         self._trim_heap = HeapTrimmer(self._symbol_generation)
         self.registry, self._drain_hist = build_registry(
@@ -320,49 +315,21 @@ class Agent:
                 except Exception:  # keep describing processes whatever one event did
                     log.exception("process event handling failed")
 
-    def _offcpu_settings(self) -> tuple[int, int] | None:
-        """(sample_every, min_block_ns) of the off-CPU recorder, or None when it is off."""
-        cfg = self.config
-        return (cfg.offcpu_sample_every, cfg.offcpu_min_block_us * 1000) if cfg.off_cpu else None
-
-    def _gpu_states(self) -> Callable[[int, int], int]:
-        """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
-        clock), for one window: the wall-clock offset is read once."""
-        assert self.gpu is not None
-        timeline, slot_s = self.gpu.timeline, self.config.gpu_interval_s
-        offset = time.time() - time.monotonic()
-        return lambda pid, gpu_slot: _GPU_STATES[timeline.state(pid, (gpu_slot - 0.5) * slot_s + offset)]
-
-    def _labelled(self, pid: int) -> ProcessInfo | None:
-        return self.processes.get(pid, mappings=False)
-
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
         assert self.sampler is not None
         t0 = time.perf_counter()
         drain = self.sampler.drain()
         sys_drain = self.syscalls.drain() if self.syscalls is not None else None
-        window = self.resolver.resolve(drain, sys_drain)
-        if self.syscalls is not None:
-            window.syscall_sample_every = self.syscalls.latency_sample_every
-            duty = self.syscalls.latency_duty
-            window.syscall_duty = duty.fraction if duty is not None else 0.0
+        self.gpu_owners.refresh_if_stale(time.monotonic())
+        gpu = self.gpu.drain() if self.gpu is not None else None
+        window = self.resolver.resolve(drain, sys_drain, gpu)
         self.processes.end_window()
         if self.unwinder is not None:
             self.unwinder.collect_wanted()
             for pid in self.unwinder.take_unmapped():
                 self.processes.remap_if_changed(pid)  # described again if it mapped code since (a dlopen)
-        self.gpu_owners.refresh_if_stale(time.monotonic())
-        gpu = self.gpu.drain().attributed(self._labelled, self.gpu_owners.owner) if self.gpu else None
-        batch = encode_window(
-            window,
-            self.identity,
-            self.config.frequency_hz,
-            self.attributor,
-            gpu,
-            self._gpu_states() if self.gpu is not None else None,
-            self._offcpu_settings(),
-        )
+        batch = encode_window(window, self.identity)
         self.shipper.submit(batch)
         self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))

@@ -3,27 +3,39 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from fleetprof.agent.process.cgroups import CgroupIdentity
-from fleetprof.agent.process.table import ProcessInfo, ProcessTable
-from fleetprof.agent.python.codes import PYTHON_MODULE
-from fleetprof.agent.python.merge import PythonFrames
-from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
-from fleetprof.agent.sampler import (
+from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.model import (
     STACK_LOST,
     STACK_NONE,
     STACK_RESERVED,
     STACK_SYSCALL,
     STACK_UNTAKEN,
+    CgroupIdentity,
+    DeviceAssignment,
     Drain,
+    Frame,
+    GpuWindow,
+    Labels,
+    ProcessInfo,
+    ResolvedSample,
     SampleCount,
+    SyscallDrain,
+    Window,
 )
+from fleetprof.agent.process.table import ProcessTable
+from fleetprof.agent.python.codes import PYTHON_MODULE
+from fleetprof.agent.python.merge import PythonFrames
+from fleetprof.agent.python.unwinder import LOST_PYTHON_STACK, PythonStacks
 from fleetprof.agent.symbols.modules import ModuleWatch
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer, by_module, module_runs, unknown_frame
+from fleetprof.agent.symbols.symbolizer import Symbolizer, by_module, module_runs, unknown_frame
 from fleetprof.agent.symbols.unsymbolized import Run, UnsymbolizedAddresses
-from fleetprof.agent.syscalls import SyscallDrain, SyscallStat, syscall_name
+from fleetprof.agent.syscall_names import syscall_name
 
 log = logging.getLogger(__name__)
 
@@ -47,30 +59,36 @@ UNSYMBOLIZED_ADDRESS = "address"
 UNSYMBOLIZED_CHOICES = (UNSYMBOLIZED_MODULE, UNSYMBOLIZED_ADDRESS)
 
 
+class GpuStates(Protocol):
+    """What the resolver asks of the GPUs' busy/idle timeline (agent/gpu/timeline.py GpuTimeline)."""
+
+    def state(self, pid: int, t: float) -> str | None:  # "busy", "idle", None: on no GPU known at t
+        ...
+
+
 @dataclass(frozen=True)
-class ResolvedSample:
-    process: ProcessInfo
-    tid: int  # the agent's own (per-thread Python stacks are checked by it); batches sum a process's threads
-    frames: tuple[Frame, ...]  # root first
-    kernel_start: int  # index of the first kernel frame (len(frames) if none)
-    count: int
-    gpu_slot: int = 0  # see SampleCount.gpu_slot
-    idle: bool = False  # off-CPU rows: see SampleCount.idle
+class GpuSources:
+    """Where a window's GPU facts come from: the busy/idle timeline of the processes on GPUs, the length of
+    a sample's GPU time slot (SamplerConfig.gpu_slot_s), and a device's owner (uuid -> its pod's container,
+    GpuOwners.owner)."""
+
+    timeline: GpuStates
+    slot_s: float
+    owner: Callable[[str], DeviceAssignment | None]
 
 
-@dataclass
-class Window:
-    start_ns: int
-    end_ns: int
-    samples: list[ResolvedSample]
-    stats: dict[str, int] = field(default_factory=dict)
-    syscalls: list[tuple[ProcessInfo, SyscallStat]] = field(default_factory=list)
-    syscall_sample_every: int = 0
-    syscall_duty: float = 0.0  # fraction of the time in syscall timing windows
-    syscall_counters: dict[str, int] = field(default_factory=dict)
-    # Off-CPU time: `count` is nanoseconds switched out (scaled up for sampling), by the stack the thread
-    # left with; empty when the agent does not record it.
-    offcpu: list[ResolvedSample] = field(default_factory=list)
+def window_processes(window: Window) -> list[ProcessInfo]:
+    """Every process `window` names, in the order the batch meets them (samples, off-CPU, syscalls, GPUs)."""
+    procs = [s.process for s in window.samples]
+    procs += [s.process for s in window.offcpu]
+    procs += [p for p, _ in window.syscalls]
+    if window.gpu is not None:
+        procs += [pw.process for pw in window.gpu.processes if pw.process is not None]
+    return procs
+
+
+def _no_owner(_uuid: str) -> DeviceAssignment | None:
+    return None
 
 
 class _Lru(OrderedDict):
@@ -101,11 +119,14 @@ class Resolver:
         modules: ModuleWatch | None = None,
         unsymbolized: str = UNSYMBOLIZED_MODULE,
         addresses: UnsymbolizedAddresses | None = None,
+        attributor: Attributor | None = None,
+        gpu: GpuSources | None = None,
     ):
         """`modules`: the kernel's module list, looked at once a drain; when it changed, kernel symbols are
         read again (and kernel stacks named with the old ones forgotten). `unsymbolized`: one of
         UNSYMBOLIZED_CHOICES; with "module", `addresses` is given the samples at the addresses the merge
-        hides."""
+        hides. `attributor` labels each process of a window (cgroup and pod, as of that window); `gpu`:
+        where samples on GPUs find their GPUs' state, and GPU polls their owners (None: no GPUs polled)."""
         if unsymbolized not in UNSYMBOLIZED_CHOICES:
             raise ValueError(
                 f"unsymbolized must be one of {', '.join(UNSYMBOLIZED_CHOICES)}: {unsymbolized!r}"
@@ -116,6 +137,8 @@ class Resolver:
         self._modules = modules
         self._symbolizer = symbolizer
         self._python = python
+        self._attributor = attributor or Attributor()
+        self._gpu = gpu
         # (pid, start, stack id) -> (frames, cut at an unmapped address, runs of a file's unsymbolized code)
         self._user_cache = _Lru(cache_size)
         self._kernel_cache = _Lru(cache_size)
@@ -125,7 +148,12 @@ class Resolver:
         self._unsymbolized = 0  # ... and whose user stack holds code of a file that no symbol covers
         self._symbol_generation = symbolizer.generation
 
-    def resolve(self, drain: Drain, syscalls: SyscallDrain | None = None) -> Window:
+    def resolve(
+        self, drain: Drain, syscalls: SyscallDrain | None = None, gpu: GpuWindow | None = None
+    ) -> Window:
+        """The complete window of `drain`: symbolized samples and off-CPU rows with their GPU state, the
+        syscall counts of `syscalls` and the GPU polls `gpu` of the same window (each process attributed,
+        each device given its owner), and the labels of every process named."""
         reloaded = 0
         if self._modules is not None and self._modules.changed():
             # A module loaded or unloaded: its addresses name other functions now, or none.
@@ -143,6 +171,7 @@ class Resolver:
         python = (
             _PythonWindow(self._python, self._py_named, self._py_merged) if self._python is not None else None
         )
+        gpu_state = self._gpu_states()
         self._cut = self._unsymbolized = 0
         for s in drain.samples:
             proc = self._process(s.tgid, s.comm, tid=s.tid)
@@ -150,13 +179,13 @@ class Resolver:
                 # Exited before we could describe it (short-lived, or an event was lost): keep the
                 # samples with what the kernel told us; user addresses cannot be symbolized.
                 unknown_process += s.count
-            samples.append(self._resolved(s, proc, drain, remapped, python, s.count))
+            samples.append(self._resolved(s, proc, drain, remapped, python, s.count, gpu_state))
         cut, unsymbolized = self._cut, self._unsymbolized
         # Off-CPU rows take the same path; their counts are nanoseconds, so the Python walker's
         # per-sample statistics do not count them.
         offcpu = [
-            self._resolved(s, self._process(s.tgid, s.comm, tid=s.tid), drain, remapped, python, 0)
-            for s in getattr(drain, "offcpu", ())
+            self._resolved(s, self._process(s.tgid, s.comm, tid=s.tid), drain, remapped, python, 0, gpu_state)
+            for s in drain.offcpu
         ]
         stats = dict(drain.stats)
         stats["unknown_process"] = unknown_process
@@ -165,12 +194,40 @@ class Resolver:
         stats["kernel_symbol_reloads"] = reloaded
         if python is not None:
             stats.update(python.stats())
-        window = Window(drain.start_ns, drain.end_ns, samples, stats, offcpu=offcpu)
+        window = Window(
+            drain.start_ns,
+            drain.end_ns,
+            samples,
+            stats,
+            offcpu=offcpu,
+            frequency_hz=drain.frequency_hz,
+            offcpu_settings=drain.offcpu_settings,
+        )
         if syscalls is not None:
             window.syscalls = [(self._process(st.tgid, "", mappings=False), st) for st in syscalls.stats]
             window.syscall_counters = dict(syscalls.counters)
+            window.syscall_sample_every = syscalls.sample_every
+            window.syscall_duty = syscalls.duty
             stats["events_lost"] = stats.get("events_lost", 0) + syscalls.counters.get("events_lost", 0)
+        if gpu is not None:
+            owner = self._gpu.owner if self._gpu is not None else _no_owner
+            window.gpu = gpu.attributed(lambda pid: self._processes.get(pid, mappings=False), owner)
+        window.labels = self._labels(window)
         return window
+
+    def _gpu_states(self) -> Callable[[int, int], str]:
+        """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
+        clock) for one window, "" when none is known: the wall-clock offset is read once."""
+        if self._gpu is None:
+            return lambda _pid, _slot: ""
+        timeline, slot_s = self._gpu.timeline, self._gpu.slot_s
+        offset = time.time() - time.monotonic()
+        return lambda pid, slot: (timeline.state(pid, (slot - 0.5) * slot_s + offset) or "") if slot else ""
+
+    def _labels(self, window: Window) -> dict[tuple[int, int], Labels]:
+        """The labels of each process the window names, as of now (a pod that reached the metadata cache
+        since a process was captured labels it from this window on)."""
+        return self._attributor.by_process(window_processes(window))
 
     def _resolved(
         self,
@@ -180,6 +237,7 @@ class Resolver:
         remapped: set[int],
         python: _PythonWindow | None,
         weight: int,
+        gpu_state: Callable[[int, int], str],
     ) -> ResolvedSample:
         """One drained row symbolized; `weight`: its samples, for the Python walker's statistics."""
         user, cut, runs = self._user(proc, s.user_stack, drain.stacks, remapped)
@@ -195,7 +253,8 @@ class Resolver:
         frames = user + kernel
         if not frames:
             frames = (NO_STACK,)
-        return ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot, s.idle)
+        state = gpu_state(proc.pid, s.gpu_slot)
+        return ResolvedSample(proc, s.tid, frames, len(user), s.count, s.gpu_slot, s.idle, state)
 
     def _process(self, tgid: int, comm: str, mappings: bool = True, tid: int = 0) -> ProcessInfo:
         """The process as captured, or (gone before it could be described) what the kernel told us. A row

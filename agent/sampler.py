@@ -14,13 +14,14 @@ import os
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, read_map_bytes
 from fleetprof.agent.bpfmaps import drain_map as _drain_map
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
+from fleetprof.agent.model import Drain, OffCpuSettings, ProcessEvent, PyFrameRef, SampleCount
 from fleetprof.agent.offcpu import (
     DEFAULT_OFFCPU_EXACT_US,
     DEFAULT_OFFCPU_MIN_BLOCK_US,
@@ -38,20 +39,15 @@ log = logging.getLogger(__name__)
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
 
-# Mirrors of cpu_sampler.c's constants and structs (keep in sync with the .c file).
+# Mirrors of cpu_sampler.c's constants and structs: the structs and STAT_NAMES are checked against the C side
+# at every load (_check_layouts) and by tests/test_sampler_layout.py.
 MAX_DEPTH = 127
 UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 KB, a few hundred in flight
-STACK_NONE = 0
-STACK_LOST = 1
-STACK_UNTAKEN = 2  # a long wait recorded exactly, its stack not taken (cpu_sampler.c offcpu_untaken)
-STACK_SYSCALL = 0x400  # kernel_stack STACK_SYSCALL + nr: the wait was in syscall nr (stack taken at return)
-STACK_RESERVED = 0x800  # ids below this name no stored stack
 GPU_SLOT_FINE = 1 << 63  # a gpu_slot of SamplerConfig.gpu_fine_slot_us (a process with an activity timeline)
 GPU_TAG_POLLED, GPU_TAG_TIMELINE = 1, 2  # gpu_procs values (cpu_sampler.c)
-EVENT_NEW, EVENT_EXEC, EVENT_EXIT, EVENT_UNMAPPED = 1, 2, 3, 4  # bpf/process_event.h
 STAT_NAMES = (
     "samples",
     "user_stack_missing",
@@ -147,50 +143,6 @@ class OffcpuValue(ct.Structure):
     """struct offcpu_value: what sampled waits added to an off-CPU row (offcpu{0,1})."""
 
     _fields_ = [("ns", ct.c_uint64), ("ran_ns", ct.c_uint64)]
-
-
-class ProcessEvent(ct.Structure):
-    """struct process_event (bpf/process_event.h), sent by this sampler and by the syscall tracer."""
-
-    _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32), ("ns", ct.c_uint64)]
-
-
-@dataclass(frozen=True)
-class SampleCount:
-    tgid: int
-    tid: int
-    cgroup_id: int
-    comm: str
-    user_stack: int  # stack id, STACK_NONE or STACK_LOST
-    kernel_stack: int
-    count: int
-    python_stack: int = STACK_NONE  # CPython frames of the thread, for processes running one
-    gpu_slot: int = 0  # processes on a GPU: which GPU_SLOT of CLOCK_MONOTONIC the samples fell in, + 1
-    idle: bool = False  # off-CPU rows: the thread was idle in this window (agent/offcpu.py idle_threads)
-
-
-# One CPython frame as BPF recorded it: (code address, instruction pointer - code address, owner<<24 |
-# qualname fingerprint); see struct py_frame in agent/bpf/python_stack.h.
-PyFrameRef = tuple[int, int, int]
-
-
-@dataclass
-class Drain:
-    """Everything one drain produced: counts, the stacks they reference (leaf first), stat deltas."""
-
-    start_ns: int
-    end_ns: int
-    samples: list[SampleCount]
-    stacks: dict[int, tuple[int, ...]]
-    stats: dict[str, int] = field(default_factory=dict)
-    python_stacks: dict[int, tuple[PyFrameRef, ...]] = field(default_factory=dict)  # leaf first
-    # Off-CPU time: `count` is nanoseconds switched out (already scaled up for sampling), recorded in the
-    # window in which the thread ran again, by the stacks it left the CPU with and the GPU slot of its
-    # wake-up. Its stacks are in `stacks`/`python_stacks` like the samples'. Empty when off-CPU is off.
-    offcpu: list[SampleCount] = field(default_factory=list)
-    # Sampled switch-outs still waiting at this drain (a gauge, unlike `stats`): their waits are recorded
-    # in later windows. Near SamplerConfig.offcpu_sizes()'s pending bound, the oldest waits get dropped.
-    offcpu_pending: int = 0
 
 
 @dataclass(frozen=True)
@@ -294,6 +246,43 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def _check_layouts(bpf, off_cpu: bool) -> None:  # a BCC BPF object
+    """The maps' key and value types, as BCC read them from cpu_sampler.c as compiled, are our mirrors
+    (same fields, offsets and sizes), and the stats array has one entry per STAT_NAMES: a field or a stat
+    added on one side only fails the load rather than draining shifted numbers."""
+    pairs = [
+        (bpf["counts0"].Key, SampleKey),
+        (bpf["counts0"].Leaf, ct.c_uint64),
+        (bpf["stacks0"].Key, ct.c_uint64),
+        (bpf["stacks0"].Leaf, StackTrace),
+        (bpf["python_stacks0"].Leaf, PyStack),
+    ]
+    if off_cpu:
+        pairs += [(bpf["offcpu0"].Key, SampleKey), (bpf["offcpu0"].Leaf, OffcpuValue)]
+    for theirs, ours in pairs:
+        if layout(theirs) != layout(ours):
+            raise RuntimeError(
+                f"agent/sampler.py's {ours.__name__} is out of sync with {BPF_SOURCE.name}: "
+                f"{layout(ours)} here, {layout(theirs)} there"
+            )
+    if bpf["stats"].max_entries != len(STAT_NAMES):
+        raise RuntimeError(
+            f"agent/sampler.py's STAT_NAMES ({len(STAT_NAMES)}) is out of sync with {BPF_SOURCE.name}'s "
+            f"NSTATS ({bpf['stats'].max_entries})"
+        )
+
+
+def layout(ctype: type) -> tuple:
+    """A ctypes type as (size, ((field, offset, layout), ...)) for structures, its size for the rest."""
+    fields = getattr(ctype, "_fields_", None)
+    if fields is None:
+        return (ct.sizeof(ctype),)
+    return (
+        ct.sizeof(ctype),
+        tuple((name, getattr(ctype, name).offset, layout(typ)) for name, typ, *_ in fields),
+    )
+
+
 def _sample_counts(entries: list, idle: set[int] = frozenset()) -> list[SampleCount]:
     """Drained (SampleKey, count) pairs as rows; `idle`: tids whose rows are marked idle (off-CPU rows)."""
     return [
@@ -367,7 +356,13 @@ class CpuSampler:
         if config.off_cpu:
             self._offcpu = (self._bpf["offcpu0"], self._bpf["offcpu1"])
             self._offcpu_starts = self._bpf["offcpu_starts"]
+        _check_layouts(self._bpf, config.off_cpu)
         self._carry = StackCarry()
+        self._offcpu_settings = (
+            OffCpuSettings(config.offcpu_sample_every, config.offcpu_min_block_us * 1000)
+            if config.off_cpu
+            else None
+        )
         self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
         if config.unwind == "eh_frame":
             # One step program per program type that walks (cpu_sampler.c): a tail call stays in its type.
@@ -521,7 +516,18 @@ class CpuSampler:
             if self._config.off_cpu:
                 stats[STAT_OFFCPU_STACKS_UNRESOLVED] = self._carry.fill(offcpu, stacks, python_stacks)
                 self._carry.keep(pending, stacks, python_stacks)
-            return Drain(start_ns, end_ns, samples, stacks, stats, python_stacks, offcpu, len(pending))
+            return Drain(
+                start_ns,
+                end_ns,
+                samples,
+                stacks,
+                stats,
+                python_stacks,
+                offcpu,
+                len(pending),
+                frequency_hz=self._config.frequency_hz,
+                offcpu_settings=self._offcpu_settings,
+            )
 
     def _offcpu_rows(self, idle_set: int) -> list[SampleCount]:
         entries = _drain_map(self._offcpu[idle_set], SampleKey, OffcpuValue)

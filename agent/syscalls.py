@@ -10,20 +10,18 @@ plus 256 KB per possible CPU for counts, 8 MB for latencies (both double-buffere
 from __future__ import annotations
 
 import ctypes as ct
-import os
 import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 
 from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes, drain_percpu_sums
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
-from fleetprof.agent.sampler import ProcessEvent
-from fleetprof.agent.syscall_table import TABLES
+from fleetprof.agent.model import ProcessEvent, SyscallDrain, SyscallStat
+from fleetprof.agent.syscall_names import syscall_name
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
 
@@ -61,34 +59,6 @@ KEY_LAYOUT = struct.Struct("=II")  # struct syscall_key: tgid, nr
 
 
 LATENCY_LAYOUT = struct.Struct(f"=QQ{NBUCKETS}I")  # struct latency: timed, total_ns, hist[NBUCKETS]
-
-
-@dataclass(frozen=True)
-class SyscallStat:
-    """One process's calls of one syscall in one window.
-
-    `count` is every call that entered in the window; `timed`, `timed_ns` and `hist` cover the sampled
-    calls that returned in it (a call blocked across a drain is counted in one window and timed in a
-    later one, so `timed` may exceed `count` for a key in a window).
-    """
-
-    tgid: int
-    nr: int
-    name: str
-    count: int
-    timed: int
-    timed_ns: int
-    hist: tuple[int, ...]  # hist[i]: timed calls in [2^i, 2^(i+1)) ns; the last bucket is open-ended
-
-
-@dataclass
-class SyscallDrain:
-    """One window: its stats and the deltas of the tracer's counters (see STAT_NAMES)."""
-
-    start_ns: int
-    end_ns: int
-    stats: list[SyscallStat]
-    counters: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -164,20 +134,6 @@ def parse_latency_duty(text: str) -> LatencyDuty:
             f"latency duty {text!r}: need 0 < W <= P <= 3600 seconds (e.g. 1/10, or 1/1 for always)"
         )
     return LatencyDuty(window_s=window, period_s=period)
-
-
-def syscall_table(machine: str) -> dict[int, str]:
-    """Number -> name of the 64-bit syscalls of an architecture (`uname -m`); empty for one we have no
-    table of. From Linux's own headers (agent/syscall_table.py, made by scripts/gen_syscalls.py): the
-    numbers differ between architectures (getppid is 110 on x86-64, 173 on arm64)."""
-    return TABLES.get(machine, {})
-
-
-@cache
-def syscall_name(nr: int) -> str:
-    """The syscall's name on the running architecture; "syscall_<nr>" when its table has none (a newer
-    syscall than the table's headers, or an architecture without a table)."""
-    return syscall_table(os.uname().machine).get(nr) or f"syscall_{nr}"
 
 
 def _validate(config: SyscallConfig) -> None:
@@ -323,7 +279,15 @@ class SyscallTracer:
                 latency = dict(
                     zip(KEY_LAYOUT.iter_unpack(keys), LATENCY_LAYOUT.iter_unpack(values), strict=True)
                 )
-            return SyscallDrain(start_ns, end_ns, _merge(counts, latency), self._stat_deltas())
+            duty = self.latency_duty.fraction if self.latency_duty is not None else 0.0
+            return SyscallDrain(
+                start_ns,
+                end_ns,
+                _merge(counts, latency),
+                self._stat_deltas(),
+                self.latency_sample_every,
+                duty,
+            )
 
     def table_entries(self) -> int:
         """Keys held in the kernel's count and latency maps now, both sets (what one window holds)."""

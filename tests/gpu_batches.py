@@ -12,11 +12,9 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.batch import encode_window
 from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
-from fleetprof.agent.kube.podresources import DeviceAssignment
 from fleetprof.agent.kube.pods import PodMeta
-from fleetprof.agent.process.cgroups import CgroupIdentity
-from fleetprof.agent.process.table import ProcessInfo
-from fleetprof.agent.resolver import Window
+from fleetprof.agent.model import CgroupIdentity, DeviceAssignment, ProcessInfo, Window
+from fleetprof.agent.resolver import window_processes
 from tests.fake_pynvml import CONSTANTS, FakeGpu, FakeNvml
 
 T0 = float(int(time.time()) - 60)  # recent: the collector refuses windows older than 2 h
@@ -101,8 +99,9 @@ def gpu_batch(monkeypatch: pytest.MonkeyPatch) -> pb.Batch:
         assert poller.poll_once() is not None
         now[0] += 1.0
     gpu = poller.drain().attributed(_process, _owner)
-    window = Window(start_ns=int(T0 * 1e9), end_ns=int((T0 + 4) * 1e9), samples=[])
+    window = Window(start_ns=int(T0 * 1e9), end_ns=int((T0 + 4) * 1e9), samples=[], frequency_hz=19, gpu=gpu)
+    window.labels = Attributor(_Pods()).by_process(window_processes(window))
     identity = pb.AgentIdentity(node="gpu-node-1", agent_id=uuid.uuid4().hex, boot_time_unix_ns=1)
-    batch = encode_window(window, identity, 19, Attributor(_Pods()), gpu)
+    batch = encode_window(window, identity)
     batch.sequence = 1
     return batch

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from fleetprof.agent.process.cgroups import CgroupIdentity, parse_cgroup, parse_cgroup_path, read_cgroup
+from fleetprof.agent.model import CgroupIdentity
+from fleetprof.agent.process.cgroups import parse_cgroup, parse_cgroup_path, read_cgroup
 
 # Container ids and pod UIDs as real nodes print them.
 CONTAINERD_ID = "b4d6d161c62525d726fa394b27df30e14f8ea5646313ada576b390de70cfc8cc"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import STACK_NONE, Drain, Frame, SampleCount
 from fleetprof.agent.process.rootfs import FileErrors
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import Resolver
-from fleetprof.agent.sampler import STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols import debuginfo, debuginfod
 from fleetprof.agent.symbols.debuginfo import debuglink_candidates, find_symbols
 from fleetprof.agent.symbols.debuginfod import (
@@ -33,7 +33,6 @@ from fleetprof.agent.symbols.debuginfod import (
 from fleetprof.agent.symbols.elf import ElfFile, debug_file_path
 from fleetprof.agent.symbols.maps import read_maps
 from fleetprof.agent.symbols.symbolizer import (
-    Frame,
     Symbolizer,
     by_module,
     module_frame,

@@ -47,11 +47,8 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.batch import encode_window, stack_wire_id
 from fleetprof.agent.kube.pods import PodMeta
-from fleetprof.agent.process.cgroups import CgroupIdentity
-from fleetprof.agent.process.table import ProcessInfo
-from fleetprof.agent.resolver import ResolvedSample, Window
-from fleetprof.agent.symbols.symbolizer import Frame
-from fleetprof.agent.syscalls import SyscallStat
+from fleetprof.agent.model import CgroupIdentity, Frame, ProcessInfo, ResolvedSample, SyscallStat, Window
+from fleetprof.agent.resolver import window_processes
 from fleetprof.collector.ingest.validate import MAX_COUNT, MAX_STACK_DEPTH
 from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.model.selector import quote
@@ -139,9 +136,11 @@ def agent_batch() -> pb.Batch:
             ResolvedSample(server, 4251, (*py, *kernel), 3, 2_500_000_000),
             ResolvedSample(daemon, 812, (Frame("runtime.park_m", "containerd"), *kernel), 1, 9_000_000_000),
         ],
+        frequency_hz=99,
     )
+    window.labels = Attributor(_Pods()).by_process(window_processes(window))
     identity = pb.AgentIdentity(node="fuzz-node", agent_id="seed", boot_time_unix_ns=1, version="fuzz")
-    batch = encode_window(window, identity, 99, Attributor(_Pods()))
+    batch = encode_window(window, identity)
     batch.sequence = 1
     return batch
 

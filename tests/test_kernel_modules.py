@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fleetprof.agent.model import STACK_NONE, Drain, SampleCount
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import Resolver
-from fleetprof.agent.sampler import STACK_NONE, Drain, SampleCount
 from fleetprof.agent.symbols.modules import ModuleWatch, read_modules
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 

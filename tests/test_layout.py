@@ -1,5 +1,6 @@
 """The layout is the architecture: one import namespace, and no stage reaching back upstream or into another
-stage's internals. The agent: bpf loaders -> sampler -> resolver -> batch/shipper. The collector: ingest ->
+stage's internals. The agent: bpf loaders -> sampler -> resolver -> batch/shipper, with the plain values
+they pass each other (agent/model.py) underneath. The collector: ingest ->
 store -> query -> serve (HTTP, Pyroscope), with render and metrics beside and the model underneath. The
 shared modules of fleetprof/ (auth, tls, HTTP, the client) belong to neither side."""
 
@@ -39,9 +40,26 @@ ALLOWED = {
 # ones, never a later one. A module belongs to the stage whose entry names it most closely (python.offsets
 # before python); agent/main.py wires the stages and may import any of them.
 AGENT_STAGES = (
-    # BCC and the kernel, and what the BPF programs share with user space: maps, offsets, unwind tables
-    ("bpf", ("bpf", "kernel", "bpfmaps", "memory", "offcpu", "python.offsets", "unwind.kernel_maps")),
-    ("sampler", ("sampler", "syscalls", "syscall_table")),  # drain the maps (and name the syscalls)
+    # The plain values that cross stages (drains, processes, frames, GPU polls, the resolved window): first,
+    # so that every stage may import it; it imports none of them (test below).
+    ("model", ("model",)),
+    # BCC and the kernel, and what the BPF programs share with user space: maps, offsets, unwind tables,
+    # the kernel's syscall numbers
+    (
+        "bpf",
+        (
+            "bpf",
+            "kernel",
+            "bpfmaps",
+            "memory",
+            "offcpu",
+            "python.offsets",
+            "unwind.kernel_maps",
+            "syscall_table",
+            "syscall_names",
+        ),
+    ),
+    ("sampler", ("sampler", "syscalls")),  # load the BPF programs and drain their maps
     # pid -> process and pod, addresses -> symbols (native, Python, kernel), GPU state and its owners
     (
         "resolver",
@@ -49,6 +67,9 @@ AGENT_STAGES = (
     ),
     ("ship", ("batch", "shipper", "metrics")),  # encode, spool, gRPC; and the agent's own metrics
 )
+# The BPF loaders: they own BCC objects. Only agent/main.py (which wires them) imports them; the other stages
+# take what they drain as agent/model.py values, never their types from a loader.
+BPF_LOADERS = (f"{AGENT}.sampler", f"{AGENT}.syscalls")
 # fleetprof/'s own modules other than these are shared by both sides (auth, tls, httpserve, httprequest,
 # client, gpu_families, procname): they never import the agent or the collector.
 NOT_SHARED = ("agent", "collector", "cli", "_proto")
@@ -132,6 +153,20 @@ def test_agent_stages_import_no_later_stage(name: str) -> None:
         if within(m, (AGENT,)) and m != AGENT and agent_stage(m) is not None and agent_stage(m) > mine
     }
     assert not later, f"{name} ({AGENT_STAGES[mine][0]}) imports later stages: {later}"
+
+
+def test_the_agent_model_imports_no_agent_module() -> None:
+    """agent/model.py is plain values: every stage may import it because it imports none of them."""
+    assert not {m for m in imports_of(ALL[f"{AGENT}.model"]) if within(m, (AGENT,))}
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n in ALL if n.startswith(AGENT + ".") and n not in (f"{AGENT}.main", *BPF_LOADERS)),
+)
+def test_no_agent_stage_imports_a_bpf_loader(name: str) -> None:
+    used = {m for m in imports_of(ALL[name]) if within(m, BPF_LOADERS)}
+    assert not used, f"{name} imports {sorted(used)}: take the values from {AGENT}.model"
 
 
 @pytest.mark.parametrize(

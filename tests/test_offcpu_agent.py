@@ -7,11 +7,8 @@ import time
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import encode_window
+from fleetprof.agent.model import CgroupIdentity, Frame, ProcessInfo, ResolvedSample, Window
 from fleetprof.agent.offcpu import ACTIVE_SHARE, idle_threads
-from fleetprof.agent.process.cgroups import CgroupIdentity
-from fleetprof.agent.process.table import ProcessInfo
-from fleetprof.agent.resolver import ResolvedSample, Window
-from fleetprof.agent.symbols.symbolizer import Frame
 
 MS = 1_000_000
 US = 1_000
@@ -54,8 +51,9 @@ def test_idle_rows_go_on_the_wire_apart_from_active_ones() -> None:
             ResolvedSample(proc, 9, wait, 2, 9000 * MS, idle=True),
             ResolvedSample(proc, 10, wait, 2, 8000 * MS, idle=True),
         ],
+        frequency_hz=19,
     )
-    batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="a"), 19)
+    batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="a"))
     oc = batch.offcpu_columns
     assert sorted(zip(oc.idle, oc.blocked_ns, strict=True)) == [(False, 300 * MS), (True, 17_000 * MS)]
     assert len(batch.stacks) == 1

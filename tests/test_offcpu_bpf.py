@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import ResolvedSample
 from fleetprof.agent.process.table import ProcessTable
-from fleetprof.agent.resolver import ResolvedSample, Resolver
+from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from tests.conftest import maps_libc, require_bpf, wait_until

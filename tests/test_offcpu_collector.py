@@ -211,10 +211,7 @@ def test_an_agent_window_with_off_cpu_rows_is_encoded_and_stored(collector: Runn
     import time
 
     from fleetprof.agent.batch import encode_window
-    from fleetprof.agent.process.cgroups import CgroupIdentity
-    from fleetprof.agent.process.table import ProcessInfo
-    from fleetprof.agent.resolver import ResolvedSample, Window
-    from fleetprof.agent.symbols.symbolizer import Frame
+    from fleetprof.agent.model import CgroupIdentity, Frame, ProcessInfo, ResolvedSample, Window
 
     proc = ProcessInfo(77, 500, "loader", "/usr/bin/loader", CgroupIdentity("/"), ())
     main, load = Frame("main", "loader"), Frame("load_shard", "loader")
@@ -228,8 +225,9 @@ def test_an_agent_window_with_off_cpu_rows_is_encoded_and_stored(collector: Runn
             ResolvedSample(proc, 78, (main, load, read), 2, 700 * MS),
             ResolvedSample(proc, 79, (main, load, read), 2, 300 * MS),
         ],
+        frequency_hz=HZ,
     )
-    batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="enc"), HZ)
+    batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="enc"))
     batch.sequence = 1
     assert list(batch.offcpu_columns.blocked_ns) == [1000 * MS]
     assert not batch.offcpu_columns.idle  # no idle thread: the column is left out

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import ResolvedSample
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.python.unwinder import PythonStacks
-from fleetprof.agent.resolver import ResolvedSample, Resolver
+from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.unwind.unwinder import Unwinder

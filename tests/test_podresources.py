@@ -15,12 +15,8 @@ import pytest
 
 from fleetprof._proto.kubelet import podresources_v1_pb2 as pb
 from fleetprof._proto.kubelet import podresources_v1_pb2_grpc as pb_grpc
-from fleetprof.agent.kube.podresources import (
-    DeviceAssignment,
-    GpuOwners,
-    PodResourcesClient,
-    PodResourcesError,
-)
+from fleetprof.agent.kube.podresources import GpuOwners, PodResourcesClient, PodResourcesError
+from fleetprof.agent.model import DeviceAssignment
 
 GPU_A = "GPU-8a1d6c2e-3f4b-4a5c-9d6e-7f8091a2b3c4"
 GPU_B = "GPU-1b2c3d4e-5f60-4718-8293-a4b5c6d7e8f9"

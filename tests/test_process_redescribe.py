@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fleetprof.agent.process.table import ProcessInfo, ProcessTable
+from fleetprof.agent.model import ProcessInfo
+from fleetprof.agent.process.table import ProcessTable
 from tests.test_process_table import MAPS, POD_A, POD_B, FakeProc
 
 JIT_PAGE = "7f0000000000-7f0000001000 r-xp 00000000 00:00 0 \n"

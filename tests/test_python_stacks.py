@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import Frame
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.python.codes import line_at
 from fleetprof.agent.python.merge import merge
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.symbols.symbolizer import Symbolizer
 from tests.conftest import (
     WORKLOADS,
     RunningAgent,

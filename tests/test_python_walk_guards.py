@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import STACK_NONE
 from fleetprof.agent.python.offsets import TABLE, to_bpf
-from fleetprof.agent.sampler import STACK_NONE, CpuSampler, SamplerConfig
+from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from tests.conftest import require_bpf
 
 pytestmark = [pytest.mark.bpf]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import Frame, Mapping
 from fleetprof.agent.symbols.elf import (
     ET_DYN,
     ET_EXEC,
@@ -23,8 +24,8 @@ from fleetprof.agent.symbols.elf import (
     load_symbols,
 )
 from fleetprof.agent.symbols.kallsyms import KernelSymbols
-from fleetprof.agent.symbols.maps import Mapping, find, parse_maps, read_maps
-from fleetprof.agent.symbols.symbolizer import Frame, Symbolizer
+from fleetprof.agent.symbols.maps import find, parse_maps, read_maps
+from fleetprof.agent.symbols.symbolizer import Symbolizer
 
 PROGRAM = r"""
 #define _GNU_SOURCE

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fleetprof.agent.syscalls import syscall_name, syscall_table
+from fleetprof.agent.syscall_names import syscall_name, syscall_table
 from tests.conftest import REPO
 
 

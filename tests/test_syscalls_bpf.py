@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.agent.sampler import EVENT_EXEC, EVENT_EXIT, EVENT_NEW
+from fleetprof.agent.model import EVENT_EXEC, EVENT_EXIT, EVENT_NEW, SyscallDrain
 from fleetprof.agent.syscalls import (
     DEFAULT_SAMPLE_EVERY,
     NBUCKETS,
     STAT_NAMES,
     LatencyDuty,
     SyscallConfig,
-    SyscallDrain,
     SyscallTracer,
     parse_latency_duty,
     parse_sample_fraction,

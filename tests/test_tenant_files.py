@@ -23,6 +23,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.model import Mapping
 from fleetprof.agent.process import rootfs
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, open_in_root, walk_in_root
 from fleetprof.agent.python.detect import UNREADABLE, Detector
@@ -37,7 +38,7 @@ from fleetprof.agent.symbols.elf import (
     debug_file_path,
     load_symbols,
 )
-from fleetprof.agent.symbols.maps import Mapping, read_maps
+from fleetprof.agent.symbols.maps import read_maps
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 
 PROGRAM = r"""

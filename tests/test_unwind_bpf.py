@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import ResolvedSample
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.python.unwinder import PythonStacks
-from fleetprof.agent.resolver import ResolvedSample, Resolver
+from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.unwind.unwinder import Unwinder
@@ -318,9 +319,7 @@ def test_file_ids_of_files_no_process_maps_are_reused() -> None:
     """Containers come and go, each image's files new inodes: with 4 file ids, a second process's files
     get the ids the first one's held once it is forgotten, and their tables are built."""
     require_bpf()
-    from fleetprof.agent.process.cgroups import CgroupIdentity
-    from fleetprof.agent.process.table import ProcessInfo
-    from fleetprof.agent.symbols.maps import Mapping
+    from fleetprof.agent.model import CgroupIdentity, Mapping, ProcessInfo
 
     sampler = CpuSampler(SamplerConfig(interval_s=1.0, off_cpu=False, unwind_files=4))
     maps = sampler.unwind_maps()

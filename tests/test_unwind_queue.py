@@ -13,10 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fleetprof.agent.process.cgroups import CgroupIdentity
-from fleetprof.agent.process.table import ProcessInfo
+from fleetprof.agent.model import CgroupIdentity, Mapping, ProcessInfo
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
-from fleetprof.agent.symbols.maps import Mapping
 from fleetprof.agent.unwind.table import UnwindTable
 from fleetprof.agent.unwind.unwinder import EAGER_MAX_BYTES, Unwinder
 from tests.conftest import require_bpf

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.model import EVENT_UNMAPPED, Mapping, ResolvedSample
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.python.unwinder import PythonStacks
-from fleetprof.agent.resolver import ResolvedSample, Resolver
-from fleetprof.agent.sampler import EVENT_UNMAPPED, CpuSampler, SamplerConfig
-from fleetprof.agent.symbols.maps import Mapping, find
+from fleetprof.agent.resolver import Resolver
+from fleetprof.agent.sampler import CpuSampler, SamplerConfig
+from fleetprof.agent.symbols.maps import find
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.symbols.vdso import read_own_vdso
 from fleetprof.agent.unwind.unwinder import Unwinder

@@ -25,7 +25,7 @@
 // What the aggregates are keyed by. `nr` is the syscall number of the task's ABI, which the raw sys_enter
 // tracepoint passes as args[1] on every architecture: the node's 64-bit table (x86-64's, or arm64's, which
 // is asm-generic's) for 64-bit tasks; a 32-bit compat task reports its own table's numbers, which user
-// space names from the 64-bit table (agent/syscalls.py syscall_name), wrongly.
+// space names from the 64-bit table (agent/syscall_names.py syscall_name), wrongly.
 struct syscall_key {
     u32 tgid;
     u32 nr;

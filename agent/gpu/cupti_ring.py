@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fleetprof.agent.model import Mapping
 from fleetprof.agent.process.rootfs import mapped_file_openers
 from fleetprof.agent.symbols.elf import SHT_DYNSYM, ElfError, ElfFile
-from fleetprof.agent.symbols.maps import Mapping, read_maps
+from fleetprof.agent.symbols.maps import read_maps
 
 RING_SYMBOL = "fleetprof_cupti_ring"
 MARKER_SYMBOL = "fleetprof_cupti_launch"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from fleetprof.agent.gpu.poller import STATES, GpuPoller
-from fleetprof.agent.gpu.samples import DeviceIdentity, DeviceSample
+from fleetprof.agent.model import DeviceIdentity, DeviceSample
 from fleetprof.gpu_families import DeviceReading, device_families, percent, scaled
 
 

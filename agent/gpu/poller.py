@@ -21,16 +21,9 @@ from fleetprof.agent.gpu.nvml import (
     NvmlNotSupported,
     NvmlUnavailable,
 )
-from fleetprof.agent.gpu.samples import (
-    IDLE_BELOW_PERCENT,
-    DeviceIdentity,
-    DeviceSample,
-    GpuWindow,
-    ProcessSample,
-    Snapshot,
-    aggregate,
-)
+from fleetprof.agent.gpu.samples import ProcessSample, Snapshot, aggregate
 from fleetprof.agent.gpu.timeline import GpuTimeline
+from fleetprof.agent.model import IDLE_BELOW_PERCENT, DeviceIdentity, DeviceSample, GpuWindow
 
 log = logging.getLogger(__name__)
 

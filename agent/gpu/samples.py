@@ -2,57 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from fleetprof.agent.kube.podresources import DeviceAssignment
-    from fleetprof.agent.process.table import ProcessInfo
-
-# A GPU counts as idle in a poll when its utilization (the share of NVML's sample period in which a kernel
-# ran) is below this. Not 0: an idle GPU with a polling monitor or a stray context shows 1-3%, while a
-# stalled training loop (data loader, collective wait, host-side Python) drops below 5% for whole seconds.
-IDLE_BELOW_PERCENT = 5
-
-
-@dataclass(frozen=True)
-class DeviceIdentity:
-    index: int  # NVML index (of the parent GPU for a MIG instance)
-    uuid: str
-    name: str
-    mig_mode: bool = False
-    parent_uuid: str = ""  # MIG instances: the GPU they live on
-    gpu_instance_id: int = 0
-
-    @property
-    def label(self) -> str:
-        """The `gpu` label: "0" for a whole GPU, "0/3" for GPU instance 3 of GPU 0."""
-        return f"{self.index}/{self.gpu_instance_id}" if self.parent_uuid else str(self.index)
-
-
-@dataclass(frozen=True)
-class DeviceSample:
-    """One poll of one device; None where the device does not support the field."""
-
-    time_ns: int
-    gpu_util_percent: int | None = None
-    mem_util_percent: int | None = None
-    mem_used_bytes: int | None = None
-    mem_total_bytes: int | None = None
-    power_mw: int | None = None
-    energy_mj: int | None = None  # since the driver was loaded
-    temperature_c: int | None = None
-    sm_clock_mhz: int | None = None
-    clock_event_reasons: int | None = None
-    ecc_corrected: int | None = None
-    ecc_uncorrected: int | None = None
-    pcie_tx_kbps: int | None = None
-    pcie_rx_kbps: int | None = None
-    # NVML GPM metrics (Hopper and newer), percent over the interval since the previous poll's GPM sample.
-    sm_active_percent: float | None = None
-    sm_occupancy_percent: float | None = None
-    tensor_active_percent: float | None = None
-    dram_bandwidth_percent: float | None = None
+from fleetprof.agent.model import (
+    IDLE_BELOW_PERCENT,
+    DeviceIdentity,
+    DeviceSample,
+    DeviceWindow,
+    GpuWindow,
+    ProcessWindow,
+)
 
 
 @dataclass(frozen=True)
@@ -77,62 +36,6 @@ class Snapshot:
     processes: tuple[ProcessSample, ...] = ()
     xids: tuple[tuple[str, int], ...] = ()  # (uuid, xid code)
     xid_watched: frozenset[str] = frozenset()  # uuids whose XID events are registered
-
-
-@dataclass
-class DeviceWindow:
-    device: DeviceIdentity
-    samples: list[DeviceSample] = field(default_factory=list)
-    xid_codes: list[int] = field(default_factory=list)
-    xid_errors: int = 0
-    xid_watched: bool = False
-    owner: DeviceAssignment | None = None  # from the kubelet's PodResources, filled by `attributed`
-
-
-@dataclass
-class ProcessWindow:
-    """One process's use of one device over the window (see GpuProcessUsage in ingest.proto)."""
-
-    pid: int
-    uuid: str
-    polls: int = 0
-    state_polls: int = 0
-    idle_polls: int = 0
-    mem_used_bytes: int | None = None
-    sm_util_sum: float | None = None
-    mem_util_sum: float | None = None
-    process: ProcessInfo | None = None  # filled by `attributed`
-
-    @property
-    def sm_util_percent(self) -> float | None:
-        return None if self.sm_util_sum is None or not self.polls else self.sm_util_sum / self.polls
-
-    @property
-    def mem_util_percent(self) -> float | None:
-        return None if self.mem_util_sum is None or not self.polls else self.mem_util_sum / self.polls
-
-
-@dataclass
-class GpuWindow:
-    """The polls since the previous drain, for one batch."""
-
-    state: str  # "up", "no_library", "no_driver", "lost", "disabled"
-    devices: list[DeviceWindow] = field(default_factory=list)
-    processes: list[ProcessWindow] = field(default_factory=list)
-    idle_below_percent: int = IDLE_BELOW_PERCENT
-
-    @property
-    def up(self) -> bool:
-        return self.state == "up"
-
-    def attributed(self, process_of, owner_of) -> GpuWindow:  # two lookups, see below
-        """A copy with each process's ProcessInfo (`process_of(pid)`, e.g. ProcessTable.get) and each
-        device's PodResources owner (`owner_of(uuid)`, e.g. GpuOwners.owner) filled in."""
-        return replace(
-            self,
-            devices=[replace(d, owner=owner_of(d.device.uuid)) for d in self.devices],
-            processes=[replace(p, process=process_of(p.pid)) for p in self.processes],
-        )
 
 
 def aggregate(snapshots: list[Snapshot], state: str, idle_below: int = IDLE_BELOW_PERCENT) -> GpuWindow:

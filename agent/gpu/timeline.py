@@ -8,7 +8,7 @@ import threading
 from collections import deque
 from typing import Literal
 
-from fleetprof.agent.gpu.samples import IDLE_BELOW_PERCENT
+from fleetprof.agent.model import IDLE_BELOW_PERCENT
 
 State = Literal["busy", "idle"]
 
@@ -50,7 +50,7 @@ class _GpuLine:
 
 class GpuTimeline:
     """Thread-safe. Times are in the poller's clock (unix seconds by default). A GPU is **busy** in a
-    poll when its utilization is >= `idle_below_percent` (default 5%, see samples.IDLE_BELOW_PERCENT),
+    poll when its utilization is >= `idle_below_percent` (default 5%, see model.IDLE_BELOW_PERCENT),
     **idle** below it. MIG instances have no utilization in NVML, so their state is unknown (None)."""
 
     def __init__(

@@ -6,12 +6,12 @@ import logging
 import math
 import os
 import stat
-from dataclasses import dataclass
 
 import grpc
 
 from fleetprof._proto.kubelet import podresources_v1_pb2 as pb
 from fleetprof._proto.kubelet import podresources_v1_pb2_grpc as pb_grpc
+from fleetprof.agent.model import DeviceAssignment
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +26,6 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
 class PodResourcesError(Exception):
     """The kubelet's PodResources API could not be asked or did not answer."""
-
-
-@dataclass(frozen=True)
-class DeviceAssignment:
-    namespace: str
-    pod: str
-    container: str
-    resource: str  # e.g. "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
-    device_id: str  # the GPU or MIG UUID ("GPU-…", "MIG-…"), without a time-slicing "::<replica>" suffix
 
 
 class PodResourcesClient:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from types import MappingProxyType
+
+from fleetprof.agent.model import CgroupIdentity
 
 # One line of /proc/PID/cgroup is "hierarchy-id:controllers:path". The path itself may contain
 # colons (containerd's "slice:prefix:name" form), so only the first two colons separate fields.
@@ -39,24 +40,6 @@ _RUNTIME_BY_PREFIX = MappingProxyType({"cri-containerd": "containerd", "crio": "
 _QOS_BY_PARENT = MappingProxyType(
     {"kubepods": "guaranteed", "burstable": "burstable", "besteffort": "besteffort"}
 )
-
-
-@dataclass(frozen=True)
-class CgroupIdentity:
-    """Who a process belongs to, as far as its cgroup path tells.
-
-    ``runtime`` is "" when the path does not name the runtime: cgroupfs-driver containerd and
-    cri-dockerd both use a bare container id, so only the node's configured runtime can say which.
-    A CRI-O conmon process gets runtime "cri-o" and its pod's UID but no container_id: it watches
-    the container from outside it. ``qos`` is "" for processes outside pods, and for pods whose
-    QoS ancestors a cgroup namespace hid.
-    """
-
-    path: str
-    container_id: str = ""
-    runtime: str = ""
-    pod_uid: str = ""
-    qos: str = ""
 
 
 def parse_cgroup(text: str) -> CgroupIdentity:

@@ -8,28 +8,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from fleetprof.agent.process.cgroups import CgroupIdentity, read_cgroup
-from fleetprof.agent.symbols.maps import Mapping, read_maps
+from fleetprof.agent.model import ProcessInfo
+from fleetprof.agent.process.cgroups import read_cgroup
+from fleetprof.agent.symbols.maps import read_maps
 
 log = logging.getLogger(__name__)
 
 PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit (/proc/PID/stat field 9, flags)
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """A process as captured while it was alive. Samples taken after it exits still resolve through it."""
-
-    pid: int
-    start_ticks: int  # /proc/PID/stat field 22: tells a reused pid apart
-    comm: str
-    exe: str
-    cgroup: CgroupIdentity
-    mappings: tuple[Mapping, ...] = field(repr=False)
-    mapped: bool = True  # False: captured for its labels only, mappings not read (ProcessTable.note)
-    captured_ns: int = field(default=0, compare=False, repr=False)  # CLOCK_MONOTONIC as the capture began
 
 
 def read_process(pid: int, proc_root: str = "/proc", mappings: bool = True) -> ProcessInfo:

@@ -25,9 +25,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from fleetprof.agent.model import Frame
 from fleetprof.agent.python.detect import PythonProcess
 from fleetprof.agent.python.offsets import Offsets
-from fleetprof.agent.symbols.symbolizer import Frame
 
 PYTHON_MODULE = "[python]"
 MAX_STRING = 1024  # longer names and paths are cut

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleetprof.agent.model import Mapping
 from fleetprof.agent.process.rootfs import FileErrors, open_file, open_in_root
 from fleetprof.agent.python.offsets import (
     DEBUG_OFFSETS_BYTES,
@@ -27,7 +28,6 @@ from fleetprof.agent.python.offsets import (
     from_debug_offsets,
 )
 from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment
-from fleetprof.agent.symbols.maps import Mapping
 
 INTERPRETER_NAME = re.compile(r"^(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so(?:\.[\d.]+)?)?$")
 SHT_SYMTAB, SHT_DYNSYM = 2, 11

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fleetprof.agent.symbols.symbolizer import Frame
+from fleetprof.agent.model import Frame
 
 # Functions that evaluate Python frames (3.11-3.13); anything between two of them is call machinery.
 EVAL_FUNCTIONS = frozenset(

@@ -16,8 +16,8 @@ from fleetprof.agent.python.merge import PythonFrames, merge
 from fleetprof.agent.python.offsets import ENTRY_TAG, FRAME_OWNED_BY_CSTACK, PyProc, to_bpf
 
 if TYPE_CHECKING:
-    from fleetprof.agent.process.table import ProcessInfo
-from fleetprof.agent.symbols.symbolizer import Frame
+    from fleetprof.agent.model import ProcessInfo
+from fleetprof.agent.model import Frame
 
 log = logging.getLogger(__name__)
 

@@ -2,51 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-DELETED_SUFFIX = " (deleted)"
-
-
-@dataclass(frozen=True)
-class Mapping:
-    """One line of /proc/PID/maps; `path` is exactly as the kernel prints it (may end in " (deleted)")."""
-
-    start: int
-    end: int
-    offset: int
-    dev_major: int
-    dev_minor: int
-    inode: int
-    path: str
-    perms: str
-
-    @property
-    def is_exec(self) -> bool:
-        return len(self.perms) > 2 and self.perms[2] == "x"
-
-    @property
-    def is_file(self) -> bool:
-        """Backed by a file (including deleted files and memfds); anonymous and [special] mappings are not."""
-        return self.inode != 0
-
-    @property
-    def deleted(self) -> bool:
-        return self.path.endswith(DELETED_SUFFIX)
-
-    @property
-    def file_path(self) -> str:
-        """The path without the " (deleted)" marker."""
-        return self.path[: -len(DELETED_SUFFIX)] if self.deleted else self.path
-
-    @property
-    def display_name(self) -> str:
-        """Short name for frames: the file's basename, "[vdso]"-style names as is, "[anon]" for no name."""
-        if self.is_file:
-            return os.path.basename(self.file_path) or self.file_path
-        return self.path or "[anon]"
+from fleetprof.agent.model import Mapping
 
 
 def parse_maps(text: str, exec_only: bool = False) -> list[Mapping]:

@@ -16,7 +16,7 @@ import queue
 import threading
 from collections.abc import Sequence
 
-from fleetprof.agent.symbols.maps import Mapping
+from fleetprof.agent.model import Mapping
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 
 log = logging.getLogger(__name__)

@@ -6,17 +6,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from fleetprof.agent.model import UNKNOWN, Frame, Mapping
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
 from fleetprof.agent.symbols.debuginfo import DEBUGINFOD, DYNSYM, SOURCES, fetched_symbols, find_symbols
 from fleetprof.agent.symbols.debuginfod import Debuginfod
 from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable, offset_to_vaddr
 from fleetprof.agent.symbols.kallsyms import KALLSYMS_PATH, KernelSymbols
-from fleetprof.agent.symbols.maps import Mapping, find
+from fleetprof.agent.symbols.maps import find
 from fleetprof.agent.symbols.vdso import VDSO_NAME, Vdso
 
-UNKNOWN = "[unknown]"
 KERNEL_MODULE = "[kernel]"
 UNMAPPED_MODULE = "[unmapped]"
 
@@ -26,25 +25,6 @@ _MEMO_MAX = 2048
 _KERNEL_MEMO_MAX = 8192
 
 FileKey = tuple[int, int, int]
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One symbolized stack frame.
-
-    Unknown frames are never dropped: `function` reads "[unknown] (MODULE+0xOFFSET)", where OFFSET is the
-    offset into the mapped file for file-backed code (what `addr - start + offset` in /proc/PID/maps gives;
-    equal to the ELF address for most shared libraries), the offset into the region for anonymous and
-    special mappings ("[anon]", "[vdso]", ...), and the absolute address for "[kernel]" and "[unmapped]".
-    """
-
-    function: str
-    module: str
-    kernel: bool = False
-
-    @property
-    def is_unknown(self) -> bool:
-        return self.function.startswith(UNKNOWN)
 
 
 def unknown_frame(module: str, offset: int, kernel: bool = False) -> Frame:

@@ -20,8 +20,9 @@ import os
 from dataclasses import dataclass
 from functools import cached_property
 
+from fleetprof.agent.model import Mapping
 from fleetprof.agent.symbols.elf import ElfError, ElfFile, Segment, SymbolTable
-from fleetprof.agent.symbols.maps import Mapping, parse_maps
+from fleetprof.agent.symbols.maps import parse_maps
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fleetprof.agent.model import ProcessInfo
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
-from fleetprof.agent.process.table import ProcessInfo
 from fleetprof.agent.symbols.elf import ElfError
 from fleetprof.agent.symbols.vdso import Vdso
 from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MapEntry, UnwindMaps

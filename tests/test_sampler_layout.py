@@ -1,0 +1,135 @@
+"""agent/sampler.py's mirrors of cpu_sampler.c (its structs, the ring buffers' structs and STAT_NAMES) are
+the C side's: read from the C files for every field and stat, and from the loaded program's own map types
+(BCC builds them from the C file as compiled) at every load."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import re
+from pathlib import Path
+
+import pytest
+
+from fleetprof.agent import sampler
+from fleetprof.agent.model import ProcessEvent
+from fleetprof.agent.sampler import (
+    MAX_DEPTH,
+    PY_MAX_DEPTH,
+    STAT_NAMES,
+    CpuSampler,
+    OffcpuValue,
+    PyFrame,
+    PyNewStack,
+    PyStack,
+    SampleKey,
+    SamplerConfig,
+    StackTrace,
+)
+
+BPF = Path(sampler.__file__).parent / "bpf"
+SOURCES = [BPF / "cpu_sampler.c", BPF / "python_stack.h", BPF / "process_event.h"]
+MIRRORS = {
+    "sample_key": SampleKey,
+    "stack_trace": StackTrace,
+    "py_frame": PyFrame,
+    "py_stack": PyStack,
+    "py_new_stack": PyNewStack,
+    "offcpu_value": OffcpuValue,
+    "process_event": ProcessEvent,
+}
+SCALARS = {"u8": 1, "char": 1, "u32": 4, "u64": 8}
+LENGTHS = {"MAX_DEPTH": MAX_DEPTH, "PY_MAX_DEPTH": PY_MAX_DEPTH}  # the lengths the sampler compiles with
+FIELD = re.compile(r"(struct \w+|\w+) (\w+)(?:\[(\w+)\])?;")
+
+
+def c_text(path: Path) -> str:
+    """The file without comments."""
+    return re.sub(r"//[^\n]*|/\*.*?\*/", "", path.read_text(), flags=re.S)
+
+
+def c_structs() -> dict[str, list[tuple[str, str, int]]]:
+    """struct name -> its fields as (type, name, array length or 0), from the sampler's C files."""
+    out = {}
+    for path in SOURCES:
+        for name, body in re.findall(r"^struct (\w+) \{(.*?)^\};", c_text(path), flags=re.S | re.M):
+            fields = []
+            for line in filter(None, (x.strip() for x in body.splitlines())):
+                m = FIELD.fullmatch(line)
+                assert m, f"{path.name}: struct {name}: cannot read {line!r}"
+                typ, field, length = m.groups()
+                fields.append((typ, field, int(LENGTHS.get(length, length)) if length else 0))
+            out[name] = fields
+    return out
+
+
+def c_layout(structs: dict, name: str) -> tuple[int, int, list[tuple[str, int, int]]]:
+    """(size, alignment, [(field, offset, size)]) of a struct as C lays it out (natural alignment)."""
+    offset, align, fields = 0, 1, []
+    for typ, field, length in structs[name]:
+        if typ.startswith("struct "):
+            size, a, _ = c_layout(structs, typ.removeprefix("struct "))
+        else:
+            size = a = SCALARS[typ]
+        offset = -(-offset // a) * a
+        total = size * (length or 1)
+        fields.append((field, offset, total))
+        offset += total
+        align = max(align, a)
+    return -(-offset // align) * align, align, fields
+
+
+def ctypes_layout(ctype: type) -> tuple[int, list[tuple[str, int, int]]]:
+    return ct.sizeof(ctype), [
+        (name, getattr(ctype, name).offset, ct.sizeof(typ)) for name, typ, *_ in ctype._fields_
+    ]
+
+
+def test_every_struct_user_space_reads_has_its_mirror_field_by_field() -> None:
+    structs = c_structs()
+    assert set(MIRRORS) <= set(structs), set(MIRRORS) - set(structs)
+    for name, mirror in MIRRORS.items():
+        size, _, fields = c_layout(structs, name)
+        assert ctypes_layout(mirror) == (size, fields), f"struct {name} and {mirror.__name__} differ"
+
+
+def test_every_stat_the_c_side_counts_has_a_name_and_no_name_is_left_over() -> None:
+    text = c_text(BPF / "cpu_sampler.c")
+    stats = re.findall(r"^#define (STAT_\w+)\s+(\d+)\s*$", text, flags=re.M)
+    (nstats,) = re.findall(r"^#define NSTATS\s+(\d+)\s*$", text, flags=re.M)
+    indices = sorted(int(i) for _, i in stats)
+    assert indices == list(range(len(stats))), "STAT_* indices must run 0..NSTATS-1, each once"
+    assert int(nstats) == len(stats) == len(STAT_NAMES)
+    assert len(set(STAT_NAMES)) == len(STAT_NAMES)
+    # Every stat defined is counted somewhere, and every one counted is defined and named.
+    defined = {name for name, _ in stats}
+    body = re.sub(r"^#define STAT_\w+.*$", "", text, flags=re.M)
+    body += "".join(c_text(BPF / f) for f in ("unwind.h", "python_stack.h"))
+    assert set(re.findall(r"\bSTAT_[A-Z0-9_]+\b", body)) == defined
+
+
+@pytest.mark.bpf
+def test_the_loaded_program_s_map_types_are_the_mirrors_and_a_stat_on_one_side_fails_the_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.conftest import require_bpf
+
+    require_bpf()
+    cpu = CpuSampler(SamplerConfig(frequency_hz=19, off_cpu=True, python=True))
+    try:
+        bpf = cpu._bpf
+        assert sampler.layout(bpf["counts0"].Key) == sampler.layout(SampleKey)
+        assert sampler.layout(bpf["offcpu0"].Leaf) == sampler.layout(OffcpuValue)
+        sampler._check_layouts(bpf, off_cpu=True)  # the load ran it too: in sync
+        monkeypatch.setattr(sampler, "STAT_NAMES", (*STAT_NAMES, "a_stat_only_python_knows"))
+        with pytest.raises(RuntimeError, match="STAT_NAMES"):
+            sampler._check_layouts(bpf, off_cpu=True)
+        monkeypatch.undo()
+
+        class Wider(ct.Structure):  # SampleKey with a field the C side lacks
+            _fields_ = [*SampleKey._fields_, ("extra", ct.c_uint64)]
+
+        monkeypatch.setattr(sampler, "SampleKey", Wider)
+        with pytest.raises(RuntimeError, match="out of sync"):
+            sampler._check_layouts(bpf, off_cpu=True)
+    finally:
+        cpu.close()
