@@ -1189,6 +1189,7 @@ static __always_inline void offcpu_leave(void *ctx, u32 tid, long state, u32 set
         walk_init(s, &key, set, WALK_OFFCPU, ip, sp, bp, 0);
         s->arg[0] = since;
         s->arg[1] = runnable;
+        count_stat(STAT_UNWIND_WALKS);   // every walk counts, whatever started it: the ends add up to these
         unwind_progs_tp.call(ctx, 0);
         count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed: not loaded yet
     }
@@ -1276,6 +1277,7 @@ RAW_TRACEPOINT_PROBE(sys_exit) {
     w->walk.arg[1] = ran;
 #if UNWIND
     if (unwind_procs.lookup(&key.tgid)) {
+        count_stat(STAT_UNWIND_WALKS);
         unwind_progs_raw.call(ctx, 0);
         count_stat(STAT_UNWIND_FALLBACK);
     }
