@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.gpu.cupti_reader import CudaWindow
 from fleetprof.agent.gpu.samples import DeviceSample, GpuWindow
 from fleetprof.agent.process.cgroups import CgroupIdentity
 from fleetprof.agent.process.table import ProcessInfo
@@ -56,11 +57,13 @@ def encode_window(
     gpu: GpuWindow | None = None,
     gpu_state: Callable[[int, int], int] | None = None,
     offcpu: tuple[int, int] | None = None,
+    cuda: CudaWindow | None = None,
 ) -> pb.Batch:
     """The Batch for `window`, without a sequence number (the shipper assigns it). `gpu`: the GPU polls of
     the same window, processes and owners attributed (GpuWindow.attributed); None leaves the section out.
     `gpu_state(pid, gpu_slot)`: the pb.GpuState of a tagged sample's GPUs at its time slot. `offcpu`: the
-    off-CPU recorder's (sample_every, min_block_ns) when it runs (its stats go in the batch)."""
+    off-CPU recorder's (sample_every, min_block_ns) when it runs (its stats go in the batch). `cuda`: what
+    the CUPTI rings gave in the window (agent/gpu/cupti_reader.py); None or empty leaves the section out."""
     attributor = attributor or Attributor()
     strings = _Strings()
     stacks: dict[tuple, int] = {}
@@ -92,6 +95,20 @@ def encode_window(
             batch.process_ids.append(wire_id)
         return pidx
 
+    def stack_index(key: tuple, functions: list[str], modules: list[str], kernel_start: int) -> int:
+        sidx = stacks.get(key)
+        if sidx is None:
+            sidx = stacks[key] = len(batch.stacks)
+            batch.stacks.append(
+                pb.Stack(
+                    functions=[strings.id(f) for f in functions],
+                    modules=[strings.id(m) for m in modules],
+                    kernel_start=kernel_start,
+                )
+            )
+            stack_ids.append(stack_wire_id(functions, modules, kernel_start))
+        return sidx
+
     def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int, bool], int]:
         """(process, stack, GPU state, idle) -> count, threads summed (idle threads' apart)."""
         counts: dict[tuple[int, int, int, bool], int] = {}
@@ -100,17 +117,9 @@ def encode_window(
             skey = (s.frames, s.kernel_start)
             sidx = stacks.get(skey)
             if sidx is None:
-                sidx = stacks[skey] = len(batch.stacks)
                 functions = [f.function for f in s.frames]
                 modules = [f.module for f in s.frames]
-                batch.stacks.append(
-                    pb.Stack(
-                        functions=[strings.id(f) for f in functions],
-                        modules=[strings.id(m) for m in modules],
-                        kernel_start=s.kernel_start,
-                    )
-                )
-                stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
+                sidx = stack_index(skey, functions, modules, s.kernel_start)
             # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
             state = gpu_state(s.process.pid, s.gpu_slot) if s.gpu_slot and gpu_state else pb.GPU_STATE_NONE
             ckey = (pidx, sidx, state, s.idle)
@@ -137,6 +146,8 @@ def encode_window(
             oc.gpu.extend(gcol)
         if any(idle):
             oc.idle.extend(idle)
+    if cuda is not None and cuda.processes:
+        _encode_cuda(batch, cuda, strings, process_index, stack_index)
     batch.stack_ids.extend(stack_ids)
     for proc, st in window.syscalls:
         batch.syscalls.append(
@@ -189,6 +200,35 @@ def _trimmed(hist: tuple[int, ...]) -> list[int]:
     while end and not hist[end - 1]:
         end -= 1
     return list(hist[:end])
+
+
+# Kernel frames of kernels whose launching stack is unknown (no launch uprobes): the proto's "stack of one
+# frame, the kernel itself", its module unknown.
+CUDA_MODULE = "[cuda]"
+
+
+def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_index, stack_index) -> None:
+    kc = batch.cuda_kernel_columns
+    for pc in cuda.processes:
+        pidx = process_index(pc.process)
+        for name, ns in sorted(pc.kernel_ns.items()):
+            kc.process.append(pidx)
+            kc.stack.append(stack_index(("cuda_kernel", name), [name], [CUDA_MODULE], 1))
+            kc.kernel_ns.append(ns)
+        for d in pc.devices:
+            batch.cuda_activity.append(
+                pb.CudaActivity(
+                    process=pidx,
+                    device=d.device,
+                    known_ns=d.known_ns,
+                    idle_ns=d.idle_ns,
+                    gaps=d.gaps.count,
+                    gap_histogram=list(d.gaps.histogram) if d.gaps.count else [],
+                    longest_gap_ns=d.gaps.longest_ns,
+                    records_lost=d.records_lost,
+                )
+            )
+    batch.cuda_stats.kernels = cuda.kernels
 
 
 def _encode_gpu(batch: pb.Batch, gpu: GpuWindow, strings: _Strings, process_index) -> None:

@@ -19,6 +19,7 @@ from fleetprof import __version__
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.batch import encode_window
+from fleetprof.agent.gpu.cupti_reader import CudaWindow, CuptiReaders
 from fleetprof.agent.gpu.metrics import GpuExporter
 from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
 from fleetprof.agent.kernel import BpfUnavailable
@@ -88,6 +89,7 @@ class AgentConfig:
     offcpu_exact_us: int = DEFAULT_OFFCPU_EXACT_US  # waits this long are recorded exactly; 0: off
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
+    cupti: bool = True  # read the activity rings of processes that load our CUPTI library (agent/cupti/)
     tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
     auth_token_file: str | None = None  # send `authorization: Bearer` with its first token
     metrics_token_file: str | None = None  # /metrics needs `Authorization: Bearer` with one of its tokens
@@ -131,6 +133,7 @@ class Agent:
         self.file_errors = FileErrors()  # tenant files refused, by reason (agent/process/rootfs.py)
         self.python = PythonStacks(enabled=config.python, file_errors=self.file_errors)
         self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
+        self.cupti = CuptiReaders() if config.cupti else None
         self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
         self.vdso = read_own_vdso()  # the node's vDSO image: tables and names for every process's [vdso]
         # OSError: the cache directory cannot be made (the agent does not start: said in one line).
@@ -205,11 +208,15 @@ class Agent:
 
     def _on_capture(self, info: ProcessInfo) -> None:
         self.python.on_capture(info)
+        if self.cupti is not None:
+            self.cupti.on_capture(info)
         if self.unwinder is not None:
             self.unwinder.describe(info)
 
     def _on_forget(self, pid: int) -> None:
         self.python.forget(pid)
+        if self.cupti is not None:
+            self.cupti.forget(pid)
         if self.unwinder is not None:
             self.unwinder.forget(pid)
 
@@ -227,12 +234,28 @@ class Agent:
 
     def _totals(self) -> dict:
         """Running totals the agent's parts keep (counters on /metrics)."""
-        if self.unwinder is None:
-            return {}
-        seconds = self.unwinder.stats().build_ns / 1e9
-        return {
-            "unwind_table_build_seconds": (seconds, "Seconds the unwind-table worker spent building tables")
-        }
+        out = {}
+        if self.unwinder is not None:
+            seconds = self.unwinder.stats().build_ns / 1e9
+            out["unwind_table_build_seconds"] = (
+                seconds,
+                "Seconds the unwind-table worker spent building tables",
+            )
+        if self.cupti is not None:
+            c = self.cupti.counters
+            out["cupti_records_read"] = (c.records_read, "Records read from CUPTI library rings")
+            out["cupti_records_lost"] = (
+                c.records_lost,
+                "CUPTI activity records lost: the ring lapped before a drain read it, a copy raced the "
+                "writer, or CUPTI dropped them",
+            )
+            out["cupti_rings_opened"] = (c.processes_opened, "CUPTI library rings opened")
+            for reason, n in c.errors.items():
+                out[f"cupti_ring_errors_{reason}"] = (
+                    n,
+                    f"CUPTI rings not read (agent/gpu/cupti_ring.py RingError reason {reason!r})",
+                )
+        return out
 
     def _gauges(self) -> dict:
         sym = self.symbolizer.stats()
@@ -256,6 +279,10 @@ class Agent:
                 "1 when the pod list from the API server has been loaded",
             ),
             **self._unwind_gauges(),
+            "cupti_processes": (
+                len(self.cupti) if self.cupti is not None else 0,
+                "Processes whose CUPTI library ring the agent reads",
+            ),
             "gpu_owner_lookup_enabled": (
                 1 if self.gpu_owners.enabled else 0,
                 "1 when the kubelet PodResources socket answers (GPU → pod ownership)",
@@ -336,6 +363,18 @@ class Agent:
     def _labelled(self, pid: int) -> ProcessInfo | None:
         return self.processes.get(pid, mappings=False)
 
+    def _drain_cupti(self, start_unix_ns: int, end_unix_ns: int) -> CudaWindow | None:
+        """The CUPTI rings' window: their records are on CLOCK_MONOTONIC, the window on the wall clock."""
+        if self.cupti is None:
+            return None
+        offset = time.time_ns() - time.monotonic_ns()
+        try:
+            return self.cupti.drain(start_unix_ns - offset, end_unix_ns - offset)
+        except Exception:  # the rings must not cost the window its CPU samples
+            log.exception("reading CUPTI rings failed")
+            self.cupti.counters.error("internal")
+            return None
+
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
         assert self.sampler is not None
@@ -354,6 +393,7 @@ class Agent:
                 self.processes.remap_if_changed(pid)  # described again if it mapped code since (a dlopen)
         self.gpu_owners.refresh_if_stale(time.monotonic())
         gpu = self.gpu.drain().attributed(self._labelled, self.gpu_owners.owner) if self.gpu else None
+        cuda = self._drain_cupti(window.start_ns, window.end_ns)
         batch = encode_window(
             window,
             self.identity,
@@ -362,6 +402,7 @@ class Agent:
             gpu,
             self._gpu_states() if self.gpu is not None else None,
             self._offcpu_settings(),
+            cuda,
         )
         self.shipper.submit(batch)
         self._trim_heap()
@@ -508,4 +549,6 @@ class Agent:
             self.syscalls.close()
         if self.gpu is not None:
             self.gpu.stop()
+        if self.cupti is not None:
+            self.cupti.close()
         self.http.stop()

@@ -263,6 +263,32 @@ class ProcessActivity:
     def gap_stats(self, t0: int, t1: int, device: int | None = None) -> GapStats:
         return GapStats.of(self.gaps(t0, t1, device))
 
+    def known_ns(self, t0: int, t1: int) -> int:
+        """Nanoseconds of [t0, t1) the records cover."""
+        return sum(hi - lo for lo, hi in self._known(t0, t1))
+
+    def ended_gaps(self, t0: int, t1: int, device: int) -> list[Gap]:
+        """The device's gaps that end in [t0, t1), each whole (it may start before t0): an idle stretch
+        between two busy intervals, all of it known. Each gap is in exactly one of a run of adjoining
+        windows, so summed over them nothing is counted twice; one cut by a hole is not a gap we know."""
+        line = self.devices.get(device)
+        if line is None or self.known_from is None:
+            return []
+        lo = int(np.searchsorted(line.starts, t0, side="left"))
+        hi = int(np.searchsorted(line.starts, t1, side="left"))
+        out = []
+        for i in range(lo, hi):
+            if i > 0:
+                start = int(line.ends[i - 1])
+            elif line.dropped_before:  # the interval before it fell out of the bounds; its end is kept
+                start = line.dropped_before
+            else:
+                continue  # the device's first busy interval: nothing before it is known
+            end = int(line.starts[i])
+            if end - start >= MIN_GAP_NS and self._known(start, end) == [(start, end)]:
+                out.append(Gap(start, end, clipped=False))
+        return out
+
     def idle_ns(self, t0: int, t1: int, device: int | None = None) -> int:
         """Idle nanoseconds within [t0, t1) ∩ what is known."""
         line = self._timeline(device)
