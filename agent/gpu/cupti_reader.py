@@ -89,8 +89,9 @@ class ReaderCounters:
 
 
 class _Tracked:
-    def __init__(self, info: ProcessInfo, reader: RingReader, horizon_ns: int) -> None:
+    def __init__(self, info: ProcessInfo, reader: RingReader, horizon_ns: int, opened_ns: int) -> None:
         self.info = info
+        self.opened_ns = opened_ns  # the start of the window in which the ring was opened
         self.reader = reader
         self.activity = ProcessActivity(horizon_ns=horizon_ns)
         self.cursor: int | None = None  # CLOCK_MONOTONIC: what the batches so far covered ends here
@@ -135,7 +136,7 @@ class CuptiReaders:
     def __len__(self) -> int:
         return len(self._tracked)
 
-    def _open(self, info: ProcessInfo, horizon_ns: int) -> None:
+    def _open(self, info: ProcessInfo, horizon_ns: int, window_start_ns: int) -> None:
         key = (info.pid, info.start_ticks)
         old = self._tracked.get(info.pid)
         if key in self._refused or (old is not None and old.info.start_ticks == info.start_ticks):
@@ -152,7 +153,7 @@ class CuptiReaders:
             if e.reason == "bad_header":
                 self._refused.add(key)
             return
-        self._tracked[info.pid] = _Tracked(info, reader, horizon_ns)
+        self._tracked[info.pid] = _Tracked(info, reader, horizon_ns, window_start_ns)
         self.counters.processes_opened += 1
 
     def _drop(self, pid: int) -> None:
@@ -160,7 +161,7 @@ class CuptiReaders:
         if t is not None:
             t.reader.close()
 
-    def _discover(self, horizon_ns: int) -> None:
+    def _discover(self, horizon_ns: int, window_start_ns: int) -> None:
         with self._lock:
             found, self._found = self._found, {}
             candidates = list(self._candidates.items())[:MAX_PROBES_PER_DRAIN]
@@ -169,7 +170,7 @@ class CuptiReaders:
             self._drop(pid)
             self._refused = {k for k in self._refused if k[0] != pid}
         for info in found.values():
-            self._open(info, horizon_ns)
+            self._open(info, horizon_ns, window_start_ns)
         for pid, info in candidates:
             if pid in self._tracked:
                 continue
@@ -182,13 +183,13 @@ class CuptiReaders:
                 continue
             with self._lock:
                 self._candidates.pop(pid, None)
-            self._open(info, horizon_ns)
+            self._open(info, horizon_ns, window_start_ns)
 
     def drain(self, start_ns: int, end_ns: int) -> CudaWindow:
         """The window [start_ns, end_ns) of CLOCK_MONOTONIC: every tracked ring polled once, and what each
         process's records say about it."""
         window = max(1, end_ns - start_ns)
-        self._discover(HORIZON_WINDOWS * window)
+        self._discover(HORIZON_WINDOWS * window, start_ns)
         out = []
         for pid in list(self._tracked):
             t = self._tracked[pid]
@@ -224,7 +225,9 @@ class CuptiReaders:
             got.kernels += 1
         got.kernel_ns = {name: ns for name, ns in got.kernel_ns.items() if ns > 0}
         if t.cursor is None and t.activity.known_from is not None:
-            t.cursor = max(t.activity.known_from, start_ns)
+            # What the ring held from before the window it was opened in is history: its kernel time is
+            # counted, its timeline is not (a first stretch reaching back further would lag every later one).
+            t.cursor = max(t.activity.known_from, t.opened_ns)
         return self._report(t, got, end_ns, window, lost)
 
     def _report(self, t: _Tracked, got: ProcessCuda, end_ns: int, window: int, lost: int) -> ProcessCuda:
