@@ -43,6 +43,7 @@ from fleetprof.agent.sampler import (
     EVENT_EXIT,
     EVENT_NEW,
     EVENT_UNMAPPED,
+    GPU_SLOT_FINE,
     CpuSampler,
     SamplerConfig,
 )
@@ -352,13 +353,28 @@ class Agent:
         cfg = self.config
         return (cfg.offcpu_sample_every, cfg.offcpu_min_block_us * 1000) if cfg.off_cpu else None
 
-    def _gpu_states(self) -> Callable[[int, int], int]:
+    def _gpu_states(self) -> Callable[[int, int], int] | None:
         """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
-        clock), for one window: the wall-clock offset is read once."""
-        assert self.gpu is not None
-        timeline, slot_s = self.gpu.timeline, self.config.gpu_interval_s
+        clock), for one window: the wall-clock offset is read once. A fine slot (GPU_SLOT_FINE: a process
+        whose CUPTI ring the agent reads) is judged by the process's own activity timeline at the slot's
+        middle; a slot of the poll interval by NVML's timeline."""
+        timeline = self.gpu.timeline if self.gpu is not None else None
+        cupti = self.cupti
+        if timeline is None and cupti is None:
+            return None
+        slot_s = self.config.gpu_interval_s
+        fine_ns = SamplerConfig().gpu_fine_slot_us * 1000  # start() keeps the default
         offset = time.time() - time.monotonic()
-        return lambda pid, gpu_slot: _GPU_STATES[timeline.state(pid, (gpu_slot - 0.5) * slot_s + offset)]
+
+        def state(pid: int, gpu_slot: int) -> int:
+            if gpu_slot & GPU_SLOT_FINE:
+                slot = gpu_slot & ~GPU_SLOT_FINE
+                return _GPU_STATES[cupti.state(pid, (slot - 1) * fine_ns + fine_ns // 2) if cupti else None]
+            if timeline is None:
+                return pb.GPU_STATE_NONE
+            return _GPU_STATES[timeline.state(pid, (gpu_slot - 0.5) * slot_s + offset)]
+
+        return state
 
     def _labelled(self, pid: int) -> ProcessInfo | None:
         return self.processes.get(pid, mappings=False)
@@ -369,7 +385,10 @@ class Agent:
             return None
         offset = time.time_ns() - time.monotonic_ns()
         try:
-            return self.cupti.drain(start_unix_ns - offset, end_unix_ns - offset)
+            cuda = self.cupti.drain(start_unix_ns - offset, end_unix_ns - offset)
+            if self.sampler is not None:
+                self.sampler.set_gpu_timeline_processes(self.cupti.pids())  # their samples: fine slots
+            return cuda
         except Exception:  # the rings must not cost the window its CPU samples
             log.exception("reading CUPTI rings failed")
             self.cupti.counters.error("internal")
@@ -400,7 +419,7 @@ class Agent:
             self.config.frequency_hz,
             self.attributor,
             gpu,
-            self._gpu_states() if self.gpu is not None else None,
+            self._gpu_states(),
             self._offcpu_settings(),
             cuda,
         )

@@ -88,7 +88,8 @@ def run_in_pod(cluster: Cluster, cuda: CudaStandins, leaf: Path, argv: list[str]
     script = f'echo $$ > {leaf / "cgroup.procs"} && exec "$@"'
     proc = subprocess.Popen(
         ["sh", "-c", script, "sh", str(cuda.launcher), *argv],
-        env=cuda.env(HOLD="1", WAIT_AFTER_INIT="1", **EXACT),
+        # Synchronizing calls spin, as CUDA's default schedule does: CPU samples while the GPU runs.
+        env=cuda.env(HOLD="1", WAIT_AFTER_INIT="1", STANDIN_SYNC_SPIN="1", **EXACT),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -145,7 +146,7 @@ def trained(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Run:
     )
     leaf = make_cgroup(V1_CPU / "kubepods" / "burstable" / f"pod{uid}" / cid)
     try:
-        return run_in_pod(cluster, cuda, leaf, ["phases", "3", "5,12,20"])
+        return run_in_pod(cluster, cuda, leaf, ["phases", "4", "5,12,20"])
     finally:
         remove_cgroups(leaf, V1_CPU)
 
@@ -210,3 +211,47 @@ def test_gpu_profile_gives_kernel_time_per_kernel_name(cluster: Cluster, trained
         ours[stack[0].function] += ns
     shown = {"_Z11gemm_kernelPKfS0_Pfi": "gemm_kernel(float const*, float const*, float*, int)"}
     assert ours == {shown.get(k, k): v for k, v in truth.items()}
+
+
+def test_cpu_samples_are_tagged_by_the_exact_timeline(cluster: Cluster, trained: Run) -> None:
+    """The loader runs on the CPU only while the GPU has nothing to do: its samples are tagged idle by the
+    process's own timeline (100 µs slots, judged at their middle), never by NVML (there is none here)."""
+
+    def samples_in(function: str, state: str) -> int:
+        stacks = cluster.collector.folded(f'{{pid="{trained.pid}", gpu_state="{state}"}}')
+        return sum(n for st, n in stacks.items() if any(f.function == function for f in st))
+
+    loader = sum(
+        n
+        for st, n in cluster.collector.folded(f'{{pid="{trained.pid}"}}').items()
+        if any(f.function == "load_batch" for f in st)
+    )
+    idle, busy = samples_in("load_batch", "idle"), samples_in("load_batch", "busy")
+    loads = trained.logged("load")
+    # 4 s of phases, ~85% of it in the loader, at 99 Hz: ~330 samples there on an idle machine, fewer as
+    # the loader's CPU share falls on a busy one (it spins on the wall clock); enough to judge the tags.
+    assert loader >= 20
+    # A loader sample is tagged busy only if its 100 µs slot's middle falls before the gap began: the loader
+    # starts within µs of the GPU going idle, so at most a 50 µs head of each load (>= 5 ms) can be misjudged:
+    # p <= 0.01 a sample; over n samples, n*p + 4 sigma.
+    n, p = loader, 50_000 / min(ld["end"] - ld["start"] for ld in loads)
+    assert busy <= n * p + 4 * (n * p * (1 - p)) ** 0.5 + 1
+    # Untagged: samples past what the library had flushed (every 100 ms) when their window was drained,
+    # about a tenth of each 1 s window; half is far below what the timeline must tag.
+    assert idle >= loader // 2
+    got = cluster.collector.json("/api/v1/gpus", since="5m", functions="3")
+    (row,) = [p for p in got["pods"] if p["pod"] == POD]
+    assert row["cpu_samples_gpu_idle"] >= idle
+    # The loader's loop: its own code and the clock it reads.
+    top = row["idle_top_functions"][0]["function"]
+    assert top.startswith(("load_batch", "__vdso_clock_gettime")), row["idle_top_functions"]
+    # The other way round: synchronize() spins while the step's kernels (870 µs of them) run, so its samples
+    # are busy but for those whose slot's middle falls past the last kernel's end (the spin ends within µs
+    # of it): p <= 50 µs / 870 µs a sample.
+    sync_busy, sync_idle = samples_in("synchronize", "busy"), samples_in("synchronize", "idle")
+    # It spins ~7% of the workload's CPU time: ~10 samples, judged as many as there are.
+    m, q = sync_busy + sync_idle, 50 / 870
+    assert sync_idle <= m * q + 4 * (m * q * (1 - q)) ** 0.5 + 1
+    print(
+        f"loader samples {loader}: idle {idle}, busy {busy}; synchronize: {sync_busy} busy, {sync_idle} idle"
+    )

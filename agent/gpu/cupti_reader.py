@@ -114,6 +114,9 @@ class CuptiReaders:
         self._gone: set[int] = set()
         self._refused: set[tuple[int, int]] = set()  # (pid, start_ticks) whose ring is garbled: not retried
         self._tracked: dict[int, _Tracked] = {}
+        # Rings dropped at the last drain (their process exited): their timelines still tag that window's
+        # samples (`state`), then are let go at the next drain.
+        self._retired: dict[int, ProcessActivity] = {}
         self.counters = ReaderCounters()
 
     def on_capture(self, info: ProcessInfo) -> None:
@@ -135,6 +138,18 @@ class CuptiReaders:
 
     def __len__(self) -> int:
         return len(self._tracked)
+
+    def pids(self) -> set[int]:
+        """The processes whose ring is read (their samples are tagged from their timelines)."""
+        return set(self._tracked)
+
+    def state(self, pid: int, t: int) -> str | None:
+        """ "busy" or "idle": the process's GPUs at CLOCK_MONOTONIC time t by its records; None where they
+        do not cover t (before its ring was read, past what the library had flushed at the last drain,
+        lost records) or the process has no ring. Called on the drain's thread, after `drain`."""
+        tracked = self._tracked.get(pid)
+        act = tracked.activity if tracked is not None else self._retired.get(pid)
+        return act.state(t) if act is not None else None
 
     def _open(self, info: ProcessInfo, horizon_ns: int, window_start_ns: int) -> None:
         key = (info.pid, info.start_ticks)
@@ -160,6 +175,7 @@ class CuptiReaders:
         t = self._tracked.pop(pid, None)
         if t is not None:
             t.reader.close()
+            self._retired[pid] = t.activity
 
     def _discover(self, horizon_ns: int, window_start_ns: int) -> None:
         with self._lock:
@@ -189,6 +205,7 @@ class CuptiReaders:
         """The window [start_ns, end_ns) of CLOCK_MONOTONIC: every tracked ring polled once, and what each
         process's records say about it."""
         window = max(1, end_ns - start_ns)
+        self._retired = {}
         self._discover(HORIZON_WINDOWS * window, start_ns)
         out = []
         for pid in list(self._tracked):
