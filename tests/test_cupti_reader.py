@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from fleetprof.agent.gpu.cupti_ring import (
     LIBRARY_PREFIX,
     RECORD_DTYPE,
     RingBatch,
+    RingError,
     RingHeader,
 )
 from fleetprof.agent.process.table import read_process
@@ -206,13 +208,14 @@ def kernels(rows: list[tuple[int, int]], flushed_ns: int) -> RingBatch:
 def test_a_gap_across_windows_is_counted_once_in_the_window_it_ends_in(monkeypatch) -> None:
     from fleetprof.agent.gpu import cupti_reader
 
-    # Busy [0, 1 ms), idle 1 ms to 25 ms, busy [25, 26 ms), idle [26, 26.5 ms), busy [26.5, 27 ms); the
-    # library flushes lag the windows by a few ms.
+    # Busy [0, 1 ms), idle 1 ms to 25 ms, busy [25, 26 ms), idle [26, 26.5 ms), busy [26.5, 27 ms), idle
+    # [27, 27.5 ms), busy [27.5, 28.4 ms): that kernel was still running at the flush at 28 ms, so it comes
+    # with the flush after. The library's flushes lag the windows by a few ms.
     script = [
         kernels([(0, 1 * MS)], 8 * MS),
         kernels([], 18 * MS),
         kernels([(25 * MS, 26 * MS), (26_500_000, 27 * MS)], 28 * MS),
-        kernels([], 38 * MS),
+        kernels([(27_500_000, 28_400_000)], 38 * MS),
     ]
     readers = CuptiReaders()
     info = read_process(os.getpid())
@@ -224,12 +227,77 @@ def test_a_gap_across_windows_is_counted_once_in_the_window_it_ends_in(monkeypat
         rows.append([d for p in w.processes for d in p.devices])
         kernel_ns.append([p.kernel_ns for p in w.processes])
     # Kernel time goes with the poll that read it.
-    assert kernel_ns == [[{"gemm": MS}], [{}], [{"gemm": 1_500_000}], [{}]]
+    assert kernel_ns == [[{"gemm": MS}], [{}], [{"gemm": 1_500_000}], [{"gemm": 900_000}]]
     flat = [r[0] if r else None for r in rows]
-    # Window 1 reports [0, 8 ms) (flushed to there), then [8, 18), [18, 28) and [28, 38).
-    assert [(d.start_ns, d.known_ns) for d in flat] == [(0, 8 * MS), (8 * MS, 10 * MS), (18 * MS, 10 * MS),
-                                                         (28 * MS, 10 * MS)]  # fmt: skip
-    assert [d.gaps.count for d in flat] == [0, 0, 2, 0]
+    # Each stretch ends the longest kernel so far (1 ms) before the flush: [0, 7 ms), [7, 17), [17, 27) and
+    # [27, 37). Had the third reached the flush at 28 ms, [27.5, 28) would have been called idle and the
+    # gap before the late kernel never counted.
+    assert [(d.start_ns, d.known_ns) for d in flat] == [(0, 7 * MS), (7 * MS, 10 * MS), (17 * MS, 10 * MS),
+                                                         (27 * MS, 10 * MS)]  # fmt: skip
+    assert [d.gaps.count for d in flat] == [0, 0, 2, 1]
     assert flat[2].gaps.longest_ns == 24 * MS and flat[2].gaps.idle_ns == 24 * MS + 500_000
-    # Window 3 is idle from 18 to 25 ms, 26 to 26.5 ms and 27 to 28 ms.
-    assert [d.idle_ns for d in flat] == [7 * MS, 10 * MS, 8 * MS + 500_000, 10 * MS]
+    assert flat[3].gaps.idle_ns == 500_000 and flat[3].gaps.histogram[2] == 1  # [100 µs, 1 ms)
+    # Idle: [1, 7 ms); all of [7, 17); [17, 25) and [26, 26.5); [27, 27.5) and [28.4, 37).
+    assert [d.idle_ns for d in flat] == [6 * MS, 10 * MS, 8 * MS + 500_000, 500_000 + 8_600_000]
+
+
+class FailingReader(ScriptedReader):
+    """Polls as scripted, then fails as `error` says."""
+
+    def __init__(self, batches: list[RingBatch], error: Exception) -> None:
+        super().__init__(batches)
+        self.error = error
+
+    def poll(self, max_records: int | None = None) -> RingBatch:
+        if not self.batches:
+            raise self.error
+        return super().poll(max_records)
+
+
+@pytest.mark.parametrize(
+    "error, reason, reopened",
+    [
+        (RingError("gone", "pid 1: exited"), "gone", True),
+        (RingError("bad_header", "magic 0 is not ..."), "bad_header", False),
+        (ValueError("a fault of ours"), "internal", True),
+    ],
+)
+def test_a_failing_ring_is_dropped_counted_and_its_last_stretch_still_reported(
+    monkeypatch, error: Exception, reason: str, reopened: bool
+) -> None:
+    from fleetprof.agent.gpu import cupti_reader
+
+    opened: list[int] = []
+
+    def open_ring(pid: int, root: str = "/proc") -> FailingReader:
+        opened.append(pid)
+        return FailingReader([kernels([(0, MS), (3 * MS, 4 * MS)], 6 * MS)], error)
+
+    monkeypatch.setattr(cupti_reader.RingReader, "open", open_ring)
+    readers = CuptiReaders()
+    info = read_process(os.getpid())
+    readers.on_capture(replace(info, mappings=(*info.mappings, library_mapping())))
+    # Reports [0, 4 ms): the window ends there (flushed to 6 ms, less the longest kernel: 5 ms).
+    first = readers.drain(0, 4 * MS)
+    assert [d.known_ns for p in first.processes for d in p.devices] == [4 * MS]
+    second = readers.drain(4 * MS, 8 * MS)  # the poll fails: the ring is dropped, never raised out of here
+    assert len(readers) == 0 and readers.counters.errors[reason] == 1
+    # What was read before the failure is still reported: [4, 5 ms) for a ring that failed on its poll, and
+    # the process's samples of this window are still tagged by its timeline.
+    rows = [d for p in second.processes for d in p.devices]
+    if reason == "internal":
+        assert rows == []  # nothing of a ring we could not make sense of
+    else:
+        assert [(d.start_ns, d.known_ns, d.idle_ns) for d in rows] == [(4 * MS, MS, MS)]
+        assert readers.state(info.pid, 2 * MS) == "idle" and readers.state(info.pid, 3_500_000) == "busy"
+    # Captured again (a re-capture after a dlopen, say): a garbled ring is not opened again.
+    readers.on_capture(replace(info, mappings=(*info.mappings, library_mapping())))
+    readers.drain(8 * MS, 12 * MS)
+    assert len(opened) == (2 if reopened else 1)
+
+
+def library_mapping():
+    from fleetprof.agent.symbols.maps import Mapping
+
+    path = "/opt/fleetprof/libfleetprof_cupti.so"
+    return Mapping(0x7F0000000000, 0x7F0000010000, 0, 8, 1, 1234, path, "r-xp")

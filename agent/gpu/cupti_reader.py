@@ -95,6 +95,7 @@ class _Tracked:
         self.reader = reader
         self.activity = ProcessActivity(horizon_ns=horizon_ns)
         self.cursor: int | None = None  # CLOCK_MONOTONIC: what the batches so far covered ends here
+        self.longest_ns = 0  # the longest kernel or copy of the process so far
         self.cupti_dropped = 0
 
 
@@ -230,6 +231,9 @@ class CuptiReaders:
     def _poll(self, t: _Tracked, start_ns: int, end_ns: int, window: int) -> ProcessCuda:
         batch = t.reader.poll(POLL_RECORDS)
         t.activity.add(batch)
+        acts = batch.activities
+        if len(acts):
+            t.longest_ns = max(t.longest_ns, int((acts["end_ns"] - acts["start_ns"]).max()))
         dropped = batch.header.counters.get("cupti_dropped", 0)
         lost = batch.lost + batch.torn + max(0, dropped - t.cupti_dropped)
         t.cupti_dropped = max(t.cupti_dropped, dropped)
@@ -253,7 +257,13 @@ class CuptiReaders:
         if t.cursor is None:
             return got
         lo = t.cursor
-        hi = min(act.complete_until, end_ns, lo + window)
+        # The library's flush hands over what had *ended* by then: a kernel still running at the flush
+        # comes with a later one, though it began before. Had the stretch reached the flush, the time it ran
+        # would have been called idle and the gap before it never counted. The stretch stops short of the
+        # flush by the longest kernel or copy the process has run, so such a kernel began after it: exact
+        # while no kernel runs longer than those before it (one that does can still cost a gap).
+        holdback = min(t.longest_ns, window)
+        hi = min(act.complete_until - holdback, end_ns, lo + window)
         if hi <= lo:
             if lost:
                 got.devices = [DeviceActivity(d, lo, 0, 0, GapStats.of([]), lost if i == 0 else 0)
