@@ -15,7 +15,10 @@ Rules this file keeps:
   * Time: the ring's records are on CLOCK_MONOTONIC; the window is turned into it with one offset read per
     drain. Each (process, device) row covers the next stretch of what the records make known, after the
     stretch the previous batch covered, never longer than a window and never past the window's end, so each
-    gap is counted exactly once: in the batch whose stretch holds its end.
+    gap is counted exactly once: in the batch whose stretch holds its end. A stretch ends the longest kernel
+    so far before the library's last flush (a kernel running at a flush arrives later; see _report).
+  * `state` answers for the drain's own thread (encode tags samples with it after `drain`): the sampler's
+    fine GPU slots of processes with a ring are judged by their timelines.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fleetprof.agent.gpu.activity import GapStats, ProcessActivity
-from fleetprof.agent.gpu.cupti_ring import LIBRARY_PREFIX, RingError, RingReader
+from fleetprof.agent.gpu.cupti_ring import KIND_KERNEL, LIBRARY_PREFIX, RingBatch, RingError, RingReader
 from fleetprof.agent.process.table import ProcessInfo
 
 log = logging.getLogger(__name__)
@@ -97,6 +102,28 @@ class _Tracked:
         self.cursor: int | None = None  # CLOCK_MONOTONIC: what the batches so far covered ends here
         self.longest_ns = 0  # the longest kernel or copy of the process so far
         self.cupti_dropped = 0
+
+
+def kernel_ns_by_name(batch: RingBatch) -> tuple[dict[str, int], int]:
+    """Nanoseconds of the batch's kernels per name (those > 0), and how many kernels: grouped in numpy, as
+    thousands of records a second come through here."""
+    kern = batch.activities[batch.activities["kind"] == KIND_KERNEL]
+    if not len(kern):
+        return {}, 0
+    start = kern["start_ns"].astype(np.int64)
+    dur = np.maximum(kern["end_ns"].astype(np.int64), start) - start
+    # A name the library could not store (name_ref 0) is told apart by its hash.
+    key = (kern["name_ref"].astype(np.uint64) << np.uint64(32)) | kern["name_hash"].astype(np.uint64)
+    keys, inverse = np.unique(key, return_inverse=True)
+    totals = np.zeros(len(keys), dtype=np.int64)
+    np.add.at(totals, inverse, dur)  # exact integers (bincount's weights would be float64)
+    out: dict[str, int] = {}
+    for k, ns in zip(keys.tolist(), totals.tolist(), strict=True):
+        ref, name_hash = k >> 32, k & 0xFFFFFFFF
+        name = batch.names.get(ref) or f"[kernel {name_hash:08x}]"  # as activity.kernel_time names it
+        if ns > 0:
+            out[name] = out.get(name, 0) + ns
+    return out, len(kern)
 
 
 def maps_library(info: ProcessInfo, prefixes: tuple[str, ...]) -> bool:
@@ -240,11 +267,7 @@ class CuptiReaders:
         self.counters.records_read += len(batch.activities) + len(batch.launches)
         self.counters.records_lost += lost
         got = ProcessCuda(t.info)
-        for k in batch.kernels():
-            name = k.name or f"[kernel {k.name_hash:08x}]"  # as activity.kernel_time names it
-            got.kernel_ns[name] = got.kernel_ns.get(name, 0) + max(0, k.end_ns - k.start_ns)
-            got.kernels += 1
-        got.kernel_ns = {name: ns for name, ns in got.kernel_ns.items() if ns > 0}
+        got.kernel_ns, got.kernels = kernel_ns_by_name(batch)
         if t.cursor is None and t.activity.known_from is not None:
             # What the ring held from before the window it was opened in is history: its kernel time is
             # counted, its timeline is not (a first stretch reaching back further would lag every later one).
