@@ -17,7 +17,13 @@ import numpy as np
 import pytest
 
 from fleetprof.agent.gpu.activity import GAP_BUCKETS_NS, MIN_GAP_NS
-from fleetprof.agent.gpu.cupti_reader import CUDA_PREFIXES, CudaWindow, CuptiReaders, maps_library
+from fleetprof.agent.gpu.cupti_reader import (
+    CUDA_PREFIXES,
+    CudaWindow,
+    CuptiReaders,
+    kernel_ns_by_name,
+    maps_library,
+)
 from fleetprof.agent.gpu.cupti_ring import (
     KIND_KERNEL,
     LIBRARY_PREFIX,
@@ -301,3 +307,16 @@ def library_mapping():
 
     path = "/opt/fleetprof/libfleetprof_cupti.so"
     return Mapping(0x7F0000000000, 0x7F0000010000, 0, 8, 1, 1234, path, "r-xp")
+
+
+def test_kernel_time_per_name_tells_unnamed_kernels_apart_by_their_hash() -> None:
+    rows = [(1, 0, 100, 1), (1, 100, 250, 1), (1, 0, 7, 0), (1, 10, 30, 0), (1, 50, 50, 1)]
+    acts = np.zeros(len(rows), dtype=RECORD_DTYPE)
+    hashes = [0x11, 0x11, 0xAB, 0xCD, 0x11]
+    for i, ((kind, s, e, ref), h) in enumerate(zip(rows, hashes, strict=True)):
+        acts[i]["kind"], acts[i]["start_ns"], acts[i]["end_ns"] = kind, s, e
+        acts[i]["name_ref"], acts[i]["name_hash"] = ref, h
+    batch = RingBatch(1, header(0), acts, np.zeros(0, dtype=RECORD_DTYPE), {1: "gemm"}, 0, 0)
+    # The zero-length gemm counts as a kernel but adds no time; names the library could not store keep
+    # apart by hash, named as activity.kernel_time names them.
+    assert kernel_ns_by_name(batch) == ({"gemm": 250, "[kernel 000000ab]": 7, "[kernel 000000cd]": 20}, 5)
