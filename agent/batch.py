@@ -6,7 +6,15 @@ import hashlib
 from collections.abc import Sequence
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
-from fleetprof.agent.model import CgroupIdentity, DeviceSample, GpuWindow, ProcessInfo, ResolvedSample, Window
+from fleetprof.agent.model import (
+    CgroupIdentity,
+    CudaWindow,
+    DeviceSample,
+    GpuWindow,
+    ProcessInfo,
+    ResolvedSample,
+    Window,
+)
 
 # ResolvedSample.gpu_state -> the wire's enum
 _GPU_STATES = {"": pb.GPU_STATE_NONE, "idle": pb.GPU_STATE_IDLE, "busy": pb.GPU_STATE_BUSY}
@@ -80,6 +88,20 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             batch.process_ids.append(wire_id)
         return pidx
 
+    def stack_index(key: tuple, functions: list[str], modules: list[str], kernel_start: int) -> int:
+        sidx = stacks.get(key)
+        if sidx is None:
+            sidx = stacks[key] = len(batch.stacks)
+            batch.stacks.append(
+                pb.Stack(
+                    functions=[strings.id(f) for f in functions],
+                    modules=[strings.id(m) for m in modules],
+                    kernel_start=kernel_start,
+                )
+            )
+            stack_ids.append(stack_wire_id(functions, modules, kernel_start))
+        return sidx
+
     def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int, bool], int]:
         """(process, stack, GPU state, idle) -> count, threads summed (idle threads' apart)."""
         counts: dict[tuple[int, int, int, bool], int] = {}
@@ -88,17 +110,9 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             skey = (s.frames, s.kernel_start)
             sidx = stacks.get(skey)
             if sidx is None:
-                sidx = stacks[skey] = len(batch.stacks)
                 functions = [f.function for f in s.frames]
                 modules = [f.module for f in s.frames]
-                batch.stacks.append(
-                    pb.Stack(
-                        functions=[strings.id(f) for f in functions],
-                        modules=[strings.id(m) for m in modules],
-                        kernel_start=s.kernel_start,
-                    )
-                )
-                stack_ids.append(stack_wire_id(functions, modules, s.kernel_start))
+                sidx = stack_index(skey, functions, modules, s.kernel_start)
             # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
             state = _GPU_STATES[s.gpu_state]
             ckey = (pidx, sidx, state, s.idle)
@@ -125,6 +139,8 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             oc.gpu.extend(gcol)
         if any(idle):
             oc.idle.extend(idle)
+    if window.cuda is not None and window.cuda.processes:
+        _encode_cuda(batch, window.cuda, strings, process_index, stack_index)
     batch.stack_ids.extend(stack_ids)
     for proc, st in window.syscalls:
         batch.syscalls.append(
@@ -178,6 +194,35 @@ def _trimmed(hist: tuple[int, ...]) -> list[int]:
     while end and not hist[end - 1]:
         end -= 1
     return list(hist[:end])
+
+
+# Kernel frames of kernels whose launching stack is unknown (no launch uprobes): the proto's "stack of one
+# frame, the kernel itself", its module unknown.
+CUDA_MODULE = "[cuda]"
+
+
+def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_index, stack_index) -> None:
+    kc = batch.cuda_kernel_columns
+    for pc in cuda.processes:
+        pidx = process_index(pc.process)
+        for name, ns in sorted(pc.kernel_ns.items()):
+            kc.process.append(pidx)
+            kc.stack.append(stack_index(("cuda_kernel", name), [name], [CUDA_MODULE], 1))
+            kc.kernel_ns.append(ns)
+        for d in pc.devices:
+            batch.cuda_activity.append(
+                pb.CudaActivity(
+                    process=pidx,
+                    device=d.device,
+                    known_ns=d.known_ns,
+                    idle_ns=d.idle_ns,
+                    gaps=d.gaps.count,
+                    gap_histogram=list(d.gaps.histogram) if d.gaps.count else [],
+                    longest_gap_ns=d.gaps.longest_ns,
+                    records_lost=d.records_lost,
+                )
+            )
+    batch.cuda_stats.kernels = cuda.kernels
 
 
 def _encode_gpu(batch: pb.Batch, gpu: GpuWindow, strings: _Strings, process_index) -> None:

@@ -18,6 +18,7 @@ from fleetprof import __version__
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.batch import encode_window
+from fleetprof.agent.gpu.cupti_reader import CudaWindow, CuptiReaders
 from fleetprof.agent.gpu.metrics import GpuExporter
 from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
 from fleetprof.agent.kernel import BpfUnavailable
@@ -81,6 +82,7 @@ class AgentConfig:
     offcpu_exact_us: int = DEFAULT_OFFCPU_EXACT_US  # waits this long are recorded exactly; 0: off
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
+    cupti: bool = True  # read the activity rings of processes that load our CUPTI library (agent/cupti/)
     tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
     auth_token_file: str | None = None  # send `authorization: Bearer` with its first token
     metrics_token_file: str | None = None  # /metrics needs `Authorization: Bearer` with one of its tokens
@@ -121,6 +123,7 @@ class Agent:
         self.file_errors = FileErrors()  # tenant files refused, by reason (agent/process/rootfs.py)
         self.python = PythonStacks(enabled=config.python, file_errors=self.file_errors)
         self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
+        self.cupti = CuptiReaders() if config.cupti else None
         self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
         self.vdso = read_own_vdso()  # the node's vDSO image: tables and names for every process's [vdso]
         # OSError: the cache directory cannot be made (the agent does not start: said in one line).
@@ -144,7 +147,16 @@ class Agent:
         self.gpu_owners = GpuOwners(PodResourcesClient(config.pod_resources_socket))
         self.gpu = GpuPoller(GpuPollerConfig(interval_s=config.gpu_interval_s)) if config.gpu else None
         gpu_sources = (
-            GpuSources(self.gpu.timeline, config.gpu_interval_s, self.gpu_owners.owner) if self.gpu else None
+            GpuSources(
+                self.gpu.timeline if self.gpu is not None else None,
+                config.gpu_interval_s,
+                self.gpu_owners.owner,
+                # (CuptiReaders has a length: an empty one is falsy, so `is not None` throughout)
+                activity=self.cupti.state if self.cupti is not None else None,
+                fine_slot_ns=SamplerConfig().gpu_fine_slot_us * 1000,  # start() keeps the default
+            )
+            if self.gpu is not None or self.cupti is not None
+            else None
         )
         self.resolver = Resolver(
             self.processes,
@@ -200,11 +212,15 @@ class Agent:
 
     def _on_capture(self, info: ProcessInfo) -> None:
         self.python.on_capture(info)
+        if self.cupti is not None:
+            self.cupti.on_capture(info)
         if self.unwinder is not None:
             self.unwinder.describe(info)
 
     def _on_forget(self, pid: int) -> None:
         self.python.forget(pid)
+        if self.cupti is not None:
+            self.cupti.forget(pid)
         if self.unwinder is not None:
             self.unwinder.forget(pid)
 
@@ -222,12 +238,28 @@ class Agent:
 
     def _totals(self) -> dict:
         """Running totals the agent's parts keep (counters on /metrics)."""
-        if self.unwinder is None:
-            return {}
-        seconds = self.unwinder.stats().build_ns / 1e9
-        return {
-            "unwind_table_build_seconds": (seconds, "Seconds the unwind-table worker spent building tables")
-        }
+        out = {}
+        if self.unwinder is not None:
+            seconds = self.unwinder.stats().build_ns / 1e9
+            out["unwind_table_build_seconds"] = (
+                seconds,
+                "Seconds the unwind-table worker spent building tables",
+            )
+        if self.cupti is not None:
+            c = self.cupti.counters
+            out["cupti_records_read"] = (c.records_read, "Records read from CUPTI library rings")
+            out["cupti_records_lost"] = (
+                c.records_lost,
+                "CUPTI activity records lost: the ring lapped before a drain read it, a copy raced the "
+                "writer, or CUPTI dropped them",
+            )
+            out["cupti_rings_opened"] = (c.processes_opened, "CUPTI library rings opened")
+            for reason, n in c.errors.items():
+                out[f"cupti_ring_errors_{reason}"] = (
+                    n,
+                    f"CUPTI rings not read (agent/gpu/cupti_ring.py RingError reason {reason!r})",
+                )
+        return out
 
     def _gauges(self) -> dict:
         sym = self.symbolizer.stats()
@@ -251,6 +283,10 @@ class Agent:
                 "1 when the pod list from the API server has been loaded",
             ),
             **self._unwind_gauges(),
+            "cupti_processes": (
+                len(self.cupti) if self.cupti is not None else 0,
+                "Processes whose CUPTI library ring the agent reads",
+            ),
             "gpu_owner_lookup_enabled": (
                 1 if self.gpu_owners.enabled else 0,
                 "1 when the kubelet PodResources socket answers (GPU → pod ownership)",
@@ -315,6 +351,21 @@ class Agent:
                 except Exception:  # keep describing processes whatever one event did
                     log.exception("process event handling failed")
 
+    def _drain_cupti(self, start_unix_ns: int, end_unix_ns: int) -> CudaWindow | None:
+        """The CUPTI rings' window: their records are on CLOCK_MONOTONIC, the window on the wall clock."""
+        if self.cupti is None:
+            return None
+        offset = time.time_ns() - time.monotonic_ns()
+        try:
+            cuda = self.cupti.drain(start_unix_ns - offset, end_unix_ns - offset)
+            if self.sampler is not None:
+                self.sampler.set_gpu_timeline_processes(self.cupti.pids())  # their samples: fine slots
+            return cuda
+        except Exception:  # the rings must not cost the window its CPU samples
+            log.exception("reading CUPTI rings failed")
+            self.cupti.counters.error("internal")
+            return None
+
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
         assert self.sampler is not None
@@ -323,7 +374,8 @@ class Agent:
         sys_drain = self.syscalls.drain() if self.syscalls is not None else None
         self.gpu_owners.refresh_if_stale(time.monotonic())
         gpu = self.gpu.drain() if self.gpu is not None else None
-        window = self.resolver.resolve(drain, sys_drain, gpu)
+        cuda = self._drain_cupti(drain.start_ns, drain.end_ns)
+        window = self.resolver.resolve(drain, sys_drain, gpu, cuda)
         self.processes.end_window()
         if self.unwinder is not None:
             self.unwinder.collect_wanted()
@@ -475,4 +527,6 @@ class Agent:
             self.syscalls.close()
         if self.gpu is not None:
             self.gpu.stop()
+        if self.cupti is not None:
+            self.cupti.close()
         self.http.stop()

@@ -8,13 +8,19 @@ syscalls.py) read it from their ring buffers.
 
 from __future__ import annotations
 
+import bisect
 import ctypes as ct
 import os
 from dataclasses import dataclass, field, replace
 
+from fleetprof.gpu_families import GAP_BUCKETS_NS  # the wire's fixed buckets (CudaActivity.gap_histogram)
+
 # -- what the BPF programs drain (agent/sampler.py, agent/syscalls.py) ------------------------------------
 
 # Stack ids with a meaning of their own (cpu_sampler.c): no stored stack behind them.
+# A gpu_slot of SamplerConfig.gpu_fine_slot_us (cpu_sampler.c): a process whose GPU activity timeline the
+# agent reads (our CUPTI library), its samples judged by that timeline, not NVML's.
+GPU_SLOT_FINE = 1 << 63
 STACK_NONE = 0
 STACK_LOST = 1
 STACK_UNTAKEN = 2  # a long wait recorded exactly, its stack not taken (cpu_sampler.c offcpu_untaken)
@@ -336,6 +342,65 @@ class ResolvedSample:
 Labels = tuple[tuple[str, str], ...]
 
 
+# -- GPU activity from our CUPTI library's rings (agent/gpu/activity.py, cupti_reader.py) -------------
+@dataclass(frozen=True)
+class Gap:
+    start_ns: int
+    end_ns: int
+    clipped: bool  # cut by the edge of the window asked about (or of what is known)
+
+    @property
+    def length_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True)
+class GapStats:
+    count: int
+    idle_ns: int
+    longest_ns: int
+    histogram: tuple[int, ...]  # counts per GAP_BUCKETS_NS bucket (length < bound), then the rest
+
+    @classmethod
+    def of(cls, gaps: list[Gap]) -> GapStats:
+        lengths = [g.length_ns for g in gaps]
+        hist = [0] * (len(GAP_BUCKETS_NS) + 1)
+        for n in lengths:
+            hist[bisect.bisect_right(GAP_BUCKETS_NS, n)] += 1
+        return cls(len(lengths), sum(lengths), max(lengths, default=0), tuple(hist))
+
+
+@dataclass(frozen=True)
+class DeviceActivity:
+    """One process's activity on one device over [start_ns, start_ns + span) of CLOCK_MONOTONIC."""
+
+    device: int
+    start_ns: int
+    known_ns: int
+    idle_ns: int
+    gaps: GapStats  # the gaps that ended in the stretch, each at its full length
+    records_lost: int
+
+
+@dataclass
+class ProcessCuda:
+    """What one process's ring gave in one window."""
+
+    process: ProcessInfo
+    devices: list[DeviceActivity] = field(default_factory=list)
+    kernel_ns: dict[str, int] = field(default_factory=dict)  # kernel name -> ns that ran in this window
+    kernels: int = 0
+
+
+@dataclass
+class CudaWindow:
+    processes: list[ProcessCuda]
+
+    @property
+    def kernels(self) -> int:
+        return sum(p.kernels for p in self.processes)
+
+
 @dataclass
 class Window:
     """One window, resolved and complete: everything the batch encoder needs (agent/batch.py), nothing
@@ -359,6 +424,9 @@ class Window:
     # (pid, start_ticks) -> labels (cgroup and pod), for every process the window names; one missing has
     # none (a process gone before it was described).
     labels: dict[tuple[int, int], Labels] = field(default_factory=dict)
+    # What the CUPTI rings of processes that load our library gave in the window (agent/gpu/cupti_reader.py);
+    # None or empty leaves the section out.
+    cuda: CudaWindow | None = None
 
     def labels_of(self, proc: ProcessInfo) -> Labels:
         return self.labels.get((proc.pid, proc.start_ticks), ())

@@ -11,12 +11,14 @@ from typing import Protocol
 
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.model import (
+    GPU_SLOT_FINE,
     STACK_LOST,
     STACK_NONE,
     STACK_RESERVED,
     STACK_SYSCALL,
     STACK_UNTAKEN,
     CgroupIdentity,
+    CudaWindow,
     DeviceAssignment,
     Drain,
     Frame,
@@ -72,9 +74,13 @@ class GpuSources:
     a sample's GPU time slot (SamplerConfig.gpu_slot_s), and a device's owner (uuid -> its pod's container,
     GpuOwners.owner)."""
 
-    timeline: GpuStates
+    timeline: GpuStates | None
     slot_s: float
     owner: Callable[[str], DeviceAssignment | None]
+    # (pid, CLOCK_MONOTONIC ns) -> "busy"/"idle"/None from the process's own CUPTI activity timeline, for
+    # samples in fine slots (GPU_SLOT_FINE, of fine_slot_ns): processes that load our CUPTI library.
+    activity: Callable[[int, int], str | None] | None = None
+    fine_slot_ns: int = 100_000
 
 
 def window_processes(window: Window) -> list[ProcessInfo]:
@@ -84,6 +90,8 @@ def window_processes(window: Window) -> list[ProcessInfo]:
     procs += [p for p, _ in window.syscalls]
     if window.gpu is not None:
         procs += [pw.process for pw in window.gpu.processes if pw.process is not None]
+    if window.cuda is not None:
+        procs += [pc.process for pc in window.cuda.processes]
     return procs
 
 
@@ -149,7 +157,11 @@ class Resolver:
         self._symbol_generation = symbolizer.generation
 
     def resolve(
-        self, drain: Drain, syscalls: SyscallDrain | None = None, gpu: GpuWindow | None = None
+        self,
+        drain: Drain,
+        syscalls: SyscallDrain | None = None,
+        gpu: GpuWindow | None = None,
+        cuda: CudaWindow | None = None,
     ) -> Window:
         """The complete window of `drain`: symbolized samples and off-CPU rows with their GPU state, the
         syscall counts of `syscalls` and the GPU polls `gpu` of the same window (each process attributed,
@@ -212,6 +224,7 @@ class Resolver:
         if gpu is not None:
             owner = self._gpu.owner if self._gpu is not None else _no_owner
             window.gpu = gpu.attributed(lambda pid: self._processes.get(pid, mappings=False), owner)
+        window.cuda = cuda
         window.labels = self._labels(window)
         return window
 
@@ -221,8 +234,18 @@ class Resolver:
         if self._gpu is None:
             return lambda _pid, _slot: ""
         timeline, slot_s = self._gpu.timeline, self._gpu.slot_s
+        activity, fine_ns = self._gpu.activity, self._gpu.fine_slot_ns
         offset = time.time() - time.monotonic()
-        return lambda pid, slot: (timeline.state(pid, (slot - 0.5) * slot_s + offset) or "") if slot else ""
+
+        def state(pid: int, slot: int) -> str:
+            if not slot:
+                return ""
+            if slot & GPU_SLOT_FINE:  # judged by the process's own timeline, at the slot's middle
+                fine = slot & ~GPU_SLOT_FINE
+                return (activity(pid, (fine - 1) * fine_ns + fine_ns // 2) or "") if activity else ""
+            return (timeline.state(pid, (slot - 0.5) * slot_s + offset) or "") if timeline else ""
+
+        return state
 
     def _labels(self, window: Window) -> dict[tuple[int, int], Labels]:
         """The labels of each process the window names, as of now (a pod that reached the metadata cache

@@ -46,7 +46,6 @@ UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 KB, a few hundred in flight
-GPU_SLOT_FINE = 1 << 63  # a gpu_slot of SamplerConfig.gpu_fine_slot_us (a process with an activity timeline)
 GPU_TAG_POLLED, GPU_TAG_TIMELINE = 1, 2  # gpu_procs values (cpu_sampler.c)
 STAT_NAMES = (
     "samples",

@@ -9,11 +9,8 @@ from collections import deque
 import numpy as np
 
 from fleetprof.agent.gpu.activity import (
-    GAP_BUCKETS_NS,
     MIN_GAP_NS,
     BusyTimeline,
-    Gap,
-    GapStats,
     KernelTotal,
     LaunchIndex,
     ProcessActivity,
@@ -30,6 +27,8 @@ from fleetprof.agent.gpu.cupti_ring import (
     RingBatch,
     RingHeader,
 )
+from fleetprof.agent.model import Gap, GapStats
+from fleetprof.gpu_families import GAP_BUCKETS_NS
 
 NAMES = {1: "gemm", 17: "relu"}
 

@@ -13,7 +13,7 @@ import grpc
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
 from fleetprof.agent.batch import process_wire_id, stack_wire_id
-from fleetprof.agent.gpu.activity import Gap, GapStats
+from fleetprof.agent.model import Gap, GapStats
 
 
 class Row(NamedTuple):

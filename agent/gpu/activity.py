@@ -17,7 +17,6 @@ Definitions kept here:
 
 from __future__ import annotations
 
-import bisect
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetprof.agent.gpu.cupti_ring import KIND_KERNEL, KernelRecord, LaunchRecord, RingBatch
-from fleetprof.gpu_families import GAP_BUCKETS_NS  # the wire's fixed buckets (CudaActivity.gap_histogram)
+from fleetprof.agent.model import Gap, GapStats
 
 MIN_GAP_NS = 1_000
 MAX_INTERVALS = 1_000_000  # per device: 16 MB; older intervals are dropped first
@@ -55,33 +54,6 @@ def merge_intervals(
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, len(s) - 1)
     return s[first], e[last]
-
-
-@dataclass(frozen=True)
-class Gap:
-    start_ns: int
-    end_ns: int
-    clipped: bool  # cut by the edge of the window asked about (or of what is known)
-
-    @property
-    def length_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-@dataclass(frozen=True)
-class GapStats:
-    count: int
-    idle_ns: int
-    longest_ns: int
-    histogram: tuple[int, ...]  # counts per GAP_BUCKETS_NS bucket (length < bound), then the rest
-
-    @classmethod
-    def of(cls, gaps: list[Gap]) -> GapStats:
-        lengths = [g.length_ns for g in gaps]
-        hist = [0] * (len(GAP_BUCKETS_NS) + 1)
-        for n in lengths:
-            hist[bisect.bisect_right(GAP_BUCKETS_NS, n)] += 1
-        return cls(len(lengths), sum(lengths), max(lengths, default=0), tuple(hist))
 
 
 class BusyTimeline:
@@ -262,6 +234,32 @@ class ProcessActivity:
 
     def gap_stats(self, t0: int, t1: int, device: int | None = None) -> GapStats:
         return GapStats.of(self.gaps(t0, t1, device))
+
+    def known_ns(self, t0: int, t1: int) -> int:
+        """Nanoseconds of [t0, t1) the records cover."""
+        return sum(hi - lo for lo, hi in self._known(t0, t1))
+
+    def ended_gaps(self, t0: int, t1: int, device: int) -> list[Gap]:
+        """The device's gaps that end in [t0, t1), each whole (it may start before t0): an idle stretch
+        between two busy intervals, all of it known. Each gap is in exactly one of a run of adjoining
+        windows, so summed over them nothing is counted twice; one cut by a hole is not a gap we know."""
+        line = self.devices.get(device)
+        if line is None or self.known_from is None:
+            return []
+        lo = int(np.searchsorted(line.starts, t0, side="left"))
+        hi = int(np.searchsorted(line.starts, t1, side="left"))
+        out = []
+        for i in range(lo, hi):
+            if i > 0:
+                start = int(line.ends[i - 1])
+            elif line.dropped_before:  # the interval before it fell out of the bounds; its end is kept
+                start = line.dropped_before
+            else:
+                continue  # the device's first busy interval: nothing before it is known
+            end = int(line.starts[i])
+            if end - start >= MIN_GAP_NS and self._known(start, end) == [(start, end)]:
+                out.append(Gap(start, end, clipped=False))
+        return out
 
     def idle_ns(self, t0: int, t1: int, device: int | None = None) -> int:
         """Idle nanoseconds within [t0, t1) ∩ what is known."""

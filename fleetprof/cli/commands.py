@@ -149,6 +149,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             if v is not None
         },
         gpu=args.gpu,
+        cupti=args.cupti,
         gpu_interval_s=args.gpu_interval,
         tls=tls,
         auth_token_file=args.auth_token_file,

@@ -655,6 +655,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--gpu", dest="gpu", action="store_true", default=True, help="poll GPUs (NVML; default)")
     a.add_argument("--no-gpu", dest="gpu", action="store_false", help="do not poll GPUs")
     a.add_argument(
+        "--no-cupti",
+        dest="cupti",
+        action="store_false",
+        help="do not read the GPU activity of processes that load fleetprof's CUPTI library",
+    )
+    a.add_argument(
         "--gpu-interval",
         type=_seconds,
         default=1.0,

@@ -65,7 +65,18 @@ EXPORT uint64_t standin_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+// A synchronizing call waits for the device here: asleep, or with STANDIN_SYNC_SPIN=1 spinning on the clock
+// as CUDA's default schedule (cudaDeviceScheduleAuto with few contexts) does, so the CPU runs while the GPU
+// is busy.
 static void sleep_until(uint64_t t) {
+    static int spin = -1;
+    if (spin < 0) spin = getenv("STANDIN_SYNC_SPIN") != NULL;
+    if (spin) {
+        struct timespec now;
+        do clock_gettime(CLOCK_MONOTONIC, &now);
+        while ((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec < t);
+        return;
+    }
     struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
     }

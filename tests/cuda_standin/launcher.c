@@ -11,7 +11,8 @@
 //   launcher graph N                             N launches of a 3-kernel graph
 //   launcher copies N                            N memcpy + memset pairs
 // With HOLD=1 in the environment it waits for a line on stdin before exiting (a test reads the process's
-// memory and symbols while it lives).
+// memory and symbols while it lives); with WAIT_AFTER_INIT=1, also once the driver (and so the injected
+// library) is initialised, before its first launch: {"ev":"initialised"}.
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -206,6 +207,11 @@ int main(int argc, char **argv) {
     check(cuModuleLoadData(&module, "optimizer module") == CUDA_SUCCESS, "cuModuleLoadData", 0);
     check(cuModuleGetFunction(&adam, module, ADAM_NAME) == CUDA_SUCCESS, "cuModuleGetFunction", 0);
 
+    if (getenv("WAIT_AFTER_INIT")) {  // the injection is loaded: a test lets the agent find it first
+        printf("{\"ev\":\"initialised\"}\n");
+        char line[16];
+        if (fgets(line, sizeof line, stdin) == NULL) { /* EOF: go on */ }
+    }
     if (!strcmp(argv[1], "phases") && argc >= 4) phases(atof(argv[2]), argv[3]);
     else if (!strcmp(argv[1], "loop")) launch_loop(atof(argv[2]));
     else if (!strcmp(argv[1], "graph")) graph(atoi(argv[2]));
