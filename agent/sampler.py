@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes as ct
 import logging
 import os
+import platform
 import struct
 import threading
 from collections.abc import Callable
@@ -323,6 +324,8 @@ class CpuSampler:
         self._gpu_table = None  # the BCC map, looked up once the BPF object exists
         self.counts_size, self.stacks_size = config.table_sizes(os.cpu_count() or 1)
         cflags = [
+            # struct pt_regs differs by architecture (cpu_sampler.c user_regs, syscall_nr)
+            f"-DARCH_ARM64={1 if platform.machine() == 'aarch64' else 0}",
             f"-DMAX_DEPTH={MAX_DEPTH}",
             f"-DCOUNTS_SIZE={self.counts_size}",
             f"-DSTACKS_SIZE={self.stacks_size}",

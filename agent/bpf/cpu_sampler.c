@@ -2,7 +2,7 @@
 // kernel and notifies user space of processes it has not described yet. With OFF_CPU, also records where
 // threads wait: blocked nanoseconds by the stack a thread left the CPU with (sched:sched_switch).
 //
-// Loaded by agent/sampler.py, which defines MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE, INCLUDE_IDLE,
+// Loaded by agent/sampler.py, which defines ARCH_ARM64, MAX_DEPTH, COUNTS_SIZE, STACKS_SIZE, SEEN_SIZE, INCLUDE_IDLE,
 // STACKS_MAP_FLAGS, GPU_SLOT_NS, GPU_FINE_SLOT_NS, GPU_PROCS_SIZE, PYTHON_STACKS, PY_MAX_DEPTH,
 // PY_MAX_THREADS, PY_STACKS_SIZE, PY_PROCS_SIZE, PY_NEW_PAGES, OFF_CPU, OFFCPU_SAMPLE_EVERY,
 // OFFCPU_MIN_BLOCK_NS, OFFCPU_EXACT_NS, OFFCPU_RUNNABLE, OFFCPU_COUNTS_SIZE, OFFCPU_TASKS_SIZE, CUDA and, for
@@ -552,6 +552,15 @@ static __always_inline void walk_init(struct unwind_state *s, struct sample_key 
     s->frames.len = 0;
 }
 
+#if ARCH_ARM64
+// sp, pc: adjacent in arm64's struct pt_regs (regs[31], sp, pc, pstate; a fixed ABI), read in one helper call.
+struct user_ip_sp {
+    u64 sp;
+    u64 ip;
+};
+#define REGS_IP_SP(regs) (&(regs)->sp)
+#define REGS_FP(regs)    (&(regs)->regs[29])   // x29, the frame pointer of the AAPCS64
+#else
 // ip, cs, flags, sp: adjacent in x86-64's struct pt_regs (a fixed ABI), read in one helper call.
 struct user_ip_sp {
     u64 ip;
@@ -559,13 +568,16 @@ struct user_ip_sp {
     u64 flags;
     u64 sp;
 };
+#define REGS_IP_SP(regs) (&(regs)->ip)
+#define REGS_FP(regs)    (&(regs)->bp)
+#endif
 
 // The current task's user ip and sp as its entry into the kernel saved them; 0 when it has none. What
 // identifies one entry into the kernel (offcpu_exact_out runs it at every switch-out: one read, not three).
 static __always_inline int user_ip_sp(u64 *ip, u64 *sp) {
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
     struct user_ip_sp r;
-    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), &regs->ip) != 0 || r.ip == 0)
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), REGS_IP_SP(regs)) != 0 || r.ip == 0)
         return 0;
     *ip = r.ip;
     *sp = r.sp;
@@ -577,12 +589,27 @@ static __always_inline int user_ip_sp(u64 *ip, u64 *sp) {
 static __always_inline int user_regs(u64 *ip, u64 *sp, u64 *bp) {
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
     struct user_ip_sp r;
-    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), &regs->ip) != 0 ||
-        bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp) != 0 || r.ip == 0)
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), REGS_IP_SP(regs)) != 0 ||
+        bpf_probe_read_kernel(bp, sizeof(*bp), REGS_FP(regs)) != 0 || r.ip == 0)
         return 0;
     *ip = r.ip;
     *sp = r.sp;
     return 1;
+}
+
+// The number of the syscall `regs` (a sys_exit's) returns from; -1 when it cannot be read.
+static __always_inline long syscall_nr(struct pt_regs *regs) {
+#if ARCH_ARM64
+    s32 nr = -1;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), &regs->syscallno) != 0)
+        return -1;
+    return nr;
+#else
+    u64 nr = 0;
+    if (bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax) != 0)
+        return -1;
+    return (long)nr;
+#endif
 }
 
 #if UNWIND
@@ -1260,9 +1287,8 @@ RAW_TRACEPOINT_PROBE(sys_exit) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     struct sample_key key = {};
     offcpu_key(&key, pid_tgid);
-    u64 nr = 0;
-    struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-    if (bpf_probe_read_kernel(&nr, sizeof(nr), &regs->orig_ax) == 0 && nr < STACK_SYSCALL)
+    long nr = syscall_nr((struct pt_regs *)ctx->args[0]);
+    if (nr >= 0 && nr < STACK_SYSCALL)
         key.kernel_stack = STACK_SYSCALL + nr;
     key.gpu_slot = gpu_slot_at(key.tgid, woke);
 #if PYTHON_STACKS
