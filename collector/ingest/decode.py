@@ -8,7 +8,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -165,10 +165,26 @@ class StackCache:
         frames = self._frames
         cids = ids.tolist()
         found = list(map(self._slot_of.get, cids))
+        fresh: dict[int, int] = {}  # content id -> k, for ids no slot holds: taken together below
+        others = []  # the same id twice in one batch, or an id held by other frames: one by one, after
         for k, slot in enumerate(found):
-            st = stack(k)
-            if slot is None or frames[slot] != st:
-                found[k] = self._slot_for(cids[k], st)
+            if slot is None:
+                if fresh.setdefault(cids[k], k) != k:
+                    others.append(k)
+            elif frames[slot] != stack(k):
+                others.append(k)
+        if fresh:
+            # New slots in a few list and array operations, not an append and an array store each.
+            base = len(frames)
+            order = list(fresh.values())
+            frames.extend(map(stack, order))
+            self._slot_of.update(zip(fresh, range(base, base + len(order)), strict=True))
+            self._slot_ids = with_room(self._slot_ids, base + len(order))
+            self._slot_ids[base : base + len(order)] = ids[order]
+            for k, slot in zip(order, range(base, base + len(order)), strict=True):
+                found[k] = slot
+        for k in others:
+            found[k] = self._slot_for(cids[k], stack(k))
         return np.array(found, dtype=np.int64)
 
     def _slot_for(self, cid: int, frames: Stack) -> int:
@@ -220,27 +236,28 @@ class _StackColumns(NamedTuple):
 
 def _stack_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[int]) -> _StackColumns:
     """Check the stacks at `which` (shape, string ids in the table) and return their frames as columns."""
-    functions: list[int] = []
-    modules: list[int] = []
-    lengths: list[int] = []
-    kernel_starts: list[int] = []
-    for si in which:
-        st = stacks[si]
-        f, m, n = st.functions, st.modules, len(st.functions)
-        if (len(m) and len(m) != n) or n > MAX_STACK_DEPTH or st.kernel_start > n:
-            validate.check_stack_shape(seq, si, st)
-        functions.extend(f)
-        modules.extend(m if len(m) else repeat(0, n))  # no modules: every frame's module is "" (string 0)
-        lengths.append(n)
-        kernel_starts.append(st.kernel_start)
-    fcol = np.array(functions, dtype=np.int64)
-    mcol = np.array(modules, dtype=np.int64)
-    lens = np.array(lengths, dtype=np.int64)
+    picked = list(map(stacks.__getitem__, which))
+    fs = [st.functions for st in picked]
+    ms = [st.modules for st in picked]
+    lens = np.fromiter(map(len, fs), dtype=np.int64, count=len(fs))
+    mlens = np.fromiter(map(len, ms), dtype=np.int64, count=len(ms))
+    kernel_starts = np.fromiter((st.kernel_start for st in picked), dtype=np.int64, count=len(picked))
+    bad = ((mlens != 0) & (mlens != lens)) | (lens > MAX_STACK_DEPTH) | (kernel_starts > lens)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        validate.check_stack_shape(seq, which[k], picked[k])
+    total = int(lens.sum())
+    fcol = np.fromiter(chain.from_iterable(fs), dtype=np.int64, count=total)
+    if mlens.all():
+        mcol = np.fromiter(chain.from_iterable(ms), dtype=np.int64, count=total)
+    else:  # no modules: every frame's module is "" (string 0)
+        padded = (m if len(m) else repeat(0, n) for m, n in zip(ms, lens.tolist(), strict=True))
+        mcol = np.fromiter(chain.from_iterable(padded), dtype=np.int64, count=total)
     if len(fcol) and max(int(fcol.max()), int(mcol.max())) >= nstr:
         first = int(np.flatnonzero((fcol >= nstr) | (mcol >= nstr))[0])
         k = int(np.searchsorted(np.cumsum(lens), first, side="right"))
         validate.check_stack_strings(seq, which[k], stacks[which[k]], nstr)
-    return _StackColumns(fcol, mcol, lens, np.array(kernel_starts, dtype=np.int64))
+    return _StackColumns(fcol, mcol, lens, kernel_starts)
 
 
 def _decode_stacks(
