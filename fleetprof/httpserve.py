@@ -122,10 +122,23 @@ _SEND = 1 << 18
 # After an answer that ends the connection, what the client still sends is read and dropped this long
 # before the close: closing on unread bytes resets the connection, and the client loses the answer.
 _LINGER_S = 2.0
+# Refused connections (503 at once) linger too, up to this many at a time; past it one is closed at once,
+# its request perhaps unread (a reset that may cost that client the 503, never the server its bound).
+_REFUSED_LINGERING = 64
 
 # Connection states: shaking hands (TLS), reading a request, waiting for its handler, writing the answer,
 # lingering after a last answer.
 _HANDSHAKE, _READ, _WAIT, _WRITE, _LINGER = "handshake", "read", "wait", "write", "linger"
+
+
+class _Refused:
+    """A connection refused with a 503: what its client still sends is read and dropped until it closes
+    or _LINGER_S pass, so the close does not reset the connection before the client read the answer."""
+
+    __slots__ = ("sock", "deadline", "closed")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline, self.closed = sock, deadline, False
 
 
 class _Conn:
@@ -201,6 +214,7 @@ class HttpServer:
         self._conns: dict[int, _Conn] = {}
         self._per_address: dict[str, int] = {}
         self._deadlines: list[tuple[float, int, _Conn]] = []  # a heap; entries superseded are skipped
+        self._refused: deque[_Refused] = deque()  # lingering refusals, oldest first (one deadline each)
         self._seq = itertools.count()
         self._selector = selectors.DefaultSelector()
         self._thread = threading.Thread(target=self._serve, name=f"http:{self.port}", daemon=True)
@@ -223,6 +237,8 @@ class HttpServer:
             self._thread.join()
         for conn in list(self._conns.values()):
             self._close(conn)
+        while self._refused:
+            self._close_refused(self._refused.popleft())
         self._selector.close()
         self._listener.close()
         for pool in self._pools.values():
@@ -257,18 +273,25 @@ class HttpServer:
                     self._accept()
                 elif key.fileobj is self._wake_r:
                     self._take_answers()
+                elif isinstance(key.data, _Refused):
+                    self._drain_refused(key.data)
                 elif not key.data.closed:
                     self._ready(key.data)
             self._expire()
 
     def _next_timeout(self) -> float | None:
+        while self._refused and self._refused[0].closed:
+            self._refused.popleft()
+        refused = self._refused[0].deadline if self._refused else None
         while self._deadlines:
             deadline, _, conn = self._deadlines[0]
             if conn.closed or conn.deadline != deadline:
                 heapq.heappop(self._deadlines)  # superseded
                 continue
+            if refused is not None:
+                deadline = min(deadline, refused)
             return max(0.0, deadline - time.monotonic())
-        return None
+        return max(0.0, refused - time.monotonic()) if refused is not None else None
 
     def _set_deadline(self, conn: _Conn, deadline: float) -> None:
         conn.deadline = deadline
@@ -276,6 +299,8 @@ class HttpServer:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        while self._refused and (self._refused[0].closed or self._refused[0].deadline <= now):
+            self._close_refused(self._refused.popleft())
         while self._deadlines and self._deadlines[0][0] <= now:
             deadline, _, conn = heapq.heappop(self._deadlines)
             if conn.closed or conn.deadline != deadline:
@@ -333,17 +358,46 @@ class HttpServer:
                 self._admit(sock, host)
 
     def _refuse(self, sock: socket.socket) -> None:
-        """A 503 at once, without reading the request (none over TLS: the client has not shaken hands)."""
+        """A 503 at once, without reading the request (none over TLS: the client has not shaken hands).
+        The request may not have arrived yet: closing before it does would reset the connection and lose
+        the answer, so the refused connection lingers (bounded) and what arrives is dropped."""
         try:
-            sock.recv(_RECV)  # unread bytes make close() reset the connection, losing the answer
+            sock.recv(_RECV)
         except OSError:
             pass
-        if self._tls is None:
-            try:
-                sock.send(_BUSY)
-            except OSError:
-                pass
-        sock.close()
+        if self._tls is not None or len(self._refused) >= _REFUSED_LINGERING:
+            sock.close()
+            return
+        try:
+            sock.send(_BUSY)
+            sock.shutdown(socket.SHUT_WR)  # the answer, then the end
+            refused = _Refused(sock, time.monotonic() + _LINGER_S)
+            self._selector.register(sock, selectors.EVENT_READ, refused)
+        except (OSError, ValueError, KeyError):
+            sock.close()
+            return
+        self._refused.append(refused)
+
+    def _drain_refused(self, refused: _Refused) -> None:
+        """Drop what a refused client sends; close at its end (or an error)."""
+        try:
+            if refused.sock.recv(_RECV):  # one read a wakeup: a client that floods cannot hold the loop
+                return
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self._close_refused(refused)
+
+    def _close_refused(self, refused: _Refused) -> None:
+        if refused.closed:
+            return
+        refused.closed = True
+        try:
+            self._selector.unregister(refused.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        refused.sock.close()
 
     def _evict(self) -> bool:
         """Close the connection that has waited longest for a request (answered and idle ones first), to
