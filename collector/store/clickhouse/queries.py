@@ -110,15 +110,20 @@ class Queries:
         return "(" + " UNION ALL ".join(parts) + ")"
 
     # -- definitions ----------------------------------------------------------------------------------
-    def labels_of(self, lids: Iterable[int]) -> dict[int, Labels]:
+    def _cached(self, cache: dict, ids: Iterable[int]) -> tuple[dict, list[int]]:
+        """What `cache` holds of `ids`, and the ids it lacks (to be read from ClickHouse)."""
         out, missing = {}, []
         with self._lock:
-            for lid in lids:
-                lb = self._label_cache.get(lid)
-                if lb is None:
-                    missing.append(lid)
+            for i in ids:
+                got = cache.get(i)
+                if got is None:
+                    missing.append(i)
                 else:
-                    out[lid] = lb
+                    out[i] = got
+        return out, missing
+
+    def labels_of(self, lids: Iterable[int]) -> dict[int, Labels]:
+        out, missing = self._cached(self._label_cache, lids)
         if missing:
             rows = self._q(
                 f"SELECT id, any(labels) FROM {self._layout.table('label_sets')} "
@@ -134,14 +139,7 @@ class Queries:
         return out
 
     def stacks_of(self, sids: Iterable[int]) -> dict[int, Stack]:
-        out, missing = {}, []
-        with self._lock:
-            for sid in sids:
-                st = self._stack_cache.get(sid)
-                if st is None:
-                    missing.append(sid)
-                else:
-                    out[sid] = st
+        out, missing = self._cached(self._stack_cache, sids)
         if not missing:
             return out
         rows = self._q(
