@@ -441,20 +441,20 @@ class Decoder:
         validate.check_wire_ids(batch)
         validate.check_sample_column_lengths(batch)
         nproc, nstack = len(batch.processes), len(batch.stacks)
-        pcol, kcol, ccol, gcol = columns = _sample_columns(batch)
+        pcol, kcol, ccol, gcol = columns = _columns(batch.sample_columns, "count")
         validate.check_sample_columns(seq, columns, nproc, nstack)
         offcpu_rows = len(batch.offcpu_columns.process)
         if offcpu_rows:
-            offcpu = _offcpu_columns(batch)
+            offcpu = _columns(batch.offcpu_columns, "blocked_ns")
             validate.check_sample_columns(seq, offcpu, nproc, nstack, kind=validate.OFFCPU)
         launch_rows = len(batch.cuda_launch_columns.process)
         if launch_rows:
-            launches = _launch_columns(batch)
+            launches = _columns(batch.cuda_launch_columns, "count")
             validate.check_sample_columns(seq, launches, nproc, nstack, kind=validate.CUDA_LAUNCHES)
             validate.check_kernel_leaves(batch, launches[1], validate.CUDA_LAUNCHES)
         kernel_rows = len(batch.cuda_kernel_columns.process)
         if kernel_rows:
-            kernels = _kernel_columns(batch)
+            kernels = _columns(batch.cuda_kernel_columns, "kernel_ns")
             validate.check_sample_columns(seq, kernels, nproc, nstack, kind=validate.GPU_KERNELS)
             validate.check_kernel_leaves(batch, kernels[1], validate.GPU_KERNELS)
         strings = batch.strings  # read only where something is decoded: most of a batch is known
@@ -575,54 +575,18 @@ class Decoder:
         return pcol
 
 
-def _sample_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(process, stack, count, gpu) columns (lengths checked). Counts stay unsigned, so a huge one stays
-    huge until it is checked."""
-    sc = batch.sample_columns
-    n = len(sc.process)
-    gpu = np.array(sc.gpu, dtype=np.int64) if len(sc.gpu) else np.zeros(n, dtype=np.int64)
+def _columns(section, values: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(process, stack, `values`, gpu) columns of a column section (SampleColumns, OffCpuColumns,
+    CudaLaunchColumns, CudaKernelColumns; lengths checked). Values stay unsigned, so a huge one stays huge
+    until it is checked. A section without GPU states (or without the field: kernel time) reads none."""
+    n = len(section.process)
+    states = getattr(section, "gpu", ())
+    gpu = np.array(states, dtype=np.int64) if len(states) else np.zeros(n, dtype=np.int64)
     return (
-        np.array(sc.process, dtype=np.int64),
-        np.array(sc.stack, dtype=np.int64),
-        np.array(sc.count, dtype=np.uint64),
+        np.array(section.process, dtype=np.int64),
+        np.array(section.stack, dtype=np.int64),
+        np.array(getattr(section, values), dtype=np.uint64),
         gpu,
-    )
-
-
-def _offcpu_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(process, stack, blocked ns, gpu) columns of the off-CPU section (lengths checked)."""
-    oc = batch.offcpu_columns
-    n = len(oc.process)
-    gpu = np.array(oc.gpu, dtype=np.int64) if len(oc.gpu) else np.zeros(n, dtype=np.int64)
-    return (
-        np.array(oc.process, dtype=np.int64),
-        np.array(oc.stack, dtype=np.int64),
-        np.array(oc.blocked_ns, dtype=np.uint64),
-        gpu,
-    )
-
-
-def _launch_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(process, stack, launches, gpu) columns of the CUDA launch section (lengths checked)."""
-    lc = batch.cuda_launch_columns
-    n = len(lc.process)
-    gpu = np.array(lc.gpu, dtype=np.int64) if len(lc.gpu) else np.zeros(n, dtype=np.int64)
-    return (
-        np.array(lc.process, dtype=np.int64),
-        np.array(lc.stack, dtype=np.int64),
-        np.array(lc.count, dtype=np.uint64),
-        gpu,
-    )
-
-
-def _kernel_columns(batch: pb.Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(process, stack, kernel ns, no GPU state) columns of the GPU kernel section (lengths checked)."""
-    kc = batch.cuda_kernel_columns
-    return (
-        np.array(kc.process, dtype=np.int64),
-        np.array(kc.stack, dtype=np.int64),
-        np.array(kc.kernel_ns, dtype=np.uint64),
-        np.zeros(len(kc.process), dtype=np.int64),
     )
 
 
