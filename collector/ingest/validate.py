@@ -258,25 +258,7 @@ def check_syscalls(batch: pb.Batch, nproc: int, nstr: int) -> None:
         # `timed` may exceed `count` in one window: a call that blocked across a drain is counted in the
         # window it entered in and timed in the one it returned in (agent/syscalls.py). Refusing that
         # dropped whole batches, CPU samples included, whenever a lone call blocked past a window.
-        if sc.count > MAX_COUNT or sc.timed > MAX_COUNT:
-            fail(
-                seq,
-                "bad_syscall",
-                f"syscall row {i}: count {sc.count} or timed {sc.timed} is over {MAX_COUNT}",
-            )
-        if sc.timed_ns > MAX_TIMED_NS:
-            fail(
-                seq,
-                "bad_syscall",
-                f"syscall row {i}: timed_ns {sc.timed_ns} is over the limit of {MAX_TIMED_NS}",
-            )
-        if len(sc.latency_log2_ns) > 64 or sum(sc.latency_log2_ns) != sc.timed:
-            fail(
-                seq,
-                "bad_syscall",
-                f"syscall row {i}: the latency histogram ({sum(sc.latency_log2_ns)} calls in "
-                f"{len(sc.latency_log2_ns)} buckets) does not add up to timed {sc.timed}",
-            )
+        _check_timed_row(seq, sc, "bad_syscall", f"syscall row {i}")
 
 
 def check_gpu_section(batch: pb.Batch) -> None:
@@ -435,6 +417,22 @@ def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str,
             )
 
 
+def _check_timed_row(seq: int, row: pb.SyscallStats | pb.CudaCallStats, reason: str, what: str) -> None:
+    """A syscall or CUDA call row's counts, timed nanoseconds and latency histogram: bounded, and the
+    histogram adds up to the calls timed."""
+    if row.count > MAX_COUNT or row.timed > MAX_COUNT:
+        fail(seq, reason, f"{what}: count {row.count} or timed {row.timed} is over {MAX_COUNT}")
+    if row.timed_ns > MAX_TIMED_NS:
+        fail(seq, reason, f"{what}: timed_ns {row.timed_ns} is over the limit of {MAX_TIMED_NS}")
+    if len(row.latency_log2_ns) > 64 or sum(row.latency_log2_ns) != row.timed:
+        fail(
+            seq,
+            reason,
+            f"{what}: the latency histogram ({sum(row.latency_log2_ns)} calls in "
+            f"{len(row.latency_log2_ns)} buckets) does not add up to timed {row.timed}",
+        )
+
+
 def check_cuda_calls(batch: pb.Batch, nproc: int, nstr: int) -> None:
     """CUDA API call rows, as syscall rows, their names C identifiers."""
     seq = batch.sequence
@@ -454,25 +452,7 @@ def check_cuda_calls(batch: pb.Batch, nproc: int, nstr: int) -> None:
                 f"CUDA call row {i} names the call {name[:80]!r}: a CUDA function's name is a C identifier "
                 "of at most 128 bytes",
             )
-        if c.count > MAX_COUNT or c.timed > MAX_COUNT:
-            fail(
-                seq,
-                "bad_cuda_call",
-                f"CUDA call row {i}: count {c.count} or timed {c.timed} is over {MAX_COUNT}",
-            )
-        if c.timed_ns > MAX_TIMED_NS:
-            fail(
-                seq,
-                "bad_cuda_call",
-                f"CUDA call row {i}: timed_ns {c.timed_ns} is over the limit of {MAX_TIMED_NS}",
-            )
-        if len(c.latency_log2_ns) > 64 or sum(c.latency_log2_ns) != c.timed:
-            fail(
-                seq,
-                "bad_cuda_call",
-                f"CUDA call row {i}: the latency histogram ({sum(c.latency_log2_ns)} calls in "
-                f"{len(c.latency_log2_ns)} buckets) does not add up to timed {c.timed}",
-            )
+        _check_timed_row(seq, c, "bad_cuda_call", f"CUDA call row {i}")
 
 
 def check_cuda_activity(batch: pb.Batch, nproc: int, nstr: int) -> None:
