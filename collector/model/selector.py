@@ -146,3 +146,13 @@ def matching_sets(sets: Iterable[Labels], match: Sequence[Selector]) -> list[Lab
         if any(m.matches(d) for m in match):
             out.append(lb)
     return out
+
+
+def names_in(sets: Iterable[Labels], match: Sequence[Selector]) -> list[str]:
+    """The label names of the sets `match` matches (matching_sets), sorted: every store's label listing."""
+    return sorted({k for labels in matching_sets(sets, match) for k, _ in labels})
+
+
+def values_in(sets: Iterable[Labels], name: str, match: Sequence[Selector]) -> list[str]:
+    """The values label `name` takes in the sets `match` matches, sorted."""
+    return sorted({v for labels in matching_sets(sets, match) for k, v in labels if k == name})

@@ -41,7 +41,7 @@ import duckdb
 from fleetprof.collector.model.ids import KEY_BYTES, ContentIds, ContentKeyError
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
-from fleetprof.collector.model.selector import Selector, label_value, matching_sets
+from fleetprof.collector.model.selector import Selector, label_value, names_in, values_in
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database
@@ -395,15 +395,14 @@ class DurableStore:
     ) -> list[str]:
         if start is not None and end is not None and self._hot_covers(start, end):
             return self.hot.label_names(start, end, match)
-        return sorted({k for labels in matching_sets(self._label_sets(start, end), match) for k, _ in labels})
+        return names_in(self._label_sets(start, end), match)
 
     def label_values(
         self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
     ) -> list[str]:
         if start is not None and end is not None and self._hot_covers(start, end):
             return self.hot.label_values(name, start, end, match)
-        sets = matching_sets(self._label_sets(start, end), match)
-        return sorted({v for labels in sets for k, v in labels if k == name})
+        return values_in(self._label_sets(start, end), name, match)
 
     def stats(self) -> dict[str, int]:
         rows = self._db.table_rows()

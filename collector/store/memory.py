@@ -12,7 +12,7 @@ import numpy as np
 from fleetprof.collector.model.id_index import IdIndex
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
 from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
-from fleetprof.collector.model.selector import Selector, label_value, matching_sets
+from fleetprof.collector.model.selector import Selector, label_value, names_in, values_in
 
 
 class _Bucket:
@@ -350,13 +350,12 @@ class MemoryStore:
     def label_names(
         self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
     ) -> list[str]:
-        return sorted({k for labels in matching_sets(self._label_sets(start, end), match) for k, _ in labels})
+        return names_in(self._label_sets(start, end), match)
 
     def label_values(
         self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
     ) -> list[str]:
-        sets = matching_sets(self._label_sets(start, end), match)
-        return sorted({v for labels in sets for k, v in labels if k == name})
+        return values_in(self._label_sets(start, end), name, match)
 
     def stats(self) -> dict[str, int]:
         with self._lock:

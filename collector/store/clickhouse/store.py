@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
 from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
-from fleetprof.collector.model.selector import Selector, label_value, matching_sets
+from fleetprof.collector.model.selector import Selector, label_value, names_in, values_in
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.clickhouse.connection import ClickHouseError, Connection
 from fleetprof.collector.store.clickhouse.gpu import ClickHouseGpuUsage
@@ -214,13 +214,12 @@ class ClickHouseStore:
     def label_names(
         self, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
     ) -> list[str]:
-        return sorted({k for labels in matching_sets(self._label_sets(start, end), match) for k, _ in labels})
+        return names_in(self._label_sets(start, end), match)
 
     def label_values(
         self, name: str, start: float | None = None, end: float | None = None, match: Sequence[Selector] = ()
     ) -> list[str]:
-        sets = matching_sets(self._label_sets(start, end), match)
-        return sorted({v for labels in sets for k, v in labels if k == name})
+        return values_in(self._label_sets(start, end), name, match)
 
     def stats(self) -> dict[str, int]:
         out = dict(self.counters)
