@@ -18,18 +18,14 @@ import pytest
 
 from tests.conftest import (
     RunningAgent,
-    RunningCollector,
     acked_batches,
     fleetprof,
-    start_agent,
-    start_collector,
-    stop_agent,
     wait_until,
 )
 from tests.cuda_standin import CudaStandins, build_standins
-from tests.fake_apiserver import FakeApiServer, event, make_pod
+from tests.fake_apiserver import event, make_pod
 from tests.test_cupti_library import CLOCK_TOLERANCE_NS, EXACT, kernel_bounds
-from tests.test_kubernetes_e2e import V1_CPU, make_cgroup, remove_cgroups
+from tests.test_kubernetes_e2e import V1_CPU, Cluster, kube_cluster, make_cgroup, remove_cgroups
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -38,31 +34,10 @@ MS = 1_000_000
 POD = "trainer-0"
 
 
-@dataclass
-class Cluster:
-    api: FakeApiServer
-    collector: RunningCollector
-    agent: RunningAgent
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with FakeApiServer() as api:
-        kubeconfig = tmp_path_factory.mktemp("kube") / "config"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-            f"clusters:\n- name: fake\n  cluster:\n    server: {api.url}\n"
-            "users:\n- name: agent\n  user:\n    token: test-token\n"
-            "contexts:\n- name: test\n  context:\n    cluster: fake\n    user: agent\n"
-        )
-        col = start_collector()
-        agent = start_agent(f"127.0.0.1:{col.grpc_port}", 99, 1.0, "--kubeconfig", str(kubeconfig))
-        try:
-            wait_until(lambda: api.watches(), 30, "the agent to list and watch pods")
-            yield Cluster(api, RunningCollector(col), agent)
-        finally:
-            stop_agent(agent)
-            col.stop()
+    with kube_cluster(tmp_path_factory) as running:
+        yield running
 
 
 def agent_metric(agent: RunningAgent, name: str) -> float:

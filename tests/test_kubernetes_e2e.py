@@ -3,6 +3,7 @@ metadata from a fake API server (real HTTP, real JSON shapes), labels read back 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
@@ -48,8 +49,10 @@ class Cluster:
     agent: RunningAgent
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory, *agent_args: str) -> Iterator[Cluster]:
+    """A fake API server, a collector, and an agent (99 Hz, 1 s windows) that lists and watches its pods
+    through a kubeconfig naming the server; `agent_args` added to the agent's."""
     with FakeApiServer() as api:
         kubeconfig = tmp_path_factory.mktemp("kube") / "config"
         kubeconfig.write_text(
@@ -60,15 +63,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         col = start_collector()
         agent = start_agent(
-            f"127.0.0.1:{col.grpc_port}",
-            99,
-            1.0,
-            "--kubeconfig",
-            str(kubeconfig),
-            "--pod-label",
-            "app.kubernetes.io/name=app",
-            "--pod-label",
-            "team",
+            f"127.0.0.1:{col.grpc_port}", 99, 1.0, "--kubeconfig", str(kubeconfig), *agent_args
         )
         try:
             wait_until(lambda: api.watches(), 30, "the agent to list and watch pods")
@@ -76,6 +71,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         finally:
             stop_agent(agent)
             col.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with kube_cluster(
+        tmp_path_factory, "--pod-label", "app.kubernetes.io/name=app", "--pod-label", "team"
+    ) as running:
+        yield running
 
 
 def make_cgroup(path: Path) -> Path:
