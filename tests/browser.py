@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
-DEFAULT_TIMEOUT_S = 10.0
+# How long a reply or an awaited event may take before the browser is taken for hung. A guard against a
+# hang, not a measure of speed: a busy machine (the image build and the qemu guest beside the parallel
+# phase) kept Chromium from answering its first call within 10 s in CI, so it is generous.
+DEFAULT_TIMEOUT_S = 90.0
 
 # A quiet, self-contained browser: no GPU, no network of its own (updates, sync, QUIC probes), and a
 # fresh profile per launch so no state leaks between runs.
