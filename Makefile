@@ -5,19 +5,27 @@ PY := .venv/bin/python
 demo: setup            ## install what is missing, then run collector + agent on this machine
 	.venv/bin/fleetprof demo
 
-# The whole suite in two phases (tests/conftest.py): the tests that may run side by side on one worker per
-# CPU, then the serial ones alone. Both phases always run; it fails if either failed. The images that
-# tests/test_images.py runs are built meanwhile (a first build debootstraps and downloads for minutes;
-# later ones are podman's cache) and finished before the serial phase starts, so nothing runs beside it;
-# the test runs scripts/images.sh again and reports a failed build itself. FLEETPROF_TEST_SHARED is a
-# directory the two phases share (tests/conftest.py shared_dir), removed at the end.
+# The whole suite in three phases (tests/conftest.py says which test goes where), one pytest-xdist worker
+# per CPU in the first two:
+#   1. every test that loads no BPF program and needs nothing alone (most of the count);
+#   2. the tests that load BPF programs (`bpf`), side by side, a file per worker (its agents and collector
+#      are module fixtures): each judges its samples against its own workload's clock, so a neighbour costs
+#      it wall time, not accuracy; none of them runs beside phase 1's CPU-heavy tests;
+#   3. the `serial` ones, alone (none today: pytest's 5, "no tests ran", is no failure).
+# All phases always run; it fails if any failed. The images that tests/test_images.py runs are built
+# meanwhile (a first build debootstraps and downloads for minutes; later ones are podman's cache) and
+# finished before phase 2 starts; the test runs scripts/images.sh again and reports a failed build itself:
+# both architectures where the other one's base is there (`make images` made it once), else this one's.
+# FLEETPROF_TEST_SHARED is a directory the phases share (tests/conftest.py shared_dir), removed at the end.
 test: setup-test       ## install what is missing (incl. test tools), then run the whole suite
 	@status=0; \
 	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
-	bash scripts/images.sh >.venv/images-build.log 2>&1 & images=$$!; \
-	$(PY) -m pytest -q -m "not serial" -n "$$(nproc)" || status=$$?; \
+	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
+	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" || status=$$?; \
 	wait $$images || true; \
-	$(PY) -m pytest -q -m serial || status=$$?; \
+	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n "$$(nproc)" --dist loadfile \
+	  || status=$$?; \
+	$(PY) -m pytest -q -m serial || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
 	rm -rf "$$FLEETPROF_TEST_SHARED"; \
 	exit $$status
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the two images from deploy/Dockerfile.agent and deploy/Dockerfile.collector with podman.
 #   scripts/images.sh [ARCH...]   ARCH: amd64, arm64 (default: this machine's). `make images` builds both.
+#   scripts/images.sh --cached-arches   what `make test` builds: this machine's, and others with a base.
 # Names: fleetprof/agent:VERSION and fleetprof/collector:VERSION (VERSION from pyproject.toml) for this
 # machine's architecture, as the manifests name them; and fleetprof/COMPONENT:VERSION-ARCH for each ARCH built.
 # A registry serves both under one name as a manifest list (deploy/README.md, "Mixed-architecture clusters").
@@ -14,6 +15,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 NATIVE=$(dpkg --print-architecture)
+# --cached-arches: print the architectures worth building before the tests (make test): this machine's, and
+# any other whose base podman already has, so a rebuild there is fleetprof's own layer only.
+if [ "${1:-}" = "--cached-arches" ]; then
+  arches=("$NATIVE")
+  for arch in amd64 arm64; do
+    [ "$arch" != "$NATIVE" ] && command -v podman >/dev/null \
+      && podman image exists "localhost/fleetprof/debian-base:bookworm-slim-$arch" 2>/dev/null \
+      && arches+=("$arch")
+  done
+  echo "${arches[@]}"
+  exit 0
+fi
 ARCHES=("$@")
 [ ${#ARCHES[@]} -gt 0 ] || ARCHES=("$NATIVE")
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)
@@ -136,6 +149,8 @@ if [ -n "$pip_cert" ] && [ -r "$pip_cert" ]; then
   BUILD_FLAGS+=(-v "$certs:/mnt:ro" --build-arg PIP_CERT=/mnt/ca.crt)
   say "pip in the build trusts this machine's CA bundle ($pip_cert), as pip here does"
 fi
+# The Dockerfiles' package stage runs on this machine's own base (BUILD_BASE), whatever the target.
+build_base "$NATIVE"
 for arch in "${ARCHES[@]}"; do
   build_base "$arch"
   for component in agent collector; do
@@ -143,7 +158,8 @@ for arch in "${ARCHES[@]}"; do
     start=$SECONDS
     say "building $tag from deploy/Dockerfile.$component"
     podman build "${RUNTIME_FLAGS[@]}" "${BUILD_FLAGS[@]}" --platform "linux/$arch" \
-      --build-arg "BASE=$(base_name "$arch")" -f "deploy/Dockerfile.$component" -t "$tag" . >>"$log" 2>&1 \
+      --build-arg "BASE=$(base_name "$arch")" --build-arg "BUILDPLATFORM=linux/$NATIVE" \
+      --build-arg "TARGETPLATFORM=linux/$arch" -f "deploy/Dockerfile.$component" -t "$tag" . >>"$log" 2>&1 \
       || { say "podman build of $tag failed (log: ${IMAGES_LOG:-above})"; exit 1; }
     # This machine's architecture also under the plain name, which the manifests and tests run.
     [ "$arch" = "$NATIVE" ] && podman tag "$tag" "fleetprof/$component:$VERSION"

@@ -1,10 +1,12 @@
 """Shared fixtures: a real collector in-process, a real agent (BPF) as a subprocess, compiled workloads.
 
-`make test` runs the suite in two phases (Makefile): first every test not marked `serial`, spread over one
-pytest-xdist worker per CPU, then the `serial` ones one at a time with nothing beside them. Serial are the
-tests that load BPF programs (marked `bpf`: they are made serial here), judge samples against CPU time or
-shares, use a machine-wide resource (podman's images and containers, fixed ports, the disk-full tmpfs) or
-depend on timing; a test loaded beside a CPU-heavy neighbour gets less CPU in the seconds it measures.
+`make test` runs the suite in three phases (Makefile), the first two on one pytest-xdist worker per CPU:
+1. every test not marked `bpf` or `serial`;
+2. the tests that load BPF programs (marked `bpf`), side by side, a file per worker. Each judges its samples
+   against its own workload's clock (CPU time it measured of itself), and finds its own samples by pid, so
+   a neighbour costs it wall time, not accuracy. They never run beside phase 1, where they would share the
+   CPUs with many more and heavier neighbours, and the agents would profile the whole of phase 1;
+3. the `serial` tests, alone: any that cannot share the machine (none today).
 """
 
 from __future__ import annotations
@@ -29,14 +31,6 @@ from tests.browser import Chromium, Page
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).parent / "workloads"
-
-
-@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that loads BPF programs runs in the serial phase."""
-    for item in items:
-        if item.get_closest_marker("bpf") and not item.get_closest_marker("serial"):
-            item.add_marker(pytest.mark.serial)
 
 
 def shared_dir() -> Path | None:
@@ -76,14 +70,21 @@ def answers(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+# wait_until's timeouts are hang guards, not claims about speed: they stop a test that would otherwise wait
+# forever. A machine that is slower, busier or pinned to one CPU (`taskset -c 0 make test`) takes several
+# times longer to get there, and a passing test never waits for its guard, so every guard is given this
+# many times the time it names.
+HANG_GUARD_SCALE = 3.0
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * HANG_GUARD_SCALE
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout * HANG_GUARD_SCALE:g} s waiting for {what}")
         time.sleep(every)
 
 
@@ -203,9 +204,10 @@ def require_bpf() -> None:
     problem = missing_prerequisite()
     if problem:
         pytest.fail(f"eBPF tests cannot run: {problem} (run `make test`, which sets this machine up)")
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        # The parallel phase runs tests beside each other: a BPF test there would measure its neighbours.
-        pytest.fail("this test loads BPF programs: mark it @pytest.mark.bpf, so it runs in the serial phase")
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("FLEETPROF_TEST_PHASE") != "bpf":
+        # Phase 1 runs many CPU-heavy tests beside each other: a BPF test there would be starved, and its
+        # agent would profile them all.
+        pytest.fail("this test loads BPF programs: mark it @pytest.mark.bpf, so it runs in the BPF phase")
 
 
 @dataclass
@@ -329,4 +331,8 @@ def settled_profile(
         prev, last[0] = last[0], cur
         return cur if cur and cur == prev else None
 
-    return wait_until(stable, timeout, f"samples for {query} to settle", every=max(0.5, agent.interval))
+    # Polled at most every 2 s: once the two batches are acknowledged the collector has stored them, and
+    # this only makes sure no stray write is still landing (at a 10 s interval, polling once an interval
+    # cost each call 10 s).
+    every = min(max(0.5, agent.interval), 2.0)
+    return wait_until(stable, timeout, f"samples for {query} to settle", every=every)

@@ -32,14 +32,15 @@ from tests.containers import (
 from tests.gotemplate import all_objects, render_chart
 from tests.installed import WORKLOAD, HttpCollector, assert_hot_function_leads, profile_hot_workload
 
-# Serial: podman's image store and its containers are the machine's, not this test's.
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# The BPF phase, its file on one worker: its containers load BPF programs (the agent's), and no other test
+# file uses podman, whose image store and containers are the machine's.
+pytestmark = [pytest.mark.slow, pytest.mark.bpf]
 
 COLLECTOR_UID = 10001  # the Dockerfile's USER; the StatefulSet's runAsUser and fsGroup must match it
 NODE = "images-test-node"
-# The slow steps of both Dockerfiles: packages, Python dependencies, and the agent's CUPTI library stage
-# (which fetches NVIDIA's wheels).
-INSTALLS = r" RUN .*(apt-get install|-r requirements\.txt|scripts/build_cupti\.sh --out)"
+# The slow steps of both Dockerfiles: packages, Python dependencies, the package stage's build backend,
+# and the agent's CUPTI library stage (which fetches NVIDIA's wheels).
+INSTALLS = r" RUN .*(apt-get install|-r (build-)?requirements\.txt|scripts/build_cupti\.sh --out)"
 
 
 @pytest.fixture(scope="module")
@@ -198,8 +199,9 @@ def test_images_sh_reuses_the_base_and_the_layers(images: dict, tmp_path: Path) 
     # A multi-stage build prefixes its steps with the stage: "[1/2] STEP 3/8: ...".
     steps = [i for i, ln in enumerate(lines) if re.match(r"(\[\d+/\d+\] )?STEP ", ln)]
     installs = [i for i in steps if re.search(INSTALLS, lines[i])]
-    # apt-get and the dependencies in each image, and the agent's CUPTI stage's apt-get and build
-    assert len(installs) == 6, lines
+    # In each image: apt-get and the dependencies, the package stage's apt-get and build backend; and the
+    # agent's CUPTI stage's apt-get and build.
+    assert len(installs) == 10, lines
     for i in installs:
         assert lines[i + 1].startswith("--> Using cache"), f"rebuilt: {lines[i]}"
 
@@ -211,7 +213,8 @@ def test_the_other_architectures_images_run_its_python_with_bcc_and_fleetprof(im
     """`make images` also builds the other architecture (arm64 here), through qemu-user: its first build
     (base by debootstrap, apt and pip under emulation) takes ~20 min, too long for every test run. So it is
     built here only once its base is in podman's store (after one `make images`); then its layers are
-    cached and this rebuilds only fleetprof's own. Its Python runs through qemu-user too."""
+    cached, `make test` rebuilds it before the tests start, and a code change only reruns the Dockerfiles'
+    package stage, natively. Its Python runs through qemu-user."""
     native = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True).stdout.strip()
     arch = FOREIGN[native]
     base = f"localhost/fleetprof/debian-base:bookworm-slim-{arch}"
