@@ -62,6 +62,46 @@ class OffCpuSettings:
     min_block_ns: int  # shorter waits were dropped
 
 
+# How a launch named its kernel (agent/bpf/cuda_probes.c CUDA_API_*): what CudaLaunchCount.handle is.
+CUDA_API_RUNTIME = 1  # the host stub's address: named by the process's symbols
+CUDA_API_DRIVER = 2  # a CUfunction / CUkernel: named by cuModuleGetFunction / cuLibraryGetKernel
+CUDA_API_GRAPH = 3  # a graph's executable handle: its kernels are not known at launch
+
+
+@dataclass(frozen=True)
+class CudaLaunchCount:
+    """Launches recorded with one stack and one kernel in a window: `row.count` as recorded (1 in
+    CudaProbeDrain.sample_every), its stacks in the Drain's tables."""
+
+    row: SampleCount
+    handle: int
+    api: int  # CUDA_API_*
+
+
+@dataclass(frozen=True)
+class CudaCallStat:
+    """One process's calls of one timed CUDA function that returned in a window (every one of them)."""
+
+    tgid: int
+    call: str  # the function as exported ("cudaStreamSynchronize")
+    count: int
+    ns: int
+    hist: tuple[int, ...]  # hist[i]: calls in [2^i, 2^(i+1)) ns; the last bucket is open-ended
+
+
+@dataclass
+class CudaProbeDrain:
+    """What the CUDA uprobes recorded in one window (agent/gpu/cuda_probes.py)."""
+
+    launches: list[CudaLaunchCount]
+    calls: list[CudaCallStat]
+    names: dict[tuple[int, int], str]  # (tgid, driver handle) -> kernel name, for the launches' handles
+    sample_every: int  # 1 launch in N had its stack taken; launch counts are scaled by it
+    launches_seen: int = 0  # every launch, counted in the kernel
+    launches_sampled: int = 0
+    table_full: int = 0
+
+
 @dataclass
 class Drain:
     """Everything one drain produced: counts, the stacks they reference (leaf first), stat deltas."""
@@ -81,6 +121,7 @@ class Drain:
     offcpu_pending: int = 0
     frequency_hz: int = 0  # samples per second per CPU
     offcpu_settings: OffCpuSettings | None = None  # how `offcpu` was recorded; None when off-CPU is off
+    cuda: CudaProbeDrain | None = None  # the CUDA uprobes' window; None when they are off
 
 
 @dataclass(frozen=True)
@@ -394,7 +435,21 @@ class ProcessCuda:
 
 @dataclass
 class CudaWindow:
-    processes: list[ProcessCuda]
+    """A window's CUDA facts: what the CUPTI rings gave per process, and what the uprobes saw."""
+
+    processes: list[ProcessCuda] = field(default_factory=list)
+    # Launches by launching stack, the kernel as leaf frame (ResolvedSample.frames), counts scaled up by
+    # launch_sample_every; kernel_start == len(frames): the kernel frame is no OS kernel frame.
+    launches: list[ResolvedSample] = field(default_factory=list)
+    calls: list[tuple[ProcessInfo, CudaCallStat]] = field(default_factory=list)
+    launch_sample_every: int = 0  # 0: no uprobes (no CudaStats for them)
+    launches_seen: int = 0
+    launches_sampled: int = 0
+    table_full: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.processes or self.launches or self.calls or self.launch_sample_every)
 
     @property
     def kernels(self) -> int:

@@ -6,11 +6,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.model import (
+    CUDA_API_DRIVER,
+    CUDA_API_GRAPH,
+    CUDA_API_RUNTIME,
     GPU_SLOT_FINE,
     STACK_LOST,
     STACK_NONE,
@@ -18,6 +21,7 @@ from fleetprof.agent.model import (
     STACK_SYSCALL,
     STACK_UNTAKEN,
     CgroupIdentity,
+    CudaLaunchCount,
     CudaWindow,
     DeviceAssignment,
     Drain,
@@ -48,6 +52,11 @@ NO_STACK = Frame("[no stack]", "[fleetprof]")
 # did not end in a return to the user context it left (preempted or faulted in user code): no stack.
 UNTAKEN_STACK = Frame("[long wait: stack not taken]", "[fleetprof]")
 UNMAPPED = "[unmapped]"
+# Leaf frames of launches whose kernel has no name: a graph (its kernels are not known at launch), a driver
+# handle whose naming call was not seen (made before the probes were attached).
+CUDA_MODULE = "[cuda]"
+CUDA_GRAPH = Frame("[cuda graph]", CUDA_MODULE)
+UNNAMED_KERNEL = Frame("[unnamed kernel]", CUDA_MODULE)
 # User frames of a process that was gone before its mappings could be read (it lived between two looks, or
 # its first events were lost): its addresses cannot be named, nor told apart from garbage.
 NOT_DESCRIBED = Frame("[process gone before its mappings were read]", "[fleetprof]")
@@ -92,6 +101,8 @@ def window_processes(window: Window) -> list[ProcessInfo]:
         procs += [pw.process for pw in window.gpu.processes if pw.process is not None]
     if window.cuda is not None:
         procs += [pc.process for pc in window.cuda.processes]
+        procs += [s.process for s in window.cuda.launches]
+        procs += [p for p, _ in window.cuda.calls]
     return procs
 
 
@@ -224,9 +235,60 @@ class Resolver:
         if gpu is not None:
             owner = self._gpu.owner if self._gpu is not None else _no_owner
             window.gpu = gpu.attributed(lambda pid: self._processes.get(pid, mappings=False), owner)
+        if drain.cuda is not None:
+            cuda = self._cuda_probes(drain, cuda, remapped, python, gpu_state)
         window.cuda = cuda
         window.labels = self._labels(window)
         return window
+
+    def _cuda_probes(
+        self,
+        drain: Drain,
+        cuda: CudaWindow | None,
+        remapped: set[int],
+        python: _PythonWindow | None,
+        gpu_state: Callable[[int, int], str],
+    ) -> CudaWindow:
+        """The uprobes' launches (symbolized as samples are, the kernel as leaf, counts scaled back up) and
+        timed calls, added to the CUPTI rings' `cuda`."""
+        probes = drain.cuda
+        assert probes is not None
+        out = cuda if cuda is not None else CudaWindow()
+        every = probes.sample_every
+        for lc in probes.launches:
+            proc = self._process(lc.row.tgid, lc.row.comm, tid=lc.row.tid)
+            r = self._resolved(lc.row, proc, drain, remapped, python, 0, gpu_state)
+            frames = (*r.frames[: r.kernel_start], self._kernel_frame(proc, lc, probes.names))
+            out.launches.append(
+                replace(r, frames=frames, kernel_start=len(frames), count=lc.row.count * every)
+            )
+        out.calls = [(self._process(c.tgid, "", mappings=False), c) for c in probes.calls]
+        out.launch_sample_every = every
+        out.launches_seen = probes.launches_seen
+        out.launches_sampled = probes.launches_sampled
+        out.table_full = probes.table_full
+        return out
+
+    def _kernel_frame(
+        self, proc: ProcessInfo, lc: CudaLaunchCount, names: dict[tuple[int, int], str]
+    ) -> Frame:
+        """The launched kernel as a frame: the runtime's host stub named by the process's symbols (nvcc
+        gives the stub the kernel's own mangled name; the collector demangles it), the driver's handle by
+        the name it was looked up under."""
+        if lc.api == CUDA_API_RUNTIME and proc.mappings:
+            key = (proc.pid, proc.start_ticks, -lc.handle - 1)  # apart from stack ids in the same cache
+            cached = self._user_cache.get(key)
+            if cached is None:
+                f = self._symbolizer.user_frames(proc.pid, proc.mappings, (lc.handle,))[0]
+                cached = Frame(f.function, f.module)
+                self._user_cache.put(key, cached)
+            return cached
+        if lc.api == CUDA_API_DRIVER:
+            name = names.get((lc.row.tgid, lc.handle))
+            return Frame(name, CUDA_MODULE) if name else UNNAMED_KERNEL
+        if lc.api == CUDA_API_GRAPH:
+            return CUDA_GRAPH
+        return UNNAMED_KERNEL
 
     def _gpu_states(self) -> Callable[[int, int], str]:
         """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
