@@ -1,0 +1,233 @@
+"""CUDA uprobes with real eBPF (agent/bpf/cuda_probes.c, agent/gpu/cuda_probes.py) on our stand-in libcudart
+and libcuda (tests/cuda_standin/) and on NVIDIA's real libcudart.so.13: launches counted exactly under the
+function that launched them with the kernel as leaf, waiting calls timed against the workload's own clock,
+probes gone with the last process; the batch carries it all."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.batch import encode_window
+from fleetprof.agent.gpu.cuda_probes import CALL_NAMES, LAUNCHES, exported_functions
+from fleetprof.agent.model import CudaCallStat, ResolvedSample
+from fleetprof.agent.process.table import ProcessTable
+from fleetprof.agent.resolver import Resolver
+from fleetprof.agent.sampler import CpuSampler, SamplerConfig
+from fleetprof.agent.symbols.elf import ElfFile
+from fleetprof.agent.symbols.symbolizer import Symbolizer
+from tests.conftest import require_bpf
+from tests.cuda_standin import CudaStandins, build_standins, real_libcudart
+
+pytestmark = [pytest.mark.bpf]
+
+GEMM = "_Z11gemm_kernelPKfS0_Pfi"  # tests/cuda_standin/probed.c: its host stubs carry these names
+SLEEP = "_Z12sleep_kernelm"
+RELU = "relu_kernel"  # a driver kernel: named by cuModuleGetFunction
+SYNC_US = 3000  # each wait_for_gpu waits for a kernel of this length: [2^21, 2^22) ns is 2.10-4.19 ms
+
+
+@dataclass
+class Run:
+    pid: int
+    truth: dict
+    launches: list[ResolvedSample] = field(default_factory=list)
+    calls: dict[str, CudaCallStat] = field(default_factory=dict)
+    stats: Counter = field(default_factory=Counter)
+    batches: list[pb.Batch] = field(default_factory=list)
+
+    def under(self, leaf: str, function: str) -> int:
+        """Launches of kernel `leaf` whose stack passes through `function`."""
+        return sum(
+            s.count
+            for s in self.launches
+            if s.frames[-1].function == leaf and any(f.function == function for f in s.frames)
+        )
+
+
+class Pipeline:
+    """Sampler with CUDA probes + process table + resolver, wired as the agent wires them."""
+
+    def __init__(self, config: SamplerConfig) -> None:
+        require_bpf()
+        self.sampler = CpuSampler(config)
+        assert self.sampler.cuda is not None
+        self.probes = self.sampler.cuda
+        self.table = ProcessTable(on_capture=self.probes.on_capture, on_forget=self.probes.forget)
+        symbolizer = Symbolizer()
+        self.resolver = Resolver(self.table, symbolizer)
+
+    def run(self, argv: list[str], env: dict[str, str], describe: bool = True) -> Run:
+        self.resolver.resolve(self.sampler.drain())  # an empty window to start from
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdin is not None
+        first = proc.stdout.readline()
+        assert "ready" in first or "holding" in first, first
+        if describe:
+            self.table.refresh(proc.pid)  # the capture: the probes are attached to what it maps
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        window = self.resolver.resolve(self.sampler.drain())
+        run = Run(proc.pid, json.loads(out.strip().splitlines()[-1]))
+        cuda = window.cuda
+        if cuda is not None:
+            run.launches = [s for s in cuda.launches if s.process.pid == proc.pid]
+            run.calls = {c.call: c for p, c in cuda.calls if p.pid == proc.pid}
+        run.stats.update(window.stats)
+        run.batches.append(encode_window(window, pb.AgentIdentity(node="test")))
+        self.table.mark_exited(proc.pid)
+        self.table.end_window()
+        self.table.end_window()  # forgotten a drain after it exited, as the agent does
+        return run
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+@pytest.fixture(scope="module")
+def cuda(tmp_path_factory: pytest.TempPathFactory) -> CudaStandins:
+    return build_standins(tmp_path_factory.mktemp("cuda"))
+
+
+@pytest.fixture(scope="module")
+def every_launch() -> Iterator[Pipeline]:
+    p = Pipeline(SamplerConfig(interval_s=1.0, cuda=True, cuda_launch_sample_every=1))
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def probed_run(every_launch: Pipeline, cuda: CudaStandins) -> Run:
+    return every_launch.run([str(cuda.probed), "2", str(SYNC_US)], cuda.env(inject=False))
+
+
+def test_every_launch_is_counted_under_its_launching_function_with_the_kernel_as_leaf(
+    probed_run: Run,
+) -> None:
+    run, t = probed_run, probed_run.truth
+    print({k: v for k, v in run.stats.items() if k.startswith("cuda")}, t["train"], "steps")
+    assert t["train"] > 10
+    assert run.under(GEMM, "train_step") == 2 * t["train"]
+    assert run.under(SLEEP, "wait_for_gpu") == t["waits"]
+    assert run.under(RELU, "eval_step") == t["eval"]
+    assert run.under("[cuda graph]", "graph_step") == t["graph"]
+    total = 2 * t["train"] + t["waits"] + t["eval"] + t["graph"]
+    assert sum(s.count for s in run.launches) == total
+    # Every launch counted once: the runtime's own driver launches (cudaLaunchKernel -> cuLaunchKernel in
+    # the stand-in, as in NVIDIA's) are told apart by their return address in libcudart.
+    assert run.stats["cuda_launches"] == total
+    assert run.stats["cuda_nested"] == 2 * t["train"] + t["waits"]
+    assert run.stats["cuda_table_full"] == 0
+    for s in run.launches:
+        names = [f.function for f in s.frames]
+        # leaf: the kernel; below it the API function the uprobe stopped at; then the workload's frames
+        assert names[-2] in {"cudaLaunchKernel", "cuLaunchKernel", "cuGraphLaunch"}, names
+        assert "main" in names, names
+        assert s.kernel_start == len(s.frames)
+    gemm = next(s for s in run.launches if s.frames[-1].function == GEMM)
+    assert gemm.frames[-1].module == "probed"  # the host stub's file
+
+
+def test_waits_are_timed_as_the_workload_measured_them(probed_run: Run) -> None:
+    run, t = probed_run, probed_run.truth
+    sync = run.calls["cudaStreamSynchronize"]
+    assert sync.count == t["waits"]
+    # Each wait is a kernel of SYNC_US (+ 2 us of launch latency) slept through: BPF's time lies within the
+    # workload's own measurement around the call, and never below the kernel's length.
+    assert t["waits"] * SYNC_US * 1000 <= sync.ns <= sum(t["wait_ns"])
+    assert sum(sync.hist) == sync.count
+    low = (SYNC_US * 1000).bit_length() - 1  # 21: the bucket of the kernel's length, [2.10, 4.19) ms
+    assert sum(sync.hist[:low]) == 0
+    own = Counter(min(ns.bit_length() - 1, len(sync.hist) - 1) for ns in t["wait_ns"])
+    print("BPF", {i: h for i, h in enumerate(sync.hist) if h}, "workload", dict(own))
+    # The driver's twin, called inside it, has its own row.
+    assert run.calls["cuStreamSynchronize"].count == t["waits"]
+    assert run.calls["cudaMalloc"].count == t["allocs"]
+    assert run.calls["cudaFree"].count == t["allocs"] + 1  # and the customary cudaFree(0)
+    assert run.calls["cuMemAlloc_v2"].count == t["allocs"]
+    assert run.stats["cuda_table_full"] == 0
+
+
+def test_the_batch_carries_launches_calls_and_stats(probed_run: Run) -> None:
+    (batch,) = probed_run.batches
+    t = probed_run.truth
+    lc = batch.cuda_launch_columns
+    assert sum(lc.count) == sum(s.count for s in probed_run.launches) > 0
+    leaves = Counter()
+    for stack, count in zip(lc.stack, lc.count, strict=True):
+        st = batch.stacks[stack]
+        assert st.kernel_start == len(st.functions)
+        leaves[batch.strings[st.functions[-1]]] += count
+    assert leaves[GEMM] == 2 * t["train"] and leaves[RELU] == t["eval"]
+    calls = {batch.strings[c.call]: c for c in batch.cuda_calls}
+    sync = calls["cudaStreamSynchronize"]
+    assert sync.count == sync.timed == t["waits"] and sum(sync.latency_log2_ns) == sync.timed
+    assert batch.cuda_stats.launch_sample_every == 1
+    assert batch.cuda_stats.launches == batch.cuda_stats.launches_sampled >= sum(lc.count)
+
+
+def test_probes_are_detached_with_the_last_process_that_maps_the_library(
+    every_launch: Pipeline, cuda: CudaStandins, probed_run: Run
+) -> None:
+    assert len(every_launch.probes) == 0  # probed_run's process was forgotten: its two files detached
+    # A process the agent never described is not probed: nothing is recorded of it.
+    run = every_launch.run([str(cuda.probed), "0.3", "1000"], cuda.env(inject=False), describe=False)
+    assert run.truth["train"] > 0
+    assert run.launches == [] and run.calls == {}
+    assert run.stats["cuda_launches"] == 0
+
+
+def test_one_launch_in_n_is_walked_and_counts_are_scaled_back(cuda: CudaStandins) -> None:
+    p = Pipeline(SamplerConfig(interval_s=1.0, cuda=True, cuda_launch_sample_every=4))
+    try:
+        run = p.run([str(cuda.probed), "loop", "1"], cuda.env(inject=False))
+    finally:
+        p.close()
+    n = run.truth["launches"]
+    assert run.stats["cuda_launches"] == n  # counted exactly, sampled or not
+    k = run.stats["cuda_launches_sampled"]
+    scaled = sum(s.count for s in run.launches if s.frames[-1].function == GEMM)
+    assert scaled == 4 * k
+    # k ~ Binomial(n, 1/4): sigma = sqrt(n x 1/4 x 3/4); 4 sigma of k is 16 sigma of the scaled count.
+    sigma = math.sqrt(n * 0.25 * 0.75)
+    print(f"{n} launches, {k} walked ({k / n:.4f}), scaled {scaled}, 4 sigma {4 * 4 * sigma:.0f}")
+    assert abs(scaled - n) <= 4 * 4 * sigma
+
+
+# -- NVIDIA's real libcudart.so.13 (no GPU, no driver: every call fails at once, but it is made) ---------
+
+
+def test_the_real_libcudart_exports_every_probed_runtime_function() -> None:
+    lib = real_libcudart()
+    with ElfFile(str(lib)) as elf:
+        found = exported_functions(elf, [n for _, n, _ in LAUNCHES] + list(CALL_NAMES))
+    print(sorted(found))
+    runtime = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaGraphLaunch", "cudaStreamSynchronize")
+    runtime += ("cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMalloc", "cudaFree")
+    for name in runtime:
+        assert name in found, name
+    # The offsets are where the functions' code is in the file: what the kernel sets a uprobe at.
+    assert len(set(found.values())) == len(found)
+
+
+def test_launches_through_the_real_libcudart_are_seen_with_their_stack_and_stub(
+    every_launch: Pipeline, cuda: CudaStandins
+) -> None:
+    lib = real_libcudart()
+    env = {"PATH": "/usr/bin:/bin", "HOLD": "1"}
+    run = every_launch.run([str(cuda.cudart_real), str(lib), "500"], env)
+    assert run.truth["calls"] == 500 and run.truth["error"] != 0  # no driver: failed, but made
+    print(run.truth, {k: v for k, v in run.stats.items() if k.startswith("cuda")})
+    assert run.under("fleetprof_test_kernel_stub", "launch_from_here") == 500
+    s = run.launches[0]
+    assert s.frames[-1].module == "cudart_real"
+    assert s.frames[-2].function == "cudaLaunchKernel" and s.frames[-2].module == "libcudart.so.13"
