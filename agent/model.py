@@ -69,6 +69,17 @@ CUDA_API_GRAPH = 3  # a graph's executable handle: its kernels are not known at 
 
 
 @dataclass(frozen=True)
+class CudaLibrary:
+    """A CUDA runtime, driver or NCCL file a process maps (agent/gpu/cuda_libraries.py), for its uprobes."""
+
+    key: tuple[int, int, int]  # (device major, minor, inode) as /proc/PID/maps prints them: one per file
+    kind: str  # agent/cuda_api.py RUNTIME, DRIVER or NCCL
+    path: str  # /proc/PID/map_files/START-END: exactly the mapped inode, while the process lives
+    offsets: dict[str, int]  # probed function -> file offset; empty when the file is probed already
+    text: tuple[tuple[int, int], ...] = ()  # the runtime's executable ranges in this process
+
+
+@dataclass(frozen=True)
 class CudaLaunchCount:
     """Launches recorded with one stack and one kernel in a window: `row.count` as recorded (1 in
     CudaProbeDrain.sample_every), its stacks in the Drain's tables."""

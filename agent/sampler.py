@@ -190,7 +190,7 @@ class SamplerConfig:
     cuda_calls: int = 4096  # (process, call) rows per window
 
     def cuda_flags(self) -> list[str]:
-        from fleetprof.agent.gpu import cuda_probes as cp
+        from fleetprof.agent import cuda_api as cp
 
         if self.cuda_launch_sample_every < 1:
             raise ValueError("cuda_launch_sample_every must be >= 1")
@@ -395,7 +395,7 @@ class CpuSampler:
         _check_layouts(self._bpf, config.off_cpu)
         self.cuda = None  # agent/gpu/cuda_probes.py CudaProbes, with config.cuda
         if config.cuda:
-            from fleetprof.agent.gpu.cuda_probes import CudaProbes, check_layouts
+            from fleetprof.agent.cuda_probes import CudaProbes, check_layouts
 
             check_layouts(self._bpf)
             self.cuda = CudaProbes(self._bpf, config.cuda_launch_sample_every)

@@ -16,7 +16,8 @@ import pytest
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import encode_window
-from fleetprof.agent.gpu.cuda_probes import CALL_NAMES, LAUNCHES, exported_functions
+from fleetprof.agent.cuda_api import CALL_NAMES, LAUNCHES
+from fleetprof.agent.gpu.cuda_libraries import cuda_libraries, exported_functions
 from fleetprof.agent.model import CudaCallStat, ResolvedSample
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import Resolver
@@ -60,9 +61,13 @@ class Pipeline:
         self.sampler = CpuSampler(config)
         assert self.sampler.cuda is not None
         self.probes = self.sampler.cuda
-        self.table = ProcessTable(on_capture=self.probes.on_capture, on_forget=self.probes.forget)
+        self.errors: dict[str, int] = {}
+        self.table = ProcessTable(on_capture=self._captured, on_forget=self.probes.forget)
         symbolizer = Symbolizer()
         self.resolver = Resolver(self.table, symbolizer)
+
+    def _captured(self, info) -> None:  # as agent/main.py wires it
+        self.probes.attach(info.pid, cuda_libraries(info, self.probes.known, self.errors))
 
     def run(self, argv: list[str], env: dict[str, str], describe: bool = True) -> Run:
         self.resolver.resolve(self.sampler.drain())  # an empty window to start from

@@ -1,124 +1,37 @@
-"""Uprobes on the CUDA runtime, driver and NCCL of every process that maps them (agent/bpf/cuda_probes.c):
-which files to probe, where their functions are, attaching and detaching, and draining what the probes
-recorded into plain values (model.CudaProbeDrain).
+"""Uprobes on the CUDA runtime, driver and NCCL (agent/bpf/cuda_probes.c, loaded with the CPU sampler's
+program): attaching them to the files processes map, detaching them, and draining what they recorded into
+plain values (model.CudaProbeDrain). Which files a process maps and where their functions are is found by
+agent/gpu/cuda_libraries.py; the functions are agent/cuda_api.py's.
 
 Rules this file keeps:
   * One attachment per file, whoever maps it: a uprobe is set on an inode and fires in every process that
     maps it, so files are told apart by (device, inode) as /proc/PID/maps prints them and each is attached
     once, however many processes (or copies of a path, in containers) map it, and detached when the last
     process that mapped it is forgotten.
-  * The file is reached as the process maps it: /proc/PID/map_files/START-END, the exact mapped inode
-    (inside its mount namespace, deleted or not); never a path that a tenant's symlink could redirect. Its
-    exported functions are read by our own ELF reader (agent/symbols/elf.py: pread, capped), and the kernel
-    is given file offsets, so nothing needs the file again to detach.
-  * Finding processes costs no /proc reads of its own: the process table's capture hook (every capture and
-    re-capture after a dlopen) hands over the mappings it read.
-  * Never raises into the caller for a tenant's file: a file that cannot be read or attached is counted by
-    reason (`errors`) and left unprobed.
+  * Attached by file offset with our own event names, so detaching needs neither the file nor its symbols.
+  * Never raises into the caller: a file the kernel refuses is counted (`errors`) and not tried again.
 """
 
 from __future__ import annotations
 
 import ctypes as ct
 import logging
-import os
-import struct
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fleetprof.agent.bpfmaps import drain_map
+from fleetprof.agent.cuda_api import CALL_NAMES, CALLS, CUDA_HIST, CUDA_NAME_LEN, DRIVER, LAUNCHES, NAMING
 from fleetprof.agent.model import (
     CUDA_API_DRIVER,
     CudaCallStat,
     CudaLaunchCount,
+    CudaLibrary,
     CudaProbeDrain,
-    Mapping,
-    ProcessInfo,
     SampleCount,
 )
-from fleetprof.agent.process.rootfs import open_file
 from fleetprof.agent.sampler import SampleKey  # sampler.py imports this module only once it is loaded
-from fleetprof.agent.symbols.elf import SHT_DYNSYM, ElfError, ElfFile, Segment
 
 log = logging.getLogger(__name__)
-
-# Mirrors of cuda_probes.c's sizes (checked against the compiled maps by CpuSampler at load).
-CUDA_HIST = 40  # log2 ns buckets: [2^39 ns, ∞) is the last (9 minutes and more)
-CUDA_NAME_LEN = 256
-CUDA_CALL_IDS = 40  # entry programs cuda_call_0 .. cuda_call_39
-DEFAULT_LAUNCH_SAMPLE_EVERY = 1  # every launch's stack (bench/cuda_launch.py: what it costs)
-
-RUNTIME, DRIVER, NCCL = "cudart", "cuda", "nccl"
-
-
-def library_kind(basename: str) -> str | None:
-    """Which CUDA library a mapped file is, by its name (a wheel's copy in site-packages included)."""
-    if basename.startswith("libcudart.so"):
-        return RUNTIME
-    if basename.startswith("libcuda.so"):
-        return DRIVER
-    if basename.startswith("libnccl.so"):
-        return NCCL
-    return None
-
-
-# Launch functions: (library, exported name, program). The program reads the kernel from the argument that
-# holds it: cudaLaunchKernelExC(config, func, args) and cuLaunchKernelEx(config, f, ...) have it second.
-LAUNCHES: tuple[tuple[str, str, str], ...] = (
-    (RUNTIME, "cudaLaunchKernel", "cuda_launch_rt1"),
-    (RUNTIME, "cudaLaunchKernel_ptsz", "cuda_launch_rt1"),
-    (RUNTIME, "cudaLaunchKernelExC", "cuda_launch_rt2"),
-    (RUNTIME, "cudaLaunchKernelExC_ptsz", "cuda_launch_rt2"),
-    (RUNTIME, "cudaGraphLaunch", "cuda_graph_rt"),
-    (RUNTIME, "cudaGraphLaunch_ptsz", "cuda_graph_rt"),
-    (DRIVER, "cuLaunchKernel", "cuda_launch_drv1"),
-    (DRIVER, "cuLaunchKernel_ptsz", "cuda_launch_drv1"),
-    (DRIVER, "cuLaunchKernelEx", "cuda_launch_drv2"),
-    (DRIVER, "cuLaunchKernelEx_ptsz", "cuda_launch_drv2"),
-    (DRIVER, "cuGraphLaunch", "cuda_graph_drv"),
-    (DRIVER, "cuGraphLaunch_ptsz", "cuda_graph_drv"),
-)
-# Driver calls whose return names a kernel handle (cuda_name_enter / cuda_name_return).
-NAMING = ("cuModuleGetFunction", "cuLibraryGetKernel")
-
-# Timed calls, where the CPU waits for the GPU or the allocator; the index is the call's id in BPF (the
-# entry program cuda_call_<id>). A call is named on the wire as exported.
-CALLS: tuple[tuple[str, str], ...] = (
-    (RUNTIME, "cudaStreamSynchronize"),
-    (RUNTIME, "cudaDeviceSynchronize"),
-    (RUNTIME, "cudaEventSynchronize"),
-    (RUNTIME, "cudaMemcpy"),
-    (RUNTIME, "cudaMalloc"),
-    (RUNTIME, "cudaFree"),
-    (RUNTIME, "cudaMallocHost"),
-    (RUNTIME, "cudaFreeHost"),
-    (DRIVER, "cuStreamSynchronize"),
-    (DRIVER, "cuCtxSynchronize"),
-    (DRIVER, "cuEventSynchronize"),
-    (DRIVER, "cuMemcpy"),
-    (DRIVER, "cuMemcpyHtoD_v2"),
-    (DRIVER, "cuMemcpyDtoH_v2"),
-    (DRIVER, "cuMemcpyDtoD_v2"),
-    (DRIVER, "cuMemAlloc_v2"),
-    (DRIVER, "cuMemFree_v2"),
-    (DRIVER, "cuMemAllocHost_v2"),
-    (DRIVER, "cuMemFreeHost"),
-    (DRIVER, "cuMemAllocManaged"),
-    (NCCL, "ncclGroupEnd"),
-    (NCCL, "ncclAllReduce"),
-    (NCCL, "ncclBroadcast"),
-    (NCCL, "ncclReduce"),
-    (NCCL, "ncclAllGather"),
-    (NCCL, "ncclReduceScatter"),
-    (NCCL, "ncclSend"),
-    (NCCL, "ncclRecv"),
-)
-assert len(CALLS) <= CUDA_CALL_IDS
-CALL_NAMES = tuple(name for _, name in CALLS)
-
-# Why a file went unprobed: read errors of its ELF, and attachments the kernel refused.
-ERROR_REASONS = ("unreadable", "malformed", "attach_failed")
 
 
 class CudaLaunchKey(ct.Structure):
@@ -145,44 +58,6 @@ class CudaFunctionName(ct.Structure):
 
 class CudaRuntimeText(ct.Structure):
     _fields_ = [("start", ct.c_uint64 * 4), ("end", ct.c_uint64 * 4)]
-
-
-# -- the files' exported functions -----------------------------------------------------------------------
-
-_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
-STT_FUNC, STT_GNU_IFUNC = 2, 10
-
-
-def exported_functions(elf: ElfFile, wanted: Iterable[str]) -> dict[str, int]:
-    """File offsets of the `wanted` functions that `elf` exports (defined in its .dynsym), for uprobes."""
-    names = set(wanted)
-    sec = next((s for s in elf.sections if s.type == SHT_DYNSYM and s.size), None)
-    if sec is None:
-        return {}
-    if not 0 < sec.link < len(elf.sections):
-        raise ElfError(f"{sec.name}: string table index {sec.link} out of range")
-    syms = elf.section_data(sec)
-    strings = bytes(elf.section_data(elf.sections[sec.link]))
-    out: dict[str, int] = {}
-    for off in range(0, len(syms) - _SYM.size + 1, _SYM.size):
-        st_name, info, _other, shndx, value, _size = _SYM.unpack_from(syms, off)
-        if shndx == 0 or (info & 0xF) not in (STT_FUNC, STT_GNU_IFUNC) or not value:
-            continue
-        end = strings.find(b"\0", st_name)
-        name = strings[st_name : end if end >= 0 else len(strings)].decode("utf-8", "replace")
-        if name in names and name not in out:
-            where = vaddr_to_offset(elf.load_segments, value)
-            if where is not None:
-                out[name] = where
-    return out
-
-
-def vaddr_to_offset(segments: Iterable[Segment], vaddr: int) -> int | None:
-    """The file offset of ELF virtual address `vaddr` (what a uprobe is set at), through its PT_LOAD."""
-    for seg in segments:
-        if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
-            return vaddr - seg.vaddr + seg.offset
-    return None
 
 
 # -- attaching ---------------------------------------------------------------------------------------------
@@ -218,13 +93,12 @@ class BccUprobes:
 
 
 class CudaProbes:
-    """Every CUDA library mapped on the node, probed. `on_capture` and `forget` may be called from any
+    """Every CUDA library mapped on the node, probed. `attach` and `forget` may be called from any
     thread; `drain` from the sampler's (under its lock, after a flip)."""
 
-    def __init__(self, bpf, sample_every: int, proc_root: str = "/proc", uprobes=None) -> None:
+    def __init__(self, bpf, sample_every: int, uprobes=None) -> None:
         self._bpf = bpf
         self._uprobes = uprobes or BccUprobes(bpf)
-        self._proc_root = proc_root
         self.sample_every = sample_every
         self._lock = threading.Lock()
         self._files: dict[tuple[int, int, int], _File] = {}
@@ -234,7 +108,7 @@ class CudaProbes:
         self._calls = (bpf["cuda_calls0"], bpf["cuda_calls1"])
         self._functions = bpf["cuda_functions"]
         self._runtimes = bpf["cuda_runtimes"]
-        self.errors = dict.fromkeys(ERROR_REASONS, 0)
+        self.errors = {"attach_failed": 0}  # files the kernel would not probe
         self._seq = 0
 
     def __len__(self) -> int:
@@ -245,70 +119,53 @@ class CudaProbes:
         with self._lock:
             return {p for f in self._files.values() for p in f.pids}
 
-    def on_capture(self, info: ProcessInfo) -> None:
-        """The process table captured `info`: probe the CUDA libraries it maps (once per file)."""
-        found: dict[tuple[int, int, int], tuple[str, list[Mapping]]] = {}
-        for m in info.mappings:
-            if not m.is_file:
-                continue
-            kind = library_kind(os.path.basename(m.file_path))
-            if kind is not None:
-                found.setdefault((m.dev_major, m.dev_minor, m.inode), (kind, []))[1].append(m)
-        if not found:
-            return
+    def known(self, key: tuple[int, int, int]) -> bool:
+        """The file is probed already, or was refused: its functions need not be read again."""
         with self._lock:
-            for key, (kind, maps) in found.items():
-                f = self._files.get(key)
-                if f is None and key not in self._refused:
-                    f = self._attach(info.pid, key, kind, maps)
-                if f is not None:
-                    f.pids.add(info.pid)
-            runtime = [m for k, (kind, maps) in found.items() if kind == RUNTIME for m in maps if m.is_exec]
-            if runtime:
-                self._set_runtime_text(info.pid, runtime)
+            return key in self._files or key in self._refused
 
-    def _attach(self, pid: int, key: tuple[int, int, int], kind: str, maps: list[Mapping]) -> _File | None:
-        m = next((m for m in maps if m.is_exec), maps[0])
-        path = f"{self._proc_root}/{pid}/map_files/{m.start:x}-{m.end:x}"
-        wanted = [n for lib, n, _ in LAUNCHES if lib == kind] + [n for lib, n in CALLS if lib == kind]
-        if kind == DRIVER:
-            wanted += NAMING
-        try:
-            with ElfFile(open_file(path)) as elf:
-                offsets = exported_functions(elf, wanted)
-        except ElfError as e:
-            self._refuse(key, "malformed", path, e)
-            return None
-        except OSError as e:
-            self._refuse(key, "unreadable", path, e)
-            return None
-        f = _File(kind, [], functions=tuple(sorted(offsets)))
+    def attach(self, pid: int, libraries: list[CudaLibrary]) -> None:
+        """`pid` maps `libraries` (agent/gpu/cuda_libraries.py): probe each file not probed yet."""
+        with self._lock:
+            for lib in libraries:
+                f = self._files.get(lib.key)
+                if f is None and lib.key not in self._refused and lib.offsets:
+                    f = self._attach(lib)
+                if f is not None:
+                    f.pids.add(pid)
+            text = [r for lib in libraries for r in lib.text]
+            if text:
+                self._set_runtime_text(pid, text)
+
+    def _attach(self, lib: CudaLibrary) -> _File | None:
+        offsets = lib.offsets
+        f = _File(lib.kind, [], functions=tuple(sorted(offsets)))
         self._seq += 1
-        tag = f"fp_cuda_{self._seq}_{key[2]}"
+        tag = f"fp_cuda_{self._seq}_{lib.key[2]}"
 
         def attach(fn_name: str, name: str, ret: bool) -> None:
             event = f"{tag}_{name}_{'r' if ret else 'p'}".encode()
-            self._uprobes.attach(event, fn_name, path, offsets[name], ret)
+            self._uprobes.attach(event, fn_name, lib.path, offsets[name], ret)
             f.events.append(event)
 
         try:
-            for lib, name, prog in LAUNCHES:
-                if lib == kind and name in offsets:
+            for kind, name, prog in LAUNCHES:
+                if kind == lib.kind and name in offsets:
                     attach(prog, name, False)
-            for i, (lib, name) in enumerate(CALLS):
-                if lib == kind and name in offsets:
+            for i, (kind, name) in enumerate(CALLS):
+                if kind == lib.kind and name in offsets:
                     attach(f"cuda_call_{i}", name, False)
                     attach("cuda_call_return", name, True)
-            for name in NAMING if kind == DRIVER else ():
+            for name in NAMING if lib.kind == DRIVER else ():
                 if name in offsets:
                     attach("cuda_name_enter", name, False)
                     attach("cuda_name_return", name, True)
         except Exception as e:  # BCC raises bare Exception; the kernel's refusal is an OSError
             self._detach_all(f)
-            self._refuse(key, "attach_failed", path, e)
+            self._refuse(lib.key, "attach_failed", lib.path, e)
             return None
-        self._files[key] = f
-        log.info("CUDA probes on %s (%s of pid %d): %d functions", m.file_path, kind, pid, len(offsets))
+        self._files[lib.key] = f
+        log.info("CUDA probes on %s (%s): %d functions", lib.path, lib.kind, len(offsets))
         return f
 
     def _refuse(self, key: tuple[int, int, int], reason: str, path: str, err: BaseException) -> None:
@@ -324,10 +181,10 @@ class CudaProbes:
                 log.debug("detaching %s failed", event, exc_info=True)
         f.events.clear()
 
-    def _set_runtime_text(self, pid: int, maps: list[Mapping]) -> None:
+    def _set_runtime_text(self, pid: int, ranges: list[tuple[int, int]]) -> None:
         text = CudaRuntimeText()
-        for i, m in enumerate(maps[:4]):
-            text.start[i], text.end[i] = m.start, m.end
+        for i, (start, end) in enumerate(ranges[:4]):
+            text.start[i], text.end[i] = start, end
         try:
             self._runtimes[ct.c_uint32(pid)] = text
         except Exception:  # the map is full: this process's runtime launches may count twice
