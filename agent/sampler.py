@@ -184,7 +184,9 @@ class SamplerConfig:
     unwind_procs: int = 16384  # processes unwound by tables at once
     # CUDA uprobes (agent/gpu/cuda_probes.py): launches with their stacks, latency of the waiting calls.
     cuda: bool = False
-    cuda_launch_sample_every: int = 1  # 1 launch in N has its stack taken (every one is counted)
+    # 1 launch in N has its stack taken (every one is counted): the walk costs ~4 µs a launch on top of the
+    # trap (bench/cuda_launch.py), 1 in 8 brings it under 0.5 µs, as our CUPTI library samples its launches
+    cuda_launch_sample_every: int = 8
     cuda_procs: int = 1024  # CUDA processes at once (driver names, runtime ranges, open calls per thread)
     cuda_launches: int = 16384  # (thread, stacks, kernel) launch rows per window
     cuda_calls: int = 4096  # (process, call) rows per window

@@ -671,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="walk the stack of 1 CUDA kernel launch in N (every launch is counted; default 1)",
+        help="walk the stack of 1 CUDA kernel launch in N (every launch is counted; default 8)",
     )
     a.add_argument(
         "--gpu-interval",
