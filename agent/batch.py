@@ -214,7 +214,17 @@ def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_i
     kc = batch.cuda_kernel_columns
     for pc in cuda.processes:
         pidx = process_index(pc.process)
+        placed = set()
+        for frames, ns in pc.kernel_stacks:  # under the stacks that launched them (agent/resolver.py)
+            placed.add(frames[-1].function)
+            functions = [f.function for f in frames]
+            modules = [f.module for f in frames]
+            kc.process.append(pidx)
+            kc.stack.append(stack_index(("cuda_kernel_stack", frames), functions, modules, len(frames)))
+            kc.kernel_ns.append(ns)
         for name, ns in sorted(pc.kernel_ns.items()):
+            if name in placed:
+                continue
             kc.process.append(pidx)
             kc.stack.append(stack_index(("cuda_kernel", name), [name], [CUDA_MODULE], 1))
             kc.kernel_ns.append(ns)

@@ -10,10 +10,13 @@ CUDA_NAME_LEN = 256
 CUDA_CALL_IDS = 40  # entry programs cuda_call_0 .. cuda_call_39
 
 RUNTIME, DRIVER, NCCL = "cudart", "cuda", "nccl"
+MARKER = "fleetprof_cupti"  # our CUPTI library (agent/cupti/): its sampled launches' marker
 
 
 def library_kind(basename: str) -> str | None:
     """Which CUDA library a mapped file is, by its name (a wheel's copy in site-packages included)."""
+    if basename.startswith("libfleetprof_cupti"):
+        return MARKER
     if basename.startswith("libcudart.so"):
         return RUNTIME
     if basename.startswith("libcuda.so"):
@@ -38,6 +41,7 @@ LAUNCHES: tuple[tuple[str, str, str], ...] = (
     (DRIVER, "cuLaunchKernelEx_ptsz", "cuda_launch_drv2"),
     (DRIVER, "cuGraphLaunch", "cuda_graph_drv"),
     (DRIVER, "cuGraphLaunch_ptsz", "cuda_graph_drv"),
+    (MARKER, "fleetprof_cupti_launch", "cuda_marker"),
 )
 # Driver calls whose return names a kernel handle (cuda_name_enter / cuda_name_return).
 NAMING = ("cuModuleGetFunction", "cuLibraryGetKernel")

@@ -66,6 +66,7 @@ class OffCpuSettings:
 CUDA_API_RUNTIME = 1  # the host stub's address: named by the process's symbols
 CUDA_API_DRIVER = 2  # a CUfunction / CUkernel: named by cuModuleGetFunction / cuLibraryGetKernel
 CUDA_API_GRAPH = 3  # a graph's executable handle: its kernels are not known at launch
+CUDA_API_MARKER = 4  # our CUPTI library's sampled launch: weight << 32 | correlation id (not a launch count)
 
 
 @dataclass(frozen=True)
@@ -442,6 +443,11 @@ class ProcessCuda:
     devices: list[DeviceActivity] = field(default_factory=list)
     kernel_ns: dict[str, int] = field(default_factory=dict)  # kernel name -> ns that ran in this window
     kernels: int = 0
+    # Kernels of launches the library sampled: (outer correlation id, name, ns, weight), to be joined with the
+    # stacks the uprobe on its marker took (agent/resolver.py); and what the resolver made of them: kernel ns
+    # by launching stack, the kernel as leaf (each name's total apportioned over its sampled launches).
+    sampled_kernels: list[tuple[int, str, int, int]] = field(default_factory=list)
+    kernel_stacks: list[tuple[tuple[Frame, ...], int]] = field(default_factory=list)
 
 
 @dataclass

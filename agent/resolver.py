@@ -10,9 +10,11 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.cuda_api import library_kind
 from fleetprof.agent.model import (
     CUDA_API_DRIVER,
     CUDA_API_GRAPH,
+    CUDA_API_MARKER,
     CUDA_API_RUNTIME,
     GPU_SLOT_FINE,
     STACK_LOST,
@@ -28,6 +30,7 @@ from fleetprof.agent.model import (
     Frame,
     GpuWindow,
     Labels,
+    ProcessCuda,
     ProcessInfo,
     ResolvedSample,
     SampleCount,
@@ -166,6 +169,9 @@ class Resolver:
         self._cut = 0  # samples of this window whose user stack was cut at an unmapped address
         self._unsymbolized = 0  # ... and whose user stack holds code of a file that no symbol covers
         self._symbol_generation = symbolizer.generation
+        # (pid, start, correlation id) -> the launching stack (root first, ending in the CUDA API function)
+        # of a launch our CUPTI library sampled, until its kernel's record is read (a window or two later)
+        self._launch_stacks = _Lru(cache_size)
 
     def resolve(
         self,
@@ -258,16 +264,51 @@ class Resolver:
         for lc in probes.launches:
             proc = self._process(lc.row.tgid, lc.row.comm, tid=lc.row.tid)
             r = self._resolved(lc.row, proc, drain, remapped, python, 0, gpu_state)
+            if lc.api == CUDA_API_MARKER:
+                cid = lc.handle & 0xFFFFFFFF
+                self._launch_stacks.put(
+                    (proc.pid, proc.start_ticks, cid), _up_to_cuda(r.frames[: r.kernel_start])
+                )
+                continue
             frames = (*r.frames[: r.kernel_start], self._kernel_frame(proc, lc, probes.names))
             out.launches.append(
                 replace(r, frames=frames, kernel_start=len(frames), count=lc.row.count * every)
             )
+        for pc in out.processes:
+            pc.kernel_stacks = self._kernel_stacks(pc)
         out.calls = [(self._process(c.tgid, "", mappings=False), c) for c in probes.calls]
         out.launch_sample_every = every
         out.launches_seen = probes.launches_seen
         out.launches_sampled = probes.launches_sampled
         out.table_full = probes.table_full
         return out
+
+    def _kernel_stacks(self, pc: ProcessCuda) -> list[tuple[tuple[Frame, ...], int]]:
+        """Each kernel name's exact time this window (pc.kernel_ns) under the stacks that launched it: split
+        over the name's sampled launches whose stack the marker's uprobe took, in proportion to each one's
+        own kernel time times its weight (the launches it stands for). Names with no such launch are left
+        to the one-frame stack."""
+        by_name: dict[str, list[tuple[tuple[Frame, ...], int]]] = {}
+        proc = pc.process
+        for cid, name, ns, weight in pc.sampled_kernels:
+            frames = self._launch_stacks.get((proc.pid, proc.start_ticks, cid))
+            if frames is not None and ns > 0:
+                by_name.setdefault(name, []).append((frames, ns * max(weight, 1)))
+        out: dict[tuple[Frame, ...], int] = {}
+        for name, parts in by_name.items():
+            total = pc.kernel_ns.get(name, 0)
+            weights = sum(w for _, w in parts)
+            if total <= 0 or weights <= 0:
+                continue
+            leaf = Frame(name, CUDA_MODULE)
+            given = 0
+            for i, (frames, w) in enumerate(parts):
+                share = total - given if i == len(parts) - 1 else total * w // weights
+                given += share
+                if share > 0:
+                    key = (*frames, leaf)
+                    out[key] = out.get(key, 0) + share
+        return list(out.items())
 
     def _kernel_frame(
         self, proc: ProcessInfo, lc: CudaLaunchCount, names: dict[tuple[int, int], str]
@@ -412,6 +453,15 @@ class Resolver:
         result = tuple(reversed(self._symbolizer.kernel_frames(addrs, return_addresses=True)))
         self._kernel_cache.put(stack_id, result)
         return result
+
+
+def _up_to_cuda(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """A stack (root first) up to its first frame in a CUDA library (the API function the program called),
+    without what ran inside it (the runtime, the driver, CUPTI's callback into our library)."""
+    for i, f in enumerate(frames):
+        if library_kind(f.module) is not None or f.module.startswith("libcupti"):
+            return frames[: i + 1]
+    return frames
 
 
 def _unnamed(groups: PythonFrames) -> bool:

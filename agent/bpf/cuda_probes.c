@@ -20,6 +20,9 @@
 #define CUDA_API_RUNTIME 1   // handle: the host stub's address (nvcc's __global__ host function)
 #define CUDA_API_DRIVER  2   // handle: the CUfunction (or a CUkernel, which the driver takes in its place)
 #define CUDA_API_GRAPH   3   // handle: the CUgraphExec / cudaGraphExec_t
+#define CUDA_API_MARKER  4   // our CUPTI library's fleetprof_cupti_launch(correlation id, weight): a launch it
+                             // sampled already; handle: weight << 32 | correlation id. Not counted as a launch
+                             // (the launch probes count it), its stack joins CUPTI's kernel records
 
 // What a launch row is keyed by: the launching thread's sample key (its stacks) and the kernel.
 struct cuda_launch_key {
@@ -148,6 +151,8 @@ static __always_inline int cuda_launch(struct pt_regs *ctx, u32 api, u64 handle,
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
     u64 ra = entry_return_address(ctx);
+    if (api == CUDA_API_MARKER)
+        goto walk;
     if (driver) {
         struct cuda_runtime_text *rt = cuda_runtimes.lookup(&tgid);
         if (rt) {
@@ -166,6 +171,7 @@ static __always_inline int cuda_launch(struct pt_regs *ctx, u32 api, u64 handle,
         return 0;
 #endif
     count_stat(STAT_CUDA_SAMPLED);
+walk:;
     u32 zero = 0;
     u32 *active = control.lookup(&zero);
     if (!active)
@@ -231,6 +237,10 @@ int cuda_launch_drv1(struct pt_regs *ctx) { return cuda_launch(ctx, CUDA_API_DRI
 int cuda_launch_drv2(struct pt_regs *ctx) { return cuda_launch(ctx, CUDA_API_DRIVER, PT_REGS_PARM2(ctx), 1); }
 int cuda_graph_rt(struct pt_regs *ctx) { return cuda_launch(ctx, CUDA_API_GRAPH, PT_REGS_PARM1(ctx), 0); }
 int cuda_graph_drv(struct pt_regs *ctx) { return cuda_launch(ctx, CUDA_API_GRAPH, PT_REGS_PARM1(ctx), 1); }
+int cuda_marker(struct pt_regs *ctx) {
+    u64 handle = (PT_REGS_PARM2(ctx) << 32) | (u32)PT_REGS_PARM1(ctx);
+    return cuda_launch(ctx, CUDA_API_MARKER, handle, 0);
+}
 
 // -- timed calls --------------------------------------------------------------------------------------------
 // floor(log2(v)) for v >= 1, 0 for v == 0 (no loop: verifier-friendly).
