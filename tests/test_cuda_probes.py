@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -320,3 +322,57 @@ def test_kernel_time_is_under_the_launching_function_with_the_kernel_as_leaf(
     relu = stacks[("relu_kernel", "train_step")] + stacks[("relu_kernel", "eval_step")]
     assert relu == truth[("relu_kernel", "train_step")] + truth[("relu_kernel", "eval_step")]
     assert one_frame == Counter()
+
+
+def test_launches_from_python_are_under_the_python_function(
+    every_launch: Pipeline, cuda: CudaStandins, tmp_path: Path
+) -> None:
+    """The launch's CPython frames are walked as a CPU sample's: the Python function that called
+    cudaLaunchKernel (through ctypes) is in the launch's stack, above the kernel leaf."""
+    from fleetprof.agent.python.unwinder import PythonStacks
+
+    stubs = tmp_path / "libstubs.so"
+    (tmp_path / "stubs.c").write_text(
+        'void stub(void) __asm__("_Z11gemm_kernelPKfS0_Pfi");\nvoid stub(void) { __asm__ volatile(""); }\n'
+    )
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(stubs), str(tmp_path / "stubs.c")], check=True)
+    p = every_launch
+    python = PythonStacks(enabled=True)
+    python.attach(p.sampler)
+    p.also.append(python.on_capture)
+    resolver = Resolver(p.table, Symbolizer(), python=python)
+    script = Path(__file__).parent / "cuda_standin" / "launch_from_python.py"
+    try:
+        resolver.resolve(p.sampler.drain())
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(stubs), "1"],
+            env=cuda.env(inject=False),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        assert "ready" in proc.stdout.readline()
+        p.table.refresh(proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        truth = json.loads(proc.stdout.readline())
+        window = resolver.resolve(p.sampler.drain())  # while it lives: its code objects are read
+        proc.stdin.write("\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        p.also.remove(python.on_capture)
+        p.table.mark_exited(proc.pid)
+        p.table.end_window()
+        p.table.end_window()
+    assert window.cuda is not None
+    mine = [s for s in window.cuda.launches if s.process.pid == proc.pid]
+    print(truth, [f.function for f in mine[0].frames] if mine else None)
+    assert truth["launches"] > 100
+    under = sum(
+        s.count
+        for s in mine
+        if s.frames[-1].function == GEMM and any(f.function.startswith("train_step (") for f in s.frames)
+    )
+    assert under == truth["launches"]
