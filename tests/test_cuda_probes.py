@@ -189,7 +189,8 @@ def test_the_batch_carries_launches_calls_and_stats(probed_run: Run) -> None:
 def test_probes_are_detached_with_the_last_process_that_maps_the_library(
     every_launch: Pipeline, cuda: CudaStandins, probed_run: Run
 ) -> None:
-    assert len(every_launch.probes) == 0  # probed_run's process was forgotten: its two files detached
+    left = every_launch.probes.probed_pids()
+    assert len(every_launch.probes) == 0, left  # probed_run's process was forgotten: its two files detached
     # A process the agent never described is not probed: nothing is recorded of it.
     run = every_launch.run([str(cuda.probed), "0.3", "1000"], cuda.env(inject=False), describe=False)
     assert run.truth["train"] > 0
@@ -309,6 +310,9 @@ def test_kernel_time_is_under_the_launching_function_with_the_kernel_as_leaf(
     finally:
         p.also.remove(readers.on_capture)
         readers.close()
+        p.table.mark_exited(proc.pid)  # forgotten, its files detached (test_probes_are_detached... counts)
+        p.table.end_window()
+        p.table.end_window()
     launches = [e for e in events if e["ev"] == "launch"]
     truth: Counter = Counter()
     for e in launches:
