@@ -46,6 +46,7 @@ class Run:
     calls: dict[str, CudaCallStat] = field(default_factory=dict)
     stats: Counter = field(default_factory=Counter)
     batches: list[pb.Batch] = field(default_factory=list)
+    offcpu: list[ResolvedSample] = field(default_factory=list)
 
     def under(self, leaf: str, function: str) -> int:
         """Launches of kernel `leaf` whose stack passes through `function`."""
@@ -94,6 +95,7 @@ class Pipeline:
             run.launches = [s for s in cuda.launches if s.process.pid == proc.pid]
             run.calls = {c.call: c for p, c in cuda.calls if p.pid == proc.pid}
         run.stats.update(window.stats)
+        run.offcpu = [s for s in window.offcpu if s.process.pid == proc.pid]
         run.batches.append(encode_window(window, pb.AgentIdentity(node="test")))
         self.table.mark_exited(proc.pid)
         self.table.end_window()
@@ -166,6 +168,25 @@ def test_waits_are_timed_as_the_workload_measured_them(probed_run: Run) -> None:
     assert run.calls["cudaFree"].count == t["allocs"] + 1  # and the customary cudaFree(0)
     assert run.calls["cuMemAlloc_v2"].count == t["allocs"]
     assert run.stats["cuda_table_full"] == 0
+
+
+def test_off_cpu_time_shows_the_threads_blocked_inside_the_synchronising_call(probed_run: Run) -> None:
+    """The waits the probes time are the off-CPU recorder's too: the stack blocked in cudaStreamSynchronize
+    (the stand-in sleeps there until its kernel ends) is in the off-CPU profile, at about the same time."""
+    t = probed_run.truth
+    blocked = sum(
+        s.count for s in probed_run.offcpu if any(f.function == "cudaStreamSynchronize" for f in s.frames)
+    )
+    waits = t["wait_ns"]
+    # Off-CPU samples 1 switch-out in 8 (waits < 10 ms are not recorded exactly) and scales by 8: over n
+    # waits of mean m, the estimate's sigma is 8 m sqrt(n x 1/8 x 7/8) (the waits are near equal).
+    n, m = len(waits), sum(waits) / len(waits)
+    sigma = 8 * m * math.sqrt(n * (1 / 8) * (7 / 8))
+    print(
+        f"off-CPU in cudaStreamSynchronize {blocked / 1e9:.3f} s, the waits {sum(waits) / 1e9:.3f} s, "
+        f"sigma {sigma / 1e9:.3f} s"
+    )
+    assert abs(blocked - sum(waits)) <= 4 * sigma
 
 
 def test_the_batch_carries_launches_calls_and_stats(probed_run: Run) -> None:
