@@ -139,8 +139,17 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             oc.gpu.extend(gcol)
         if any(idle):
             oc.idle.extend(idle)
-    if window.cuda is not None and window.cuda.processes:
+    if window.cuda is not None and not window.cuda.empty:
         _encode_cuda(batch, window.cuda, strings, process_index, stack_index)
+        launches = rows(window.cuda.launches)
+        if launches:
+            lc = batch.cuda_launch_columns
+            pcol, scol, gcol, _ = zip(*launches, strict=True)
+            lc.process.extend(pcol)
+            lc.stack.extend(scol)
+            lc.count.extend(launches.values())
+            if any(gcol):
+                lc.gpu.extend(gcol)
     batch.stack_ids.extend(stack_ids)
     for proc, st in window.syscalls:
         batch.syscalls.append(
@@ -205,7 +214,17 @@ def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_i
     kc = batch.cuda_kernel_columns
     for pc in cuda.processes:
         pidx = process_index(pc.process)
+        placed = set()
+        for frames, ns in pc.kernel_stacks:  # under the stacks that launched them (agent/resolver.py)
+            placed.add(frames[-1].function)
+            functions = [f.function for f in frames]
+            modules = [f.module for f in frames]
+            kc.process.append(pidx)
+            kc.stack.append(stack_index(("cuda_kernel_stack", frames), functions, modules, len(frames)))
+            kc.kernel_ns.append(ns)
         for name, ns in sorted(pc.kernel_ns.items()):
+            if name in placed:
+                continue
             kc.process.append(pidx)
             kc.stack.append(stack_index(("cuda_kernel", name), [name], [CUDA_MODULE], 1))
             kc.kernel_ns.append(ns)
@@ -222,7 +241,24 @@ def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_i
                     records_lost=d.records_lost,
                 )
             )
+    for proc, call in cuda.calls:
+        batch.cuda_calls.append(
+            pb.CudaCallStats(
+                process=process_index(proc),
+                call=strings.id(call.call),
+                count=call.count,
+                timed=call.count,
+                timed_ns=call.ns,
+                latency_log2_ns=_trimmed(call.hist),
+            )
+        )
     batch.cuda_stats.kernels = cuda.kernels
+    if cuda.launch_sample_every:
+        st = batch.cuda_stats
+        st.launch_sample_every = cuda.launch_sample_every
+        st.launches = cuda.launches_seen
+        st.launches_sampled = cuda.launches_sampled
+        st.table_full = cuda.table_full
 
 
 def _encode_gpu(batch: pb.Batch, gpu: GpuWindow, strings: _Strings, process_index) -> None:

@@ -18,6 +18,8 @@ from fleetprof import __version__
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
 from fleetprof.agent.batch import encode_window
+from fleetprof.agent.gpu.cuda_libraries import ERROR_REASONS as CUDA_LIBRARY_ERRORS
+from fleetprof.agent.gpu.cuda_libraries import cuda_libraries
 from fleetprof.agent.gpu.cupti_reader import CudaWindow, CuptiReaders
 from fleetprof.agent.gpu.metrics import GpuExporter
 from fleetprof.agent.gpu.poller import GpuPoller, GpuPollerConfig
@@ -83,6 +85,10 @@ class AgentConfig:
     gpu: bool = True  # poll NVML (off by itself, said once, where there is no driver)
     gpu_interval_s: float = 1.0
     cupti: bool = True  # read the activity rings of processes that load our CUPTI library (agent/cupti/)
+    # Uprobes on the CUDA runtime, driver and NCCL of processes that map them (agent/gpu/cuda_probes.py):
+    # launches with their stacks (1 in N walked), latency of the calls that wait for the GPU.
+    cuda_probes: bool = True
+    cuda_launch_sample_every: int = SamplerConfig.cuda_launch_sample_every
     tls: ClientTlsConfig | None = None  # None: plaintext gRPC to the collector
     auth_token_file: str | None = None  # send `authorization: Bearer` with its first token
     metrics_token_file: str | None = None  # /metrics needs `Authorization: Bearer` with one of its tokens
@@ -124,6 +130,9 @@ class Agent:
         self.python = PythonStacks(enabled=config.python, file_errors=self.file_errors)
         self.unwinder: Unwinder | None = None  # with --unwind=eh_frame, once the sampler is loaded
         self.cupti = CuptiReaders() if config.cupti else None
+        self.cuda_library_errors = dict.fromkeys(
+            CUDA_LIBRARY_ERRORS, 0
+        )  # CUDA files left unprobed, by reason
         self.processes = ProcessTable(on_capture=self._on_capture, on_forget=self._on_forget)
         self.vdso = read_own_vdso()  # the node's vDSO image: tables and names for every process's [vdso]
         # OSError: the cache directory cannot be made (the agent does not start: said in one line).
@@ -214,6 +223,11 @@ class Agent:
         self.python.on_capture(info)
         if self.cupti is not None:
             self.cupti.on_capture(info)
+        probes = self.sampler.cuda if self.sampler is not None else None
+        if probes is not None:
+            libraries = cuda_libraries(info, probes.known, self.cuda_library_errors)
+            if libraries:
+                probes.attach(info.pid, libraries)
         if self.unwinder is not None:
             self.unwinder.describe(info)
 
@@ -221,6 +235,8 @@ class Agent:
         self.python.forget(pid)
         if self.cupti is not None:
             self.cupti.forget(pid)
+        if self.sampler is not None and self.sampler.cuda is not None:
+            self.sampler.cuda.forget(pid)
         if self.unwinder is not None:
             self.unwinder.forget(pid)
 
@@ -259,6 +275,14 @@ class Agent:
                     n,
                     f"CUPTI rings not read (agent/gpu/cupti_ring.py RingError reason {reason!r})",
                 )
+        probes = self.sampler.cuda if self.sampler is not None else None
+        if probes is not None:
+            for reason, n in {**self.cuda_library_errors, **probes.errors}.items():
+                out[f"cuda_probe_errors_{reason}"] = (
+                    n,
+                    f"CUDA library files left unprobed (reason {reason!r}: agent/gpu/cuda_libraries.py, "
+                    "agent/cuda_probes.py)",
+                )
         return out
 
     def _gauges(self) -> dict:
@@ -286,6 +310,10 @@ class Agent:
             "cupti_processes": (
                 len(self.cupti) if self.cupti is not None else 0,
                 "Processes whose CUPTI library ring the agent reads",
+            ),
+            "cuda_probed_files": (
+                len(self.sampler.cuda) if self.sampler is not None and self.sampler.cuda is not None else 0,
+                "CUDA runtime, driver and NCCL files with the agent's uprobes attached",
             ),
             "gpu_owner_lookup_enabled": (
                 1 if self.gpu_owners.enabled else 0,
@@ -405,6 +433,8 @@ class Agent:
                 offcpu_min_block_us=cfg.offcpu_min_block_us,
                 offcpu_exact_us=cfg.offcpu_exact_us,
                 unwind=cfg.unwind,
+                cuda=cfg.cuda_probes,
+                cuda_launch_sample_every=cfg.cuda_launch_sample_every,
             ),
             on_process_event=self._on_process_event,
             on_python_stack=self.python.announced,

@@ -62,6 +62,58 @@ class OffCpuSettings:
     min_block_ns: int  # shorter waits were dropped
 
 
+# How a launch named its kernel (agent/bpf/cuda_probes.c CUDA_API_*): what CudaLaunchCount.handle is.
+CUDA_API_RUNTIME = 1  # the host stub's address: named by the process's symbols
+CUDA_API_DRIVER = 2  # a CUfunction / CUkernel: named by cuModuleGetFunction / cuLibraryGetKernel
+CUDA_API_GRAPH = 3  # a graph's executable handle: its kernels are not known at launch
+CUDA_API_MARKER = 4  # our CUPTI library's sampled launch: weight << 32 | correlation id (not a launch count)
+
+
+@dataclass(frozen=True)
+class CudaLibrary:
+    """A CUDA runtime, driver or NCCL file a process maps (agent/gpu/cuda_libraries.py), for its uprobes."""
+
+    key: tuple[int, int, int]  # (device major, minor, inode) as /proc/PID/maps prints them: one per file
+    kind: str  # agent/cuda_api.py RUNTIME, DRIVER or NCCL
+    path: str  # /proc/PID/map_files/START-END: exactly the mapped inode, while the process lives
+    offsets: dict[str, int]  # probed function -> file offset; empty when the file is probed already
+    text: tuple[tuple[int, int], ...] = ()  # the runtime's executable ranges in this process
+
+
+@dataclass(frozen=True)
+class CudaLaunchCount:
+    """Launches recorded with one stack and one kernel in a window: `row.count` as recorded (1 in
+    CudaProbeDrain.sample_every), its stacks in the Drain's tables."""
+
+    row: SampleCount
+    handle: int
+    api: int  # CUDA_API_*
+
+
+@dataclass(frozen=True)
+class CudaCallStat:
+    """One process's calls of one timed CUDA function that returned in a window (every one of them)."""
+
+    tgid: int
+    call: str  # the function as exported ("cudaStreamSynchronize")
+    count: int
+    ns: int
+    hist: tuple[int, ...]  # hist[i]: calls in [2^i, 2^(i+1)) ns; the last bucket is open-ended
+
+
+@dataclass
+class CudaProbeDrain:
+    """What the CUDA uprobes recorded in one window (agent/gpu/cuda_probes.py)."""
+
+    launches: list[CudaLaunchCount]
+    calls: list[CudaCallStat]
+    names: dict[tuple[int, int], str]  # (tgid, driver handle) -> kernel name, for the launches' handles
+    sample_every: int  # 1 launch in N had its stack taken; launch counts are scaled by it
+    launches_seen: int = 0  # every launch, counted in the kernel
+    launches_sampled: int = 0
+    table_full: int = 0
+
+
 @dataclass
 class Drain:
     """Everything one drain produced: counts, the stacks they reference (leaf first), stat deltas."""
@@ -81,6 +133,7 @@ class Drain:
     offcpu_pending: int = 0
     frequency_hz: int = 0  # samples per second per CPU
     offcpu_settings: OffCpuSettings | None = None  # how `offcpu` was recorded; None when off-CPU is off
+    cuda: CudaProbeDrain | None = None  # the CUDA uprobes' window; None when they are off
 
 
 @dataclass(frozen=True)
@@ -390,11 +443,30 @@ class ProcessCuda:
     devices: list[DeviceActivity] = field(default_factory=list)
     kernel_ns: dict[str, int] = field(default_factory=dict)  # kernel name -> ns that ran in this window
     kernels: int = 0
+    # Kernels of launches the library sampled: (outer correlation id, name, ns, weight), to be joined with the
+    # stacks the uprobe on its marker took (agent/resolver.py); and what the resolver made of them: kernel ns
+    # by launching stack, the kernel as leaf (each name's total apportioned over its sampled launches).
+    sampled_kernels: list[tuple[int, str, int, int]] = field(default_factory=list)
+    kernel_stacks: list[tuple[tuple[Frame, ...], int]] = field(default_factory=list)
 
 
 @dataclass
 class CudaWindow:
-    processes: list[ProcessCuda]
+    """A window's CUDA facts: what the CUPTI rings gave per process, and what the uprobes saw."""
+
+    processes: list[ProcessCuda] = field(default_factory=list)
+    # Launches by launching stack, the kernel as leaf frame (ResolvedSample.frames), counts scaled up by
+    # launch_sample_every; kernel_start == len(frames): the kernel frame is no OS kernel frame.
+    launches: list[ResolvedSample] = field(default_factory=list)
+    calls: list[tuple[ProcessInfo, CudaCallStat]] = field(default_factory=list)
+    launch_sample_every: int = 0  # 0: no uprobes (no CudaStats for them)
+    launches_seen: int = 0
+    launches_sampled: int = 0
+    table_full: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.processes or self.launches or self.calls or self.launch_sample_every)
 
     @property
     def kernels(self) -> int:

@@ -6,11 +6,16 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from fleetprof.agent.attribution import Attributor
+from fleetprof.agent.cuda_api import library_kind
 from fleetprof.agent.model import (
+    CUDA_API_DRIVER,
+    CUDA_API_GRAPH,
+    CUDA_API_MARKER,
+    CUDA_API_RUNTIME,
     GPU_SLOT_FINE,
     STACK_LOST,
     STACK_NONE,
@@ -18,12 +23,14 @@ from fleetprof.agent.model import (
     STACK_SYSCALL,
     STACK_UNTAKEN,
     CgroupIdentity,
+    CudaLaunchCount,
     CudaWindow,
     DeviceAssignment,
     Drain,
     Frame,
     GpuWindow,
     Labels,
+    ProcessCuda,
     ProcessInfo,
     ResolvedSample,
     SampleCount,
@@ -48,6 +55,11 @@ NO_STACK = Frame("[no stack]", "[fleetprof]")
 # did not end in a return to the user context it left (preempted or faulted in user code): no stack.
 UNTAKEN_STACK = Frame("[long wait: stack not taken]", "[fleetprof]")
 UNMAPPED = "[unmapped]"
+# Leaf frames of launches whose kernel has no name: a graph (its kernels are not known at launch), a driver
+# handle whose naming call was not seen (made before the probes were attached).
+CUDA_MODULE = "[cuda]"
+CUDA_GRAPH = Frame("[cuda graph]", CUDA_MODULE)
+UNNAMED_KERNEL = Frame("[unnamed kernel]", CUDA_MODULE)
 # User frames of a process that was gone before its mappings could be read (it lived between two looks, or
 # its first events were lost): its addresses cannot be named, nor told apart from garbage.
 NOT_DESCRIBED = Frame("[process gone before its mappings were read]", "[fleetprof]")
@@ -92,6 +104,8 @@ def window_processes(window: Window) -> list[ProcessInfo]:
         procs += [pw.process for pw in window.gpu.processes if pw.process is not None]
     if window.cuda is not None:
         procs += [pc.process for pc in window.cuda.processes]
+        procs += [s.process for s in window.cuda.launches]
+        procs += [p for p, _ in window.cuda.calls]
     return procs
 
 
@@ -155,6 +169,9 @@ class Resolver:
         self._cut = 0  # samples of this window whose user stack was cut at an unmapped address
         self._unsymbolized = 0  # ... and whose user stack holds code of a file that no symbol covers
         self._symbol_generation = symbolizer.generation
+        # (pid, start, correlation id) -> the launching stack (root first, ending in the CUDA API function)
+        # of a launch our CUPTI library sampled, until its kernel's record is read (a window or two later)
+        self._launch_stacks = _Lru(cache_size)
 
     def resolve(
         self,
@@ -224,9 +241,95 @@ class Resolver:
         if gpu is not None:
             owner = self._gpu.owner if self._gpu is not None else _no_owner
             window.gpu = gpu.attributed(lambda pid: self._processes.get(pid, mappings=False), owner)
+        if drain.cuda is not None:
+            cuda = self._cuda_probes(drain, cuda, remapped, python, gpu_state)
         window.cuda = cuda
         window.labels = self._labels(window)
         return window
+
+    def _cuda_probes(
+        self,
+        drain: Drain,
+        cuda: CudaWindow | None,
+        remapped: set[int],
+        python: _PythonWindow | None,
+        gpu_state: Callable[[int, int], str],
+    ) -> CudaWindow:
+        """The uprobes' launches (symbolized as samples are, the kernel as leaf, counts scaled back up) and
+        timed calls, added to the CUPTI rings' `cuda`."""
+        probes = drain.cuda
+        assert probes is not None
+        out = cuda if cuda is not None else CudaWindow()
+        every = probes.sample_every
+        for lc in probes.launches:
+            proc = self._process(lc.row.tgid, lc.row.comm, tid=lc.row.tid)
+            r = self._resolved(lc.row, proc, drain, remapped, python, 0, gpu_state)
+            if lc.api == CUDA_API_MARKER:
+                cid = lc.handle & 0xFFFFFFFF
+                self._launch_stacks.put(
+                    (proc.pid, proc.start_ticks, cid), _up_to_cuda(r.frames[: r.kernel_start])
+                )
+                continue
+            frames = (*r.frames[: r.kernel_start], self._kernel_frame(proc, lc, probes.names))
+            out.launches.append(
+                replace(r, frames=frames, kernel_start=len(frames), count=lc.row.count * every)
+            )
+        for pc in out.processes:
+            pc.kernel_stacks = self._kernel_stacks(pc)
+        out.calls = [(self._process(c.tgid, "", mappings=False), c) for c in probes.calls]
+        out.launch_sample_every = every
+        out.launches_seen = probes.launches_seen
+        out.launches_sampled = probes.launches_sampled
+        out.table_full = probes.table_full
+        return out
+
+    def _kernel_stacks(self, pc: ProcessCuda) -> list[tuple[tuple[Frame, ...], int]]:
+        """Each kernel name's exact time this window (pc.kernel_ns) under the stacks that launched it: split
+        over the name's sampled launches whose stack the marker's uprobe took, in proportion to each one's
+        own kernel time times its weight (the launches it stands for). Names with no such launch are left
+        to the one-frame stack."""
+        by_name: dict[str, list[tuple[tuple[Frame, ...], int]]] = {}
+        proc = pc.process
+        for cid, name, ns, weight in pc.sampled_kernels:
+            frames = self._launch_stacks.get((proc.pid, proc.start_ticks, cid))
+            if frames is not None and ns > 0:
+                by_name.setdefault(name, []).append((frames, ns * max(weight, 1)))
+        out: dict[tuple[Frame, ...], int] = {}
+        for name, parts in by_name.items():
+            total = pc.kernel_ns.get(name, 0)
+            weights = sum(w for _, w in parts)
+            if total <= 0 or weights <= 0:
+                continue
+            leaf = Frame(name, CUDA_MODULE)
+            given = 0
+            for i, (frames, w) in enumerate(parts):
+                share = total - given if i == len(parts) - 1 else total * w // weights
+                given += share
+                if share > 0:
+                    key = (*frames, leaf)
+                    out[key] = out.get(key, 0) + share
+        return list(out.items())
+
+    def _kernel_frame(
+        self, proc: ProcessInfo, lc: CudaLaunchCount, names: dict[tuple[int, int], str]
+    ) -> Frame:
+        """The launched kernel as a frame: the runtime's host stub named by the process's symbols (nvcc
+        gives the stub the kernel's own mangled name; the collector demangles it), the driver's handle by
+        the name it was looked up under."""
+        if lc.api == CUDA_API_RUNTIME and proc.mappings:
+            key = (proc.pid, proc.start_ticks, -lc.handle - 1)  # apart from stack ids in the same cache
+            cached = self._user_cache.get(key)
+            if cached is None:
+                f = self._symbolizer.user_frames(proc.pid, proc.mappings, (lc.handle,))[0]
+                cached = Frame(f.function, f.module)
+                self._user_cache.put(key, cached)
+            return cached
+        if lc.api == CUDA_API_DRIVER:
+            name = names.get((lc.row.tgid, lc.handle))
+            return Frame(name, CUDA_MODULE) if name else UNNAMED_KERNEL
+        if lc.api == CUDA_API_GRAPH:
+            return CUDA_GRAPH
+        return UNNAMED_KERNEL
 
     def _gpu_states(self) -> Callable[[int, int], str]:
         """(pid, gpu_slot) -> the process's GPU state in that slot of CLOCK_MONOTONIC (bpf_ktime_get_ns's
@@ -350,6 +453,15 @@ class Resolver:
         result = tuple(reversed(self._symbolizer.kernel_frames(addrs, return_addresses=True)))
         self._kernel_cache.put(stack_id, result)
         return result
+
+
+def _up_to_cuda(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """A stack (root first) up to its first frame in a CUDA library (the API function the program called),
+    without what ran inside it (the runtime, the driver, CUPTI's callback into our library)."""
+    for i, f in enumerate(frames):
+        if library_kind(f.module) is not None or f.module.startswith("libcupti"):
+            return frames[: i + 1]
+    return frames
 
 
 def _unnamed(groups: PythonFrames) -> bool:

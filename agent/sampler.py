@@ -39,6 +39,7 @@ from fleetprof.agent.unwind.kernel_maps import UnwindMaps
 log = logging.getLogger(__name__)
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
+CUDA_BPF_SOURCE = Path(__file__).parent / "bpf" / "cuda_probes.c"  # with SamplerConfig.cuda
 
 # Mirrors of cpu_sampler.c's constants and structs: the structs and STAT_NAMES are checked against the C side
 # at every load (_check_layouts) and by tests/test_sampler_layout.py.
@@ -95,6 +96,12 @@ STAT_NAMES = (
     "offcpu_exact_untaken",  # ... of which without their user stack (did not end in a syscall's return)
     "task_storage_failed",  # a task's own BPF storage could not be made: a wait or walk not kept
     "offcpu_exact_walks",  # user stacks of long unsampled waits walked at their syscall's return
+    # CUDA uprobes (bpf/cuda_probes.c), all 0 when they are off
+    "cuda_launches",  # kernel launches seen, every one
+    "cuda_launches_sampled",  # ... of which their stacks taken
+    "cuda_nested",  # driver launches made by the runtime: not counted again
+    "cuda_calls",  # timed CUDA calls that returned
+    "cuda_table_full",  # launches or calls not recorded: a map full
 )
 # Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
 # set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.
@@ -175,6 +182,30 @@ class SamplerConfig:
     unwind_files: int = 8192  # files with a table at once
     unwind_maps: int = 1 << 17  # executable mappings of all unwound processes (32 bytes each)
     unwind_procs: int = 16384  # processes unwound by tables at once
+    # CUDA uprobes (agent/gpu/cuda_probes.py): launches with their stacks, latency of the waiting calls.
+    cuda: bool = False
+    # 1 launch in N has its stack taken (every one is counted): the walk costs ~4 µs a launch on top of the
+    # trap (bench/cuda_launch.py), 1 in 8 brings it under 0.5 µs, as our CUPTI library samples its launches
+    cuda_launch_sample_every: int = 8
+    cuda_procs: int = 1024  # CUDA processes at once (driver names, runtime ranges, open calls per thread)
+    cuda_launches: int = 16384  # (thread, stacks, kernel) launch rows per window
+    cuda_calls: int = 4096  # (process, call) rows per window
+
+    def cuda_flags(self) -> list[str]:
+        from fleetprof.agent import cuda_api as cp
+
+        if self.cuda_launch_sample_every < 1:
+            raise ValueError("cuda_launch_sample_every must be >= 1")
+        return [
+            f"-DCUDA={1 if self.cuda else 0}",
+            f"-DCUDA_LAUNCH_SAMPLE_EVERY={self.cuda_launch_sample_every}U",
+            f"-DCUDA_LAUNCHES_SIZE={self.cuda_launches}",
+            f"-DCUDA_CALLS_SIZE={self.cuda_calls}",
+            f"-DCUDA_CALL_IDS={len(cp.CALLS)}",
+            f"-DCUDA_HIST={cp.CUDA_HIST}",
+            f"-DCUDA_NAME_LEN={cp.CUDA_NAME_LEN}",
+            f"-DCUDA_PROCS_SIZE={self.cuda_procs}",
+        ]
 
     def table_sizes(self, ncpus: int) -> tuple[int, int]:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
@@ -343,10 +374,15 @@ class CpuSampler:
             f"-DGPU_PROCS_SIZE={config.gpu_procs}",
             *config.offcpu_flags(os.cpu_count() or 1),
             *config.unwind_flags(),
+            *(config.cuda_flags() if config.cuda else ["-DCUDA=0"]),
             f"-I{BPF_SOURCE.parent}",
         ]
         try:
-            self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            # The CUDA probes are appended as text: BCC makes programs of the main file's functions only.
+            text = BPF_SOURCE.read_text()
+            if config.cuda:
+                text += "\n" + CUDA_BPF_SOURCE.read_text()
+            self._bpf = bcc.BPF(text=text.encode(), cflags=cflags)
         except Exception as exc:  # BCC raises bare Exception for compile and verifier failures
             raise BpfUnavailable(f"the CPU sampler BPF program did not compile or load: {exc}") from exc
         self._buffers = DoubleBuffer(self._bpf["control"])
@@ -359,6 +395,12 @@ class CpuSampler:
             self._offcpu = (self._bpf["offcpu0"], self._bpf["offcpu1"])
             self._offcpu_starts = self._bpf["offcpu_starts"]
         _check_layouts(self._bpf, config.off_cpu)
+        self.cuda = None  # agent/gpu/cuda_probes.py CudaProbes, with config.cuda
+        if config.cuda:
+            from fleetprof.agent.cuda_probes import CudaProbes, check_layouts
+
+            check_layouts(self._bpf)
+            self.cuda = CudaProbes(self._bpf, config.cuda_launch_sample_every)
         self._carry = StackCarry()
         self._offcpu_settings = (
             OffCpuSettings(config.offcpu_sample_every, config.offcpu_min_block_us * 1000)
@@ -373,6 +415,8 @@ class CpuSampler:
                 steps.append((b"unwind_step_tp", bcc.BPF.TRACEPOINT, "unwind_progs_tp"))
                 if config.offcpu_exact_us:
                     steps.append((b"unwind_step_raw", bcc.BPF.RAW_TRACEPOINT, "unwind_progs_raw"))
+            if config.cuda:
+                steps.append((b"unwind_step_kp", bcc.BPF.KPROBE, "unwind_progs_kp"))
             for name, prog_type, array in steps:
                 try:
                     step = self._bpf.load_func(name, prog_type)
@@ -518,6 +562,7 @@ class CpuSampler:
             if self._config.off_cpu:
                 stats[STAT_OFFCPU_STACKS_UNRESOLVED] = self._carry.fill(offcpu, stacks, python_stacks)
                 self._carry.keep(pending, stacks, python_stacks)
+            cuda = self.cuda.drain(idle, stats) if self.cuda is not None else None
             return Drain(
                 start_ns,
                 end_ns,
@@ -529,6 +574,7 @@ class CpuSampler:
                 len(pending),
                 frequency_hz=self._config.frequency_hz,
                 offcpu_settings=self._offcpu_settings,
+                cuda=cuda,
             )
 
     def _offcpu_rows(self, idle_set: int) -> list[SampleCount]:
@@ -563,4 +609,6 @@ class CpuSampler:
 
     def close(self) -> None:
         with self._lock:
+            if self.cuda is not None:
+                self.cuda.close()
             self._bpf.cleanup()

@@ -18,8 +18,8 @@ launches and seconds. Columns, run interleaved in every round (order rotated), m
 underneath. NVIDIA's CUPTI costs far more than the stand-in's (about 1.5 µs a launch measured on an H200,
 bench/README.md), so read the µs columns, not the stand-in's throughput ratios, when judging a real job.
 
-Hook for the agent's own uprobes (the issue's third way): add a Column whose `start` starts the agent (or
-attaches its probes) and whose `stop` stops it; see AGENT_COLUMN below.
+The agent's own CUDA uprobes beside no probes and this library: bench/cuda_launch.py. AGENT_COLUMN below
+stays a hook for a column of this script's own.
 """
 
 from __future__ import annotations

@@ -57,9 +57,11 @@ AGENT_STAGES = (
             "unwind.kernel_maps",
             "syscall_table",
             "syscall_names",
+            "cuda_api",
         ),
     ),
-    ("sampler", ("sampler", "syscalls")),  # load the BPF programs and drain their maps
+    # load the BPF programs and drain their maps (the CUDA uprobes are the sampler's: one BPF object)
+    ("sampler", ("sampler", "syscalls", "cuda_probes")),
     # pid -> process and pod, addresses -> symbols (native, Python, kernel), GPU state and its owners
     (
         "resolver",
@@ -69,7 +71,7 @@ AGENT_STAGES = (
 )
 # The BPF loaders: they own BCC objects. Only agent/main.py (which wires them) imports them; the other stages
 # take what they drain as agent/model.py values, never their types from a loader.
-BPF_LOADERS = (f"{AGENT}.sampler", f"{AGENT}.syscalls")
+BPF_LOADERS = (f"{AGENT}.sampler", f"{AGENT}.syscalls", f"{AGENT}.cuda_probes")
 # fleetprof/'s own modules other than these are shared by both sides (auth, tls, httpserve, httprequest,
 # client, gpu_families, procname): they never import the agent or the collector.
 NOT_SHARED = ("agent", "collector", "cli", "_proto")

@@ -103,7 +103,7 @@ def test_every_stat_the_c_side_counts_has_a_name_and_no_name_is_left_over() -> N
     # Every stat defined is counted somewhere, and every one counted is defined and named.
     defined = {name for name, _ in stats}
     body = re.sub(r"^#define STAT_\w+.*$", "", text, flags=re.M)
-    body += "".join(c_text(BPF / f) for f in ("unwind.h", "python_stack.h"))
+    body += "".join(c_text(BPF / f) for f in ("unwind.h", "python_stack.h", "cuda_probes.c"))
     assert set(re.findall(r"\bSTAT_[A-Z0-9_]+\b", body)) == defined
 
 

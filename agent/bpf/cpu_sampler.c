@@ -7,10 +7,9 @@
 // PY_MAX_THREADS, PY_STACKS_SIZE, PY_PROCS_SIZE, PY_NEW_PAGES, OFF_CPU, OFFCPU_SAMPLE_EVERY,
 // OFFCPU_MIN_BLOCK_NS, OFFCPU_EXACT_NS, OFFCPU_RUNNABLE, OFFCPU_COUNTS_SIZE, OFFCPU_TASKS_SIZE, CUDA and, for
 // unwind.h, UNWIND, UNWIND_ROWS, UNWIND_FILES, UNWIND_MAPS, UNWIND_PROCS, UNWIND_FRAMES_PER_PROG and
-// UNWIND_MAX_FRAMES with -D flags, and mirrors every struct here with ctypes. CUDA (issue 28, not written
-// yet; sampler.py never defines it, so it is 0): agent/bpf/cuda_probes.c is to be compiled after this file,
-// in the same object (it shares the stack maps and the walk: WALK_CUDA, task_walks, unwind_state.at_entry),
-// its uprobe programs loaded by the agent.
+// UNWIND_MAX_FRAMES with -D flags, and mirrors every struct here with ctypes. With CUDA, agent/bpf/cuda_probes.c
+// is compiled after this file, appended to its text (BCC makes programs only of the main file's functions) (it shares the stack maps and the walk: WALK_CUDA,
+// task_walks, unwind_state.at_entry); agent/gpu/cuda_probes.py attaches its uprobes.
 //
 // Rules this file keeps:
 //  * No kernel struct is read through headers. The agent may run with headers of another kernel
@@ -112,7 +111,13 @@ struct sample_key {
                                       // end in a return to the same user context (preempted in user code)
 #define STAT_TASK_STORAGE_FAILED 40   // a task's storage could not be made: its wait or walk not kept
 #define STAT_OFFCPU_EXACT_WALKS  41   // user stacks of long unsampled waits walked at their syscall's return
-#define NSTATS                   42
+// CUDA uprobes (cuda_probes.c); all zero without CUDA.
+#define STAT_CUDA_LAUNCHES       42   // kernel launches seen (every one)
+#define STAT_CUDA_SAMPLED        43   // ... of which their stacks taken (1 in CUDA_LAUNCH_SAMPLE_EVERY)
+#define STAT_CUDA_NESTED         44   // driver launches made by the runtime: not counted again
+#define STAT_CUDA_CALLS          45   // timed calls that returned
+#define STAT_CUDA_TABLE_FULL     46   // a launch or call not recorded: its map was full
+#define NSTATS                   47
 
 // Stack ids below STACK_RESERVED name no stored stack: 0 none, 1 lost (table full), 2 not taken (a long
 // wait recorded exactly without its stack), STACK_SYSCALL + nr: the wait was in syscall nr (the kernel
@@ -491,14 +496,10 @@ static __always_inline void offcpu_keep(u32 set, struct sample_key *key, u64 sin
 #define WALK_SAMPLE    0   // a CPU sample: count it
 #define WALK_OFFCPU    1   // a sampled switch-out: keep its start (arg[0]: its switch-in, arg[1]: runnable)
 #define WALK_LONG_WAIT 2   // a long unsampled wait, at its syscall's return: record it (arg[0] ns, arg[1] ran)
-#define WALK_CUDA      3   // a CUDA uprobe: cuda_probes.c's cuda_walk_done (arg: its own)
+#define WALK_CUDA      3   // a CUDA uprobe: ended by cuda_probes.c's cuda_walk_finish (arg: its own)
 
 #define USER_STACK_SEED   0x7573657273746b31ULL
 #define KERNEL_STACK_SEED 0x6b65726e656c6b31ULL
-
-#if CUDA
-static __always_inline void cuda_walk_done(u32 set, struct sample_key *key, u64 *arg);   // cuda_probes.c
-#endif
 
 // `key` (user_stack filled) is what a walk for `purpose` found: do what it was for.
 static __always_inline void walk_done(u32 set, struct sample_key *key, u32 purpose, u64 *arg) {
@@ -518,10 +519,9 @@ static __always_inline void walk_done(u32 set, struct sample_key *key, u32 purpo
         return;
     }
 #endif
-#if CUDA
-    if (purpose == WALK_CUDA)
-        cuda_walk_done(set, key, arg);
-#endif
+    // WALK_CUDA walks end in cuda_probes.c's own cuda_walk_finish: a branch here would be inlined into every
+    // program that walks, and sys_exit's grew past what clang keeps as direct helper calls ("unknown
+    // opcode 8d", an indirect call).
 }
 
 // The walk in `s` ended: store the frames it found and do what it was for.

@@ -40,6 +40,7 @@ MAX_PROCESSES = 256
 MAX_PROBES_PER_DRAIN = 64
 POLL_RECORDS = 65_536  # one ring of the library's default build per drain
 HORIZON_WINDOWS = 6
+SAMPLED_KEPT = 65_536  # sampled launches per process waiting for their kernel's record
 # Why a ring was not read: RingError's reasons, then too many rings, then a fault of ours.
 ERROR_REASONS = ("gone", "no_ring", "bad_header", "unreadable", "too_many", "internal")
 # Files whose mapping makes a process a candidate: the CUDA driver loads our library (CUDA_INJECTION64_PATH)
@@ -70,6 +71,9 @@ class _Tracked:
         self.activity = ProcessActivity(horizon_ns=horizon_ns)
         self.cursor: int | None = None  # CLOCK_MONOTONIC: what the batches so far covered ends here
         self.longest_ns = 0  # the longest kernel or copy of the process so far
+        # correlation id (outer or inner) of a sampled launch -> (its outer id: the marker's, its weight),
+        # kept until its kernel is read (a kernel record comes after its launch record), at most SAMPLED_KEPT
+        self.sampled: dict[int, tuple[int, int]] = {}
         self.cupti_dropped = 0
 
 
@@ -93,6 +97,27 @@ def kernel_ns_by_name(batch: RingBatch) -> tuple[dict[str, int], int]:
         if ns > 0:
             out[name] = out.get(name, 0) + ns
     return out, len(kern)
+
+
+def sampled_kernels(sampled: dict[int, tuple[int, int]], batch: RingBatch) -> list[tuple[int, str, int, int]]:
+    """(outer correlation id, kernel name, ns, weight) of the batch's kernels whose launch the library sampled
+    (and so called its marker with that outer id, where the agent's uprobe took the stack). A kernel record
+    carries the outer or the inner launch call's id (CUPTI documents either); the launch record names both,
+    so the join is exact. `sampled` carries launch records over to the batches their kernels arrive in."""
+    for r in batch.launches:
+        outer, weight = int(r["correlation_id"]), int(r["weight"])
+        sampled[outer] = (outer, weight)
+        if int(r["inner_correlation_id"]):
+            sampled[int(r["inner_correlation_id"])] = (outer, weight)
+    while len(sampled) > SAMPLED_KEPT:
+        del sampled[next(iter(sampled))]  # the oldest: its kernel's record was lost
+    kern = batch.activities[batch.activities["kind"] == KIND_KERNEL]
+    out = []
+    for r in kern[np.isin(kern["correlation_id"], np.fromiter(sampled, dtype=np.int64, count=len(sampled)))]:
+        outer, weight = sampled.pop(int(r["correlation_id"]))
+        name = batch.names.get(int(r["name_ref"])) or f"[kernel {int(r['name_hash']):08x}]"
+        out.append((outer, name, max(0, int(r["end_ns"]) - int(r["start_ns"])), weight))
+    return out
 
 
 def maps_library(info: ProcessInfo, prefixes: tuple[str, ...]) -> bool:
@@ -237,6 +262,7 @@ class CuptiReaders:
         self.counters.records_lost += lost
         got = ProcessCuda(t.info)
         got.kernel_ns, got.kernels = kernel_ns_by_name(batch)
+        got.sampled_kernels = sampled_kernels(t.sampled, batch)
         if t.cursor is None and t.activity.known_from is not None:
             # What the ring held from before the window it was opened in is history: its kernel time is
             # counted, its timeline is not (a first stretch reaching back further would lag every later one).

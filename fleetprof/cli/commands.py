@@ -145,11 +145,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 ("offcpu_sample_every", args.off_cpu_sample),
                 ("offcpu_min_block_us", args.off_cpu_min_block),
                 ("offcpu_exact_us", None if args.off_cpu_exact_ms is None else args.off_cpu_exact_ms * 1000),
+                ("cuda_launch_sample_every", args.cuda_launch_sample),
             )
             if v is not None
         },
         gpu=args.gpu,
         cupti=args.cupti,
+        cuda_probes=args.cuda_probes,
         gpu_interval_s=args.gpu_interval,
         tls=tls,
         auth_token_file=args.auth_token_file,

@@ -661,6 +661,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not read the GPU activity of processes that load fleetprof's CUPTI library",
     )
     a.add_argument(
+        "--no-cuda-probes",
+        dest="cuda_probes",
+        action="store_false",
+        help="no uprobes on the CUDA runtime, driver and NCCL (kernel launches, CUDA call latency)",
+    )
+    a.add_argument(
+        "--cuda-launch-sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="walk the stack of 1 CUDA kernel launch in N (every launch is counted; default 8)",
+    )
+    a.add_argument(
         "--gpu-interval",
         type=_seconds,
         default=1.0,

@@ -71,6 +71,7 @@ class CudaStandins:
     cudart_real: Path  # tests/cuda_standin/cudart_real.c
     include: Path  # NVIDIA's headers
     null_tool: Path  # tests/cuda_standin/null_tool.c: a CUPTI client that does nothing (bench baseline)
+    probed: Path  # tests/cuda_standin/probed.c: the uprobes' workload (known launches and waits)
 
     def env(self, inject: bool = True, base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
         """An environment for a workload on the stand-ins; `inject` loads our library into it."""
@@ -103,7 +104,10 @@ def build_standins(out: Path) -> CudaStandins:
     _cc(["-O0", *_COMMON, *inc, "-o", str(cudart_real), str(HERE / "cudart_real.c"), "-ldl"])
     null_tool = lib / "libnull_tool.so"
     _cc([*_SHARED, *inc, "-o", str(null_tool), str(HERE / "null_tool.c"), "-ldl"])
-    return CudaStandins(lib, library, launcher, cudart_real, include, null_tool)
+    probed = out / "probed"
+    _cc(["-O0", *_COMMON, *inc, "-o", str(probed), str(HERE / "probed.c"),
+         "-L", str(lib), "-l:libcudart.so.13", "-l:libcuda.so.1", f"-Wl,-rpath,{lib}"])  # fmt: skip
+    return CudaStandins(lib, library, launcher, cudart_real, include, null_tool, probed)
 
 
 # ---- running a workload and reading its ring -------------------------------------------------------------
