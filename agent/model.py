@@ -320,6 +320,16 @@ class Frame:
     function: str
     module: str
     kernel: bool = False
+    # The hash, computed once: the encoder keys every row by its whole stack of frames, and a hash made
+    # afresh (the dataclass's own) cost ~1 us a frame, tens of us a row (bench/README.md "Agent cost per
+    # sample").
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.function, self.module, self.kernel)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def is_unknown(self) -> bool:
