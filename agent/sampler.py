@@ -176,13 +176,17 @@ class SamplerConfig:
     unwind_files: int = 8192  # files with a table at once
     unwind_maps: int = 1 << 17  # executable mappings of all unwound processes (32 bytes each)
     unwind_procs: int = 16384  # processes unwound by tables at once
+    # Stack maps (stacks, python_stacks) allocated by need rather than preallocated at their full size, where
+    # the kernel allows it (stacks_map_flags); False: always preallocated.
+    stacks_by_need: bool = True
 
     def table_sizes(self, ncpus: int) -> tuple[int, int]:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
 
         A window holds at most ncpus x frequency x interval samples; each has up to two distinct stacks.
-        Preallocated (allocation from the perf event's IRQ context can fail otherwise), so the size is
-        kernel memory: ~1 KB per stack entry, x2 for the double buffer. Clamped to [4k, 64k].
+        Counts are preallocated; stacks (~1 KB an entry, x2 for the double buffer) go by need where the
+        kernel allows it (stacks_map_flags), so the stacks' size is a cap, not kernel memory held. Clamped
+        to [4k, 64k].
         """
         per_window = int(ncpus * self.frequency_hz * self.interval_s * 1.25)
         counts = min(max(_pow2(per_window), 4096), 65536)
@@ -235,12 +239,32 @@ class SamplerConfig:
             f"-DOFFCPU_TASKS_SIZE={tasks}",
         ]
 
+    def stacks_map_flags(self, kernel_release: str | None = None) -> int:
+        """BPF_F_NO_PREALLOC for the stack maps when they go by need and the kernel lets a perf_event
+        program write a map without preallocation (6.1 gave such maps an allocator that works in any
+        context; older verifiers refuse the program), else 0. See cpu_sampler.c stacks{0,1}."""
+        if not self.stacks_by_need:
+            return 0
+        return BPF_F_NO_PREALLOC if _kernel_at_least(kernel_release or platform.release(), (6, 1)) else 0
+
     def python_stacks_size(self, stacks_size: int) -> int:
-        """Entries per python_stacks map: ~1 KB each, preallocated; a quarter of the native stack table
-        (Python processes are a part of a node's samples), 1024 to 16k (at most 32 MB for both sets)."""
+        """Entries per python_stacks map: ~1 KB each, by need as stacks are; a quarter of the native stack
+        table (Python processes are a part of a node's samples), 1024 to 16k (at most 32 MB for both sets)."""
         if not self.python:
             return 1
         return min(max(stacks_size // 4, 1024), 16384)
+
+
+BPF_F_NO_PREALLOC = 1  # include/uapi/linux/bpf.h
+
+
+def _kernel_at_least(release: str, version: tuple[int, int]) -> bool:
+    """Whether a kernel release ("6.18.0-1-cloud-amd64") is `version` or later; False when unreadable."""
+    parts = release.split("-", 1)[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= version
+    except (IndexError, ValueError):
+        return False
 
 
 def _pow2(n: int) -> int:
@@ -373,7 +397,7 @@ class CpuSampler:
             f"-DSTACKS_SIZE={self.stacks_size}",
             f"-DSEEN_SIZE={config.seen_size}",
             f"-DINCLUDE_IDLE={1 if config.include_idle else 0}",
-            "-DSTACKS_MAP_FLAGS=0",
+            f"-DSTACKS_MAP_FLAGS={config.stacks_map_flags()}",
             f"-DPYTHON_STACKS={1 if config.python else 0}",
             f"-DPY_MAX_DEPTH={PY_MAX_DEPTH}",
             f"-DPY_MAX_THREADS={PY_MAX_THREADS}",
