@@ -115,8 +115,9 @@ def http_get(url: str, timeout_s: float = 5.0, context: ssl.SSLContext | None = 
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Prometheus text exposition as {sample name with labels: value}."""
-    _, text = http_get(url)
+    """Prometheus text exposition as {sample name with labels: value}. A minute to answer: on a node with
+    a load of 10 per CPU (a shared CI machine) an agent's /metrics took over 5 s."""
+    _, text = http_get(url, timeout_s=60.0)
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
