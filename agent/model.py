@@ -12,6 +12,7 @@ import bisect
 import ctypes as ct
 import os
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from fleetprof.gpu_families import GAP_BUCKETS_NS  # the wire's fixed buckets (CudaActivity.gap_histogram)
 
@@ -35,8 +36,10 @@ class ProcessEvent(ct.Structure):
     _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32), ("ns", ct.c_uint64)]
 
 
-@dataclass(frozen=True)
-class SampleCount:
+class SampleCount(NamedTuple):
+    """One drained row. A NamedTuple, as ResolvedSample: a drain makes one a row (thousands a window on a
+    busy node), and a frozen dataclass's __init__ took ~3x as long (bench/drain_parse.py)."""
+
     tgid: int
     tid: int
     cgroup_id: int
@@ -336,8 +339,9 @@ class Frame:
         return self.function.startswith(UNKNOWN)
 
 
-@dataclass(frozen=True)
-class ResolvedSample:
+class ResolvedSample(NamedTuple):
+    """One row symbolized (a NamedTuple: see SampleCount)."""
+
     process: ProcessInfo
     tid: int  # the agent's own (per-thread Python stacks are checked by it); batches sum a process's threads
     frames: tuple[Frame, ...]  # root first

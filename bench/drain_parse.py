@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from fleetprof.agent import sampler as S
 from fleetprof.agent.bpfmaps import _copy
-from fleetprof.agent.model import Frame, SampleCount
+from fleetprof.agent.model import Frame
 
 N_KEYS, N_STACKS, DEPTH = 16384, 4096, 25
 
@@ -49,7 +49,7 @@ def parse_ctypes(keys: bytes, counts: bytes, ids: bytes, stacks: bytes) -> tuple
     carr = (ct.c_uint64 * nk).from_buffer_copy(counts)
     entries = [(_copy(karr[i]), _copy(carr[i])) for i in range(nk)]
     rows = [
-        SampleCount(
+        OldSampleCount(
             tgid=k.tgid,
             tid=k.tid,
             cgroup_id=k.cgroup_id,
@@ -71,6 +71,20 @@ def parse_ctypes(keys: bytes, counts: bytes, ids: bytes, stacks: bytes) -> tuple
 
 def parse_bytes(keys: bytes, counts: bytes, ids: bytes, stacks: bytes) -> tuple:
     return S._sample_counts(keys, array.array("Q", counts).tolist()), S._stacks(ids, stacks)
+
+
+@dataclass(frozen=True)
+class OldSampleCount:  # SampleCount as it was: a frozen dataclass
+    tgid: int
+    tid: int
+    cgroup_id: int
+    comm: str
+    user_stack: int
+    kernel_stack: int
+    count: int
+    python_stack: int = 0
+    gpu_slot: int = 0
+    idle: bool = False
 
 
 @dataclass(frozen=True)
