@@ -20,7 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes, read_map_bytes
+from fleetprof.agent.bpfmaps import (
+    CounterDeltas,
+    DoubleBuffer,
+    drain_map_bytes,
+    drain_map_chunks,
+    read_map_bytes,
+)
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.model import Drain, OffCpuSettings, ProcessEvent, PyFrameRef, SampleCount
@@ -346,8 +352,8 @@ def _sample_counts(keys: bytes, counts: list[int], idle: set[int] = frozenset())
 
 def _stacks(keys: bytes, values: bytes) -> dict[int, tuple[int, ...]]:
     """Drained stacks{0,1} entries (u64 id, struct stack_trace) as id -> addresses, leaf first."""
-    ids = array.array("Q", keys)
-    words = array.array("Q", values)
+    ids = memoryview(keys).cast("Q")
+    words = memoryview(values).cast("Q")  # no copy of the values' bytes
     stride = MAX_DEPTH + 1
     out = {}
     for i, sid in enumerate(ids):
@@ -358,7 +364,7 @@ def _stacks(keys: bytes, values: bytes) -> dict[int, tuple[int, ...]]:
 
 def _python_stacks(keys: bytes, values: bytes) -> dict[int, tuple[PyFrameRef, ...]]:
     """Drained python_stacks{0,1} entries (u64 id, struct py_stack) as id -> frames, leaf first."""
-    ids = array.array("Q", keys)
+    ids = memoryview(keys).cast("Q")
     size = _PY_STACK_WORDS * 8
     out = {}
     for i, sid in enumerate(ids):
@@ -573,8 +579,13 @@ class CpuSampler:
             keys, values = drain_map_bytes(self._counts[idle], _KEY.size, _COUNT.size)
             samples = _sample_counts(keys, array.array("Q", values).tolist())
             offcpu = self._offcpu_rows(idle) if self._config.off_cpu else []
-            stacks = _stacks(*drain_map_bytes(self._stacks[idle], 8, ct.sizeof(StackTrace)))
-            python_stacks = _python_stacks(*drain_map_bytes(self._python_stacks[idle], 8, ct.sizeof(PyStack)))
+            # A batch at a time: a full stack map's bytes are tens of MB, its parsed stacks a few.
+            stacks: dict[int, tuple[int, ...]] = {}
+            for keys, values in drain_map_chunks(self._stacks[idle], 8, ct.sizeof(StackTrace)):
+                stacks.update(_stacks(keys, values))
+            python_stacks: dict[int, tuple[PyFrameRef, ...]] = {}
+            for keys, values in drain_map_chunks(self._python_stacks[idle], 8, ct.sizeof(PyStack)):
+                python_stacks.update(_python_stacks(keys, values))
             stats = self._stat_deltas()
             if self._config.off_cpu:
                 stats[STAT_OFFCPU_STACKS_UNRESOLVED] = self._carry.fill(offcpu, stacks, python_stacks)
