@@ -177,7 +177,8 @@ class Result:
     top_perf: list = field(default_factory=list)
     overlap: int = 0
     workload_out: str = ""
-    stacks_lost: int = 0  # samples whose stack the stack maps could not take (full, or no memory at once)
+    stacks_lost: int = 0  # samples whose native stack the stack maps could not take (full, or no memory)
+    python_stacks_lost: int = 0  # ... whose CPython stack the CPython stack maps could not take
 
 
 def thread_cpu_by_name(pid: int) -> dict[str, int]:
@@ -303,7 +304,8 @@ def one_run(python: Path, workload: Path, frequency: int, seconds: float, work: 
         int(gauges.get("fleetprof_agent_unwind_files_tabled", 0)),
         sum(m.memlock for m in maps.values()) / MB, total, 100 * whole / total, 100 * py / total,
         top_fp, top_perf, sum(1 for name, _ in top_perf if name in ours), out.decode().strip(),
-        int(sum(v for k, v in gauges.items() if "stack_table_full" in k and "outcomes" in k)),
+        int(gauges.get('fleetprof_agent_stack_outcomes_total{reason="stack_table_full"}', 0)),
+        int(gauges.get('fleetprof_agent_stack_outcomes_total{reason="python_stack_table_full"}', 0)),
     )  # fmt: skip
 
 
@@ -318,7 +320,10 @@ def report(r: Result, version: str, ncpus: int) -> None:
         f"{r.bpf_all_us:.1f}, drain+resolve+encode {r.drain_us:.1f}, rest (gRPC, events, symbols) "
         f"{r.rest_us:.1f} (gRPC core threads {r.grpc_core_us:.1f}); all-in {r.all_in_us:.1f}"
     )
-    print(f"  stacks lost (stack maps full or out of memory at once): {r.stacks_lost} samples since start")
+    print(
+        f"  samples since start whose stacks were lost (maps full or out of memory at once): native "
+        f"{r.stacks_lost}, CPython {r.python_stacks_lost}"
+    )
     print(
         f"  RSS {r.rss_mb:.0f} MB, peak {r.peak_mb:.0f} MB, table worker {r.worker_mb:.0f} MB; unwind "
         f"{r.unwind_rows:,} rows in {r.unwind_files} files; BPF maps {r.maps_mb:.1f} MB"
