@@ -45,6 +45,26 @@ def drain_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CH
     return _map_bytes(table, key_size, value_size, chunk, delete=True)
 
 
+def drain_map_chunks(
+    table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK
+) -> Iterator[tuple[bytes, bytes]]:
+    """drain_map_bytes a batch at a time: (keys, values) of up to `chunk` entries each, so a caller that
+    parses as it goes never holds the whole map's bytes (a full stack map is ~1 KB an entry: tens of MB)."""
+
+    def buffers(c: int) -> tuple:
+        return (ct.c_char * (key_size * c))(), (ct.c_char * (value_size * c))()
+
+    try:
+        for n, keys, values in _batches(table, buffers, chunk, delete=True):
+            yield keys.raw[: n * key_size], values.raw[: n * value_size]
+    except _NoBatchOps:
+        entries = _drain_map_slow(table)
+        yield (
+            b"".join(_as_bytes(k, key_size) for k, _ in entries),
+            b"".join(_as_bytes(v, value_size) for _, v in entries),
+        )
+
+
 def read_map_bytes(table, key_size: int, value_size: int, chunk: int = DRAIN_CHUNK) -> tuple[bytes, bytes]:
     """drain_map_bytes that leaves the entries in place (BPF_MAP_LOOKUP_BATCH): a map BPF owns, read."""
     return _map_bytes(table, key_size, value_size, chunk, delete=False)

@@ -397,7 +397,7 @@ class Agent:
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
         assert self.sampler is not None
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time_ns()
         drain = self.sampler.drain()
         sys_drain = self.syscalls.drain() if self.syscalls is not None else None
         self.gpu_owners.refresh_if_stale(time.monotonic())
@@ -414,6 +414,7 @@ class Agent:
         self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
         self.counters.set_offcpu_pending(drain.offcpu_pending)
+        self.counters.add_drain_cpu(time.thread_time_ns() - cpu0)
         self._drain_hist.observe(time.perf_counter() - t0)
         self._last_drain = time.monotonic()
         return batch

@@ -105,6 +105,7 @@ class AgentCounters:
         self.python_unnamed = dict.fromkeys(self.PYTHON_UNNAMED, 0)
         self.kernel_symbol_reloads = 0
         self.offcpu_pending = 0
+        self.drain_cpu_ns = 0  # CPU time of the drain thread in drain, resolve and encode (ns: sums exact)
 
     def add_drain(self, stats: dict[str, int], samples: int) -> None:
         with self._lock:
@@ -126,6 +127,10 @@ class AgentCounters:
     def set_offcpu_pending(self, pending: int) -> None:
         with self._lock:
             self.offcpu_pending = pending
+
+    def add_drain_cpu(self, ns: int) -> None:
+        with self._lock:
+            self.drain_cpu_ns += ns
 
     def add_failure(self) -> None:
         with self._lock:
@@ -184,6 +189,12 @@ class _AgentCollector:
             "fleetprof_agent_samples", "CPU samples drained from the kernel", value=samples
         )
         yield CounterMetricFamily("fleetprof_agent_drains", "Drains of the BPF maps", value=drains)
+        yield CounterMetricFamily(
+            "fleetprof_agent_drain_cpu_seconds",
+            "CPU time the drain thread spent draining the BPF maps, resolving and encoding windows (the"
+            " agent's cost per sample; shipping and the other threads are apart)",
+            value=self._counters.drain_cpu_ns / 1e9,
+        )
         yield CounterMetricFamily("fleetprof_agent_drain_failures", "Drains that failed", value=failures)
         yield _labelled(
             "fleetprof_agent_stack_outcomes",

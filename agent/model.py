@@ -12,6 +12,7 @@ import bisect
 import ctypes as ct
 import os
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from fleetprof.gpu_families import GAP_BUCKETS_NS  # the wire's fixed buckets (CudaActivity.gap_histogram)
 
@@ -35,8 +36,10 @@ class ProcessEvent(ct.Structure):
     _fields_ = [("tgid", ct.c_uint32), ("kind", ct.c_uint32), ("ns", ct.c_uint64)]
 
 
-@dataclass(frozen=True)
-class SampleCount:
+class SampleCount(NamedTuple):
+    """One drained row. A NamedTuple, as ResolvedSample: a drain makes one a row (thousands a window on a
+    busy node), and a frozen dataclass's __init__ took ~3x as long (bench/drain_parse.py)."""
+
     tgid: int
     tid: int
     cgroup_id: int
@@ -373,14 +376,25 @@ class Frame:
     function: str
     module: str
     kernel: bool = False
+    # The hash, computed once: the encoder keys every row by its whole stack of frames, and a hash made
+    # afresh (the dataclass's own) cost ~1 us a frame, tens of us a row (bench/README.md "Agent cost per
+    # sample").
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.function, self.module, self.kernel)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def is_unknown(self) -> bool:
         return self.function.startswith(UNKNOWN)
 
 
-@dataclass(frozen=True)
-class ResolvedSample:
+class ResolvedSample(NamedTuple):
+    """One row symbolized (a NamedTuple: see SampleCount)."""
+
     process: ProcessInfo
     tid: int  # the agent's own (per-thread Python stacks are checked by it); batches sum a process's threads
     frames: tuple[Frame, ...]  # root first

@@ -8,18 +8,25 @@ DEFAULT_OFFCPU_SAMPLE_EVERY and DEFAULT_OFFCPU_MIN_BLOCK_US for the cost and the
 
 from __future__ import annotations
 
+import array
 import ctypes as ct
 import logging
 import os
 import platform
 import struct
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, read_map_bytes
-from fleetprof.agent.bpfmaps import drain_map as _drain_map
+from fleetprof.agent.bpfmaps import (
+    CounterDeltas,
+    DoubleBuffer,
+    drain_map_bytes,
+    drain_map_chunks,
+    read_map_bytes,
+)
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.model import Drain, OffCpuSettings, ProcessEvent, PyFrameRef, SampleCount
@@ -182,6 +189,9 @@ class SamplerConfig:
     unwind_files: int = 8192  # files with a table at once
     unwind_maps: int = 1 << 17  # executable mappings of all unwound processes (32 bytes each)
     unwind_procs: int = 16384  # processes unwound by tables at once
+    # Stack maps (stacks, python_stacks) allocated by need rather than preallocated at their full size, where
+    # the kernel allows it (stacks_map_flags); False: always preallocated.
+    stacks_by_need: bool = True
     # CUDA uprobes (agent/gpu/cuda_probes.py): launches with their stacks, latency of the waiting calls.
     cuda: bool = False
     # 1 launch in N has its stack taken (every one is counted): the walk costs ~4 µs a launch on top of the
@@ -211,8 +221,9 @@ class SamplerConfig:
         """(counts entries, stacks entries) per map set, sized for one interval of this node.
 
         A window holds at most ncpus x frequency x interval samples; each has up to two distinct stacks.
-        Preallocated (allocation from the perf event's IRQ context can fail otherwise), so the size is
-        kernel memory: ~1 KB per stack entry, x2 for the double buffer. Clamped to [4k, 64k].
+        Counts are preallocated; stacks (~1 KB an entry, x2 for the double buffer) go by need where the
+        kernel allows it (stacks_map_flags), so the stacks' size is a cap, not kernel memory held. Clamped
+        to [4k, 64k].
         """
         per_window = int(ncpus * self.frequency_hz * self.interval_s * 1.25)
         counts = min(max(_pow2(per_window), 4096), 65536)
@@ -265,12 +276,32 @@ class SamplerConfig:
             f"-DOFFCPU_TASKS_SIZE={tasks}",
         ]
 
+    def stacks_map_flags(self, kernel_release: str | None = None) -> int:
+        """BPF_F_NO_PREALLOC for the stack maps when they go by need and the kernel lets a perf_event
+        program write a map without preallocation (6.1 gave such maps an allocator that works in any
+        context; older verifiers refuse the program), else 0. See cpu_sampler.c stacks{0,1}."""
+        if not self.stacks_by_need:
+            return 0
+        return BPF_F_NO_PREALLOC if _kernel_at_least(kernel_release or platform.release(), (6, 1)) else 0
+
     def python_stacks_size(self, stacks_size: int) -> int:
-        """Entries per python_stacks map: ~1 KB each, preallocated; a quarter of the native stack table
-        (Python processes are a part of a node's samples), 1024 to 16k (at most 32 MB for both sets)."""
+        """Entries per python_stacks map: ~1 KB each, by need as stacks are; a quarter of the native stack
+        table (Python processes are a part of a node's samples), 1024 to 16k (at most 32 MB for both sets)."""
         if not self.python:
             return 1
         return min(max(stacks_size // 4, 1024), 16384)
+
+
+BPF_F_NO_PREALLOC = 1  # include/uapi/linux/bpf.h
+
+
+def _kernel_at_least(release: str, version: tuple[int, int]) -> bool:
+    """Whether a kernel release ("6.18.0-1-cloud-amd64") is `version` or later; False when unreadable."""
+    parts = release.split("-", 1)[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= version
+    except (IndexError, ValueError):
+        return False
 
 
 def _pow2(n: int) -> int:
@@ -314,23 +345,64 @@ def layout(ctype: type) -> tuple:
     )
 
 
-def _sample_counts(entries: list, idle: set[int] = frozenset()) -> list[SampleCount]:
-    """Drained (SampleKey, count) pairs as rows; `idle`: tids whose rows are marked idle (off-CPU rows)."""
-    return [
-        SampleCount(
-            tgid=k.tgid,
-            tid=k.tid,
-            cgroup_id=k.cgroup_id,
-            comm=k.comm.decode("utf-8", "replace"),
-            user_stack=k.user_stack,
-            kernel_stack=k.kernel_stack,
-            count=v,
-            python_stack=k.python_stack,
-            gpu_slot=k.gpu_slot,
-            idle=k.tid in idle,
-        )
-        for k, v in entries
-    ]
+# The drained maps are parsed from bytes with these (struct sample_key, u64 count, struct offcpu_value,
+# struct py_frame), not copied into a ctypes object an entry: a drain's cost per row is mostly this
+# (bench/README.md "Agent cost per sample"). _check_structs ties them to the ctypes mirrors.
+_KEY = struct.Struct("=IIQQQQQ16s")
+_COUNT = struct.Struct("=Q")
+_OFFCPU_VALUE = struct.Struct("=QQ")
+_PY_FRAME = struct.Struct("=QII")
+_PY_STACK_WORDS = ct.sizeof(PyStack) // 8
+
+
+def _check_structs() -> None:
+    for fmt, ctype in ((_KEY, SampleKey), (_OFFCPU_VALUE, OffcpuValue), (_PY_FRAME, PyFrame)):
+        if fmt.size != ct.sizeof(ctype):
+            raise RuntimeError(
+                f"agent/sampler.py: {fmt.format} is {fmt.size} bytes, {ctype.__name__} is {ct.sizeof(ctype)}"
+            )
+
+
+_check_structs()
+
+
+def _sample_counts(keys: bytes, counts: list[int], idle: set[int] = frozenset()) -> list[SampleCount]:
+    """Drained sample keys (n x struct sample_key) and their counts as rows; `idle`: tids whose rows are
+    marked idle (off-CPU rows)."""
+    comms: dict[bytes, str] = {}  # a window holds a few hundred thread names, and many rows of each
+    rows = []
+    for (tgid, tid, cgroup, user, kernel, python, slot, raw), count in zip(
+        _KEY.iter_unpack(keys), counts, strict=True
+    ):
+        comm = comms.get(raw)
+        if comm is None:
+            comm = comms[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+        rows.append(SampleCount(tgid, tid, cgroup, comm, user, kernel, count, python, slot, tid in idle))
+    return rows
+
+
+def _stacks(keys: bytes, values: bytes) -> dict[int, tuple[int, ...]]:
+    """Drained stacks{0,1} entries (u64 id, struct stack_trace) as id -> addresses, leaf first."""
+    ids = memoryview(keys).cast("Q")
+    words = memoryview(values).cast("Q")  # no copy of the values' bytes
+    stride = MAX_DEPTH + 1
+    out = {}
+    for i, sid in enumerate(ids):
+        base = i * stride
+        out[sid] = tuple(words[base + 1 : base + 1 + min(words[base], MAX_DEPTH)])
+    return out
+
+
+def _python_stacks(keys: bytes, values: bytes) -> dict[int, tuple[PyFrameRef, ...]]:
+    """Drained python_stacks{0,1} entries (u64 id, struct py_stack) as id -> frames, leaf first."""
+    ids = memoryview(keys).cast("Q")
+    size = _PY_STACK_WORDS * 8
+    out = {}
+    for i, sid in enumerate(ids):
+        base = i * size
+        n = min(int.from_bytes(values[base : base + 8], sys.byteorder), PY_MAX_DEPTH)
+        out[sid] = tuple(_PY_FRAME.iter_unpack(values[base + 8 : base + 8 + n * _PY_FRAME.size]))
+    return out
 
 
 class CpuSampler:
@@ -362,7 +434,7 @@ class CpuSampler:
             f"-DSTACKS_SIZE={self.stacks_size}",
             f"-DSEEN_SIZE={config.seen_size}",
             f"-DINCLUDE_IDLE={1 if config.include_idle else 0}",
-            "-DSTACKS_MAP_FLAGS=0",
+            f"-DSTACKS_MAP_FLAGS={config.stacks_map_flags()}",
             f"-DPYTHON_STACKS={1 if config.python else 0}",
             f"-DPY_MAX_DEPTH={PY_MAX_DEPTH}",
             f"-DPY_MAX_THREADS={PY_MAX_THREADS}",
@@ -548,16 +620,16 @@ class CpuSampler:
             idle, start_ns, end_ns = self._buffers.flip()
             # After the grace, before the drain: every wait that ends later is one of these (StackCarry).
             pending = self._pending_starts() if self._config.off_cpu else []
-            samples = _sample_counts(_drain_map(self._counts[idle], SampleKey, ct.c_uint64))
+            keys, values = drain_map_bytes(self._counts[idle], _KEY.size, _COUNT.size)
+            samples = _sample_counts(keys, array.array("Q", values).tolist())
             offcpu = self._offcpu_rows(idle) if self._config.off_cpu else []
-            stacks = {
-                k: tuple(v.ip[: min(v.len, MAX_DEPTH)])
-                for k, v in _drain_map(self._stacks[idle], ct.c_uint64, StackTrace)
-            }
-            python_stacks = {
-                k: tuple((f.code, f.instr, f.tag) for f in v.frames[: min(v.len, PY_MAX_DEPTH)])
-                for k, v in _drain_map(self._python_stacks[idle], ct.c_uint64, PyStack)
-            }
+            # A batch at a time: a full stack map's bytes are tens of MB, its parsed stacks a few.
+            stacks: dict[int, tuple[int, ...]] = {}
+            for keys, values in drain_map_chunks(self._stacks[idle], 8, ct.sizeof(StackTrace)):
+                stacks.update(_stacks(keys, values))
+            python_stacks: dict[int, tuple[PyFrameRef, ...]] = {}
+            for keys, values in drain_map_chunks(self._python_stacks[idle], 8, ct.sizeof(PyStack)):
+                python_stacks.update(_python_stacks(keys, values))
             stats = self._stat_deltas()
             if self._config.off_cpu:
                 stats[STAT_OFFCPU_STACKS_UNRESOLVED] = self._carry.fill(offcpu, stacks, python_stacks)
@@ -578,9 +650,11 @@ class CpuSampler:
             )
 
     def _offcpu_rows(self, idle_set: int) -> list[SampleCount]:
-        entries = _drain_map(self._offcpu[idle_set], SampleKey, OffcpuValue)
-        idle = idle_threads((k.tid, v.ns, v.ran_ns) for k, v in entries)
-        return _sample_counts([(k, v.ns) for k, v in entries], idle)
+        keys, values = drain_map_bytes(self._offcpu[idle_set], _KEY.size, _OFFCPU_VALUE.size)
+        tids = [k[1] for k in _KEY.iter_unpack(keys)]
+        waits = list(_OFFCPU_VALUE.iter_unpack(values))
+        idle = idle_threads((tid, ns, ran) for tid, (ns, ran) in zip(tids, waits, strict=True))
+        return _sample_counts(keys, [ns for ns, _ in waits], idle)
 
     def unwind_maps(self) -> UnwindMaps | None:
         """The table unwinder's maps (agent/unwind/), or None when stacks are walked by frame pointer."""

@@ -7,6 +7,7 @@ The scripts run as files (`python bench/NAME.py`), which puts bench/ first on sy
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import platform
 import shutil
@@ -114,8 +115,9 @@ def http_get(url: str, timeout_s: float = 5.0, context: ssl.SSLContext | None = 
 
 
 def scrape(url: str) -> dict[str, float]:
-    """Prometheus text exposition as {sample name with labels: value}."""
-    _, text = http_get(url)
+    """Prometheus text exposition as {sample name with labels: value}. A minute to answer: on a node with
+    a load of 10 per CPU (a shared CI machine) an agent's /metrics took over 5 s."""
+    _, text = http_get(url, timeout_s=60.0)
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -223,6 +225,66 @@ def bpf_run_time(pid: int) -> tuple[int, int, int]:
         sum(p.run_time_ns for p in sampler),
         sum(p.run_cnt for p in sampler),
     )
+
+
+@dataclass(frozen=True)
+class BpfMap:
+    """One BPF map as /proc/PID/fdinfo shows it: memlock is the kernel's own count of the bytes it holds
+    (htab_map_mem_usage and its peers: preallocated entries, per-CPU copies and buckets included)."""
+
+    name: str
+    map_type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    map_flags: int
+    memlock: int
+
+
+def bpf_maps(pid: int) -> dict[str, BpfMap]:
+    """The BPF maps `pid` holds, by map_id (a map held through two fds is counted once). Names come from
+    bpftool when it is there (fdinfo has none), else the map id."""
+    maps = {}
+    for fd in fds_of_kind(pid, "anon_inode:bpf-map"):
+        try:
+            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        info = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+        if "map_id" in info:
+            maps[info["map_id"]] = BpfMap(
+                info["map_id"],
+                int(info["map_type"]),
+                int(info["key_size"]),
+                int(info["value_size"]),
+                int(info["max_entries"]),
+                int(info["map_flags"], 16),
+                int(info["memlock"]),
+            )
+    return {k: dataclasses.replace(m, name=_map_name(int(k)) or m.name) for k, m in maps.items()}
+
+
+def _map_name(map_id: int) -> str:
+    """The map's name (fdinfo has none): BPF_MAP_GET_FD_BY_ID, then BPF_OBJ_GET_INFO_BY_FD (struct
+    bpf_map_info: name at byte 24, 16 bytes). "" when the kernel will not say."""
+    nr = BpfRunTimeStats.SYSCALL.get(platform.machine())
+    if nr is None:
+        return ""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 4)(map_id, 0, 0, 0)
+    fd = libc.syscall(nr, 14, attr, ctypes.sizeof(attr))  # BPF_MAP_GET_FD_BY_ID
+    if fd < 0:
+        return ""
+    try:
+        info = (ctypes.c_char * 96)()
+        # struct { u32 bpf_fd; u32 info_len; u64 info; } (the get_info member of union bpf_attr)
+        get = (ctypes.c_uint32 * 4)(fd, ctypes.sizeof(info), 0, 0)
+        ctypes.c_uint64.from_buffer(get, 8).value = ctypes.addressof(info)
+        if libc.syscall(nr, 15, get, ctypes.sizeof(get)) != 0:  # BPF_OBJ_GET_INFO_BY_FD
+            return ""
+        return info.raw[24:40].split(b"\0", 1)[0].decode("ascii", "replace")
+    finally:
+        os.close(fd)
 
 
 class BpfRunTimeStats:

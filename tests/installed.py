@@ -36,8 +36,10 @@ def build_wheel(dest: Path) -> Path:
         else:
             shutil.copy2(path, src / name)
     built = subprocess.run(
+        # The venv's own setuptools (the `test` extra pins one new enough): an isolated build would ask
+        # PyPI for the build backend each time, a minute or two of round trips on a slow index.
         [sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
-         "-w", str(dest), str(src)],
+         "--no-build-isolation", "-w", str(dest), str(src)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, f"pip wheel failed:\n{built.stderr[-3000:]}"

@@ -42,3 +42,12 @@ def test_the_table_build_time_is_a_counter_and_reads_exactly() -> None:
     assert got["fleetprof_agent_unwind_table_build_seconds"].type == "counter"
     assert "fleetprof_agent_unwind_table_build_seconds_total 0.3\n" in text
     assert "# TYPE fleetprof_agent_unwind_table_build_seconds gauge" not in text
+
+
+def test_the_drain_thread_s_cpu_time_is_a_counter_of_exact_seconds() -> None:
+    counters = AgentCounters()
+    counters.add_drain_cpu(100_000_000)
+    counters.add_drain_cpu(200_000_000)
+    got, text = families(counters, {})
+    assert got["fleetprof_agent_drain_cpu_seconds"].type == "counter"
+    assert "fleetprof_agent_drain_cpu_seconds_total 0.3\n" in text

@@ -133,3 +133,38 @@ def test_the_loaded_program_s_map_types_are_the_mirrors_and_a_stat_on_one_side_f
             sampler._check_layouts(bpf, off_cpu=True)
     finally:
         cpu.close()
+
+
+def test_drained_bytes_parse_to_the_fields_the_ctypes_mirrors_hold() -> None:
+    """The drain parses raw map bytes with struct formats; each field must land where the C struct (as
+    mirrored) put it, for every field of a key, a stack and a CPython stack."""
+    key = SampleKey(
+        tgid=11,
+        tid=12,
+        cgroup_id=13,
+        user_stack=14,
+        kernel_stack=15,
+        python_stack=16,
+        gpu_slot=17,
+        comm=b"w\xffk",
+    )
+    (row,) = sampler._sample_counts(bytes(key), [99], idle={12})
+    assert (row.tgid, row.tid, row.cgroup_id, row.user_stack, row.kernel_stack) == (11, 12, 13, 14, 15)
+    assert (row.python_stack, row.gpu_slot, row.count, row.idle) == (16, 17, 99, True)
+    assert row.comm == "w\ufffdk"  # bytes after the NUL dropped, invalid UTF-8 replaced
+
+    deep, short = StackTrace(), StackTrace()
+    deep.len = MAX_DEPTH + 5  # a length past the array is cut to it
+    for i in range(MAX_DEPTH):
+        deep.ip[i] = 1000 + i
+    short.len, short.ip[0], short.ip[1] = 2, 7, 8
+    ids = (ct.c_uint64 * 2)(0xFFFF_FFFF_FFFF_FFF0, 5)
+    stacks = sampler._stacks(bytes(ids), bytes(deep) + bytes(short))
+    assert stacks == {0xFFFF_FFFF_FFFF_FFF0: tuple(range(1000, 1000 + MAX_DEPTH)), 5: (7, 8)}
+
+    py = PyStack()
+    py.len = 2
+    py.frames[0] = PyFrame(0xDEAD_BEEF_0000, 40, 0x0100_0001)
+    py.frames[1] = PyFrame(3, 4, 5)
+    py_stacks = sampler._python_stacks(bytes((ct.c_uint64 * 1)(9)), bytes(py))
+    assert py_stacks == {9: ((0xDEAD_BEEF_0000, 40, 0x0100_0001), (3, 4, 5))}

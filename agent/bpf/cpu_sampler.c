@@ -137,7 +137,11 @@ BPF_HASH(counts0, struct sample_key, u64, COUNTS_SIZE);
 BPF_HASH(counts1, struct sample_key, u64, COUNTS_SIZE);
 
 // stacks{0,1}: our stack hash -> the stack. Written by the sampler (insert-if-absent), drained and
-// emptied with the counts of the same set.
+// emptied with the counts of the same set. STACKS_MAP_FLAGS is BPF_F_NO_PREALLOC where the kernel allows it
+// in perf_event programs (6.1+, agent/sampler.py stacks_map_flags): ~1 KB an entry, so a preallocated pair
+// sized for a 64-CPU node holds ~110 MB of kernel memory whether or not a window has that many stacks; by
+// need it holds the stacks of the window. An insert the kernel's per-CPU cache cannot serve at once (a
+// burst of new stacks) is counted as stack_table_full, as a full table is.
 BPF_F_TABLE("hash", u64, struct stack_trace, stacks0, STACKS_SIZE, STACKS_MAP_FLAGS);
 BPF_F_TABLE("hash", u64, struct stack_trace, stacks1, STACKS_SIZE, STACKS_MAP_FLAGS);
 
