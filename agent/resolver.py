@@ -6,7 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from fleetprof.agent.attribution import Attributor
@@ -272,7 +272,7 @@ class Resolver:
                 continue
             frames = (*r.frames[: r.kernel_start], self._kernel_frame(proc, lc, probes.names))
             out.launches.append(
-                replace(r, frames=frames, kernel_start=len(frames), count=lc.row.count * every)
+                r._replace(frames=frames, kernel_start=len(frames), count=lc.row.count * every)
             )
         for pc in out.processes:
             pc.kernel_stacks = self._kernel_stacks(pc)
