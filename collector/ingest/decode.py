@@ -29,7 +29,6 @@ from fleetprof.collector.model.profile import (
     OFFCPU,
     PROFILE_TYPE_NAME,
     THREAD_STATE_NAME,
-    FrameKey,
     Labels,
     Stack,
     SyscallAgg,
@@ -140,12 +139,13 @@ class StackCache:
         self.counts["decoded"] += len(missing)
         decoded = None
         if plan.columns is not None:
-            ids, stack, frame_ids, flat = _decode_stacks(plan.columns, strings, self._frame_table)
-            slots[missing] = self._slots(ids, stack)
-            self._agents.table(plan.source).add(plan.wire[missing], slots[missing])
+            ids, stack, frame_ids = _decode_stacks(plan.columns, strings, self._frame_table)
+            new = slots[missing] = self._slots(ids, stack)
+            self._agents.table(plan.source).add(plan.wire[missing], new)
             self._agents.learned(plan.source, len(missing))
             # Under their slots' ids: a stack whose id other frames held has a stand-in id (_slot_for).
-            decoded = DecodedStacks(self._slot_ids[slots[missing]], plan.columns.lengths, frame_ids, flat)
+            stacks = list(map(self._frames.__getitem__, new.tolist()))
+            decoded = DecodedStacks(self._slot_ids[new], plan.columns.lengths, frame_ids, stacks)
         elif len(slots):
             self._agents.table(plan.source)  # used now: the least recently used tables go first
         return StackTable(self._slot_ids[slots], slots, self._frames, decoded)
@@ -266,9 +266,9 @@ def _stack_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[
 
 def _decode_stacks(
     columns: _StackColumns, strings: Sequence[str], frames: FrameTable
-) -> tuple[np.ndarray, Callable[[int], Stack], np.ndarray, list[FrameKey]]:
+) -> tuple[np.ndarray, Callable[[int], Stack], np.ndarray]:
     """Decode checked new stacks together: their content ids (int64 column), a function giving the k-th
-    one's frames, and all their frames one stack after another (content ids, int64 column; FrameKeys).
+    one's frames, and the ids of all their frames, one stack after another (int64 column).
     Their frames are found as columns in `frames`, and the ids come from numpy passes over frame-id
     columns, so a new stack costs a few list appends, not a string lookup and a hash per frame."""
     fcol, mcol, lens, kernel_starts = columns
@@ -286,7 +286,7 @@ def _decode_stacks(
         lo, hi = bounds[k]
         return tuple(flat[lo:hi])
 
-    return ids, stack, frame_ids, flat
+    return ids, stack, frame_ids
 
 
 @dataclass

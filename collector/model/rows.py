@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fleetprof.collector.model.ids import ContentIds
-from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallRow
+from fleetprof.collector.model.profile import Labels, Stack, SyscallRow
 
 # The stores' finest time bucket, in seconds: a window's rows count in the bucket of its midpoint, and a
 # query's step is a whole number of buckets (a shorter one gives no more points).
@@ -32,14 +32,15 @@ _FIRST = itemgetter(0)
 class DecodedStacks(NamedTuple):
     """The stacks a window decoded (new to ingest's cache, or to the agent that sent them), as columns:
     stack i is `ids[i]` with `lengths[i]` frames, one stack after another in `frame_ids` (their content
-    ids) and `frames` (their shared FrameKeys, aligned with `frame_ids`). Ingest computes the frame ids to
-    compute the stacks' ids, so the durable store's flush takes the new stacks' definitions from here
-    instead of flattening their frames and looking every frame's id up again."""
+    ids), and its frames `stacks[i]` (the tuple ingest's cache holds anyway: a reference each, not a
+    second list of every frame). Ingest computes the frame ids to compute the stacks' ids, so the durable
+    store's flush takes the new stacks' definitions from here instead of flattening their frames and
+    looking every frame's id up again."""
 
     ids: np.ndarray  # int64, the stacks' ids in the window's table
     lengths: np.ndarray  # int64
     frame_ids: np.ndarray  # int64
-    frames: Sequence[FrameKey]
+    stacks: Sequence[Stack]
 
 
 class StackTable(Sequence[tuple[int, Stack]]):

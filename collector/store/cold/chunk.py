@@ -100,9 +100,13 @@ class Chunk:
         frame_ids = np.concatenate([d.frame_ids for d in decoded])[rows]
         window_ends = np.cumsum([len(d.frame_ids) for d in decoded])
 
-        def frame_at(row: int) -> FrameKey:
+        def frame_at(row: int) -> FrameKey:  # the window, then the stack, then the frame of a row
             w = int(np.searchsorted(window_ends, row, side="right"))
-            return decoded[w].frames[row - int(window_ends[w]) + len(decoded[w].frame_ids)]
+            d = decoded[w]
+            local = row - int(window_ends[w]) + len(d.frame_ids)
+            stack_ends = np.cumsum(d.lengths)
+            k = int(np.searchsorted(stack_ends, local, side="right"))
+            return d.stacks[k][local - int(stack_ends[k]) + int(d.lengths[k])]
 
         chosen = StackDefinitions(
             np.concatenate([d.ids for d in decoded])[at], lengths, frame_ids, rows, frame_at
