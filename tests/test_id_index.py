@@ -32,6 +32,22 @@ def test_lookups_match_a_dict_through_merges_and_remaps() -> None:
     assert keys.tolist() == sorted(truth)
 
 
+def test_a_large_index_answers_a_column_in_any_order_as_a_dict_does() -> None:
+    # Past SORT_QUERIES_ABOVE keys the ids are looked up in sorted order and put back in theirs.
+    rng = np.random.default_rng(7)
+    n = IdIndex.SORT_QUERIES_ABOVE + 1000
+    keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    index = IdIndex(keys, np.arange(n, dtype=np.int64))
+    index.add(np.array([5, -5], dtype=np.int64), np.array([n, n + 1], dtype=np.int64))  # recent, not merged
+    expect = dict(zip(keys.tolist(), range(n), strict=True)) | {5: n, -5: n + 1}
+    asked = np.concatenate(
+        [keys[rng.integers(0, n, 3000)], rng.integers(-(2**63), 2**63 - 1, 300, dtype=np.int64)]
+    )
+    asked = np.concatenate([asked, [5, -5, keys.max(), keys.min(), 2**63 - 1, -(2**63)], asked[:10]])
+    rng.shuffle(asked)
+    assert index.get(asked).tolist() == [expect.get(x, -1) for x in asked.tolist()]
+
+
 def test_an_empty_index_holds_nothing() -> None:
     assert IdIndex().get(np.array([0, 1, -1], dtype=np.int64)).tolist() == [-1, -1, -1]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
@@ -17,7 +18,7 @@ from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.collector.store.wal import WriteAheadLog
 from tests.stores import EVERYTHING, Clock, crash, open_durable, rows_of, stored_samples
-from tests.wire import make_batch
+from tests.wire import BatchBuilder, make_batch
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
 KERNEL = FrameKey("do_syscall_64", "", True)
@@ -223,6 +224,51 @@ def test_a_frame_shared_by_stacks_is_stored_once_and_stacks_read_back_in_order(t
     store = open_store(tmp_path, clock)
     got = store._queries.stacks_of(store._db.con.execute("SELECT id FROM stacks").fetchnumpy()["id"].tolist())
     assert sorted(got.values(), key=len) == [(), b, a]
+    store.close()
+
+
+def test_stacks_decoded_by_ingest_and_stacks_it_knew_are_stored_alike(tmp_path: Path) -> None:
+    """The flush takes the definitions of stacks ingest decoded from the columns it computed them with,
+    and reads the others' frames: a stack the decoder learned from a batch dropped as a duplicate comes
+    back only as known, and must be stored all the same, each frame once."""
+    clock = Clock(1_700_000_000.0)
+    store = open_store(tmp_path, clock)
+    decoder = Decoder(store.ids)
+    main, work, leaf, sys = ("main", "app"), ("work", "app"), ("leaf", "lib"), ("do_syscall_64", "")
+    shapes = {
+        "s1": ([main, work], None),
+        "s2": ([main, leaf, sys], 2),
+        "s3": ([main, work, leaf, sys, sys], 3),
+        "s4": ([leaf, main], None),
+        "s5": ([work], None),
+    }
+
+    def push(agent: str, seq: int, names: list[str]) -> bool:
+        b = BatchBuilder("node-a", agent, seq, end_ns=int(clock.t * 1e9))
+        proc = b.process(42, "worker")
+        for n, name in enumerate(names):
+            b.sample(proc, b.stack(*shapes[name]), n + 1)
+        payload = b.build().SerializeToString()
+        return store.write_logged(agent, seq, payload, decoder.decode_payload(payload))
+
+    assert push("a", 1, ["s1", "s2"])  # decoded
+    assert not push("a", 1, ["s3"])  # decoded, then dropped as a duplicate: its rows never stored
+    assert push("a", 2, ["s3", "s1"])  # both known to the decoder now: no columns for s3
+    assert push("b", 1, ["s1", "s4", "s5"])  # s1 new to agent b: decoded again, with s4 and s5
+    store.flush()
+    store.close()
+
+    def frames(name: str) -> tuple:
+        fs, ks = shapes[name]
+        ks = len(fs) if ks is None else ks
+        return tuple(FrameKey(f, m, i >= ks) for i, (f, m) in enumerate(fs))
+
+    store = open_store(tmp_path, clock)
+    con = store._db.con
+    sids = con.execute("SELECT id FROM stacks").fetchnumpy()["id"].tolist()
+    assert sorted(store._queries.stacks_of(sids).values()) == sorted(frames(n) for n in shapes)
+    # main, work, leaf, and do_syscall_64 as a kernel frame: each once
+    assert con.execute("SELECT count(*), count(DISTINCT id) FROM frames").fetchone() == (4, 4)
     store.close()
 
 

@@ -33,7 +33,7 @@ from fleetprof.collector.model.profile import (
     Stack,
     SyscallAgg,
 )
-from fleetprof.collector.model.rows import ProfileRows, StackTable
+from fleetprof.collector.model.rows import DecodedStacks, ProfileRows, StackTable
 
 GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
 
@@ -137,14 +137,18 @@ class StackCache:
         slots, missing = plan.slots, plan.missing
         self.counts["known"] += len(slots) - len(missing)
         self.counts["decoded"] += len(missing)
+        decoded = None
         if plan.columns is not None:
-            ids, stack = _decode_stacks(plan.columns, strings, self._frame_table)
-            slots[missing] = self._slots(ids, stack)
-            self._agents.table(plan.source).add(plan.wire[missing], slots[missing])
+            ids, stack, frame_ids = _decode_stacks(plan.columns, strings, self._frame_table)
+            new = slots[missing] = self._slots(ids, stack)
+            self._agents.table(plan.source).add(plan.wire[missing], new)
             self._agents.learned(plan.source, len(missing))
+            # Under their slots' ids: a stack whose id other frames held has a stand-in id (_slot_for).
+            stacks = list(map(self._frames.__getitem__, new.tolist()))
+            decoded = DecodedStacks(self._slot_ids[new], plan.columns.lengths, frame_ids, stacks)
         elif len(slots):
             self._agents.table(plan.source)  # used now: the least recently used tables go first
-        return StackTable(self._slot_ids[slots], slots, self._frames)
+        return StackTable(self._slot_ids[slots], slots, self._frames, decoded)
 
     def sizes(self) -> dict[str, int]:
         """What the cache holds: stacks, wire ids, frames and their strings (the refused-batch test)."""
@@ -262,18 +266,19 @@ def _stack_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[
 
 def _decode_stacks(
     columns: _StackColumns, strings: Sequence[str], frames: FrameTable
-) -> tuple[np.ndarray, Callable[[int], Stack]]:
-    """Decode checked new stacks together: their content ids (int64 column) and a function giving the
-    k-th one's frames. Their frames are found as columns in `frames`, and the ids come from numpy passes
-    over frame-id columns, so a new stack costs a few list appends, not a string lookup and a hash per
-    frame."""
+) -> tuple[np.ndarray, Callable[[int], Stack], np.ndarray]:
+    """Decode checked new stacks together: their content ids (int64 column), a function giving the k-th
+    one's frames, and the ids of all their frames, one stack after another (int64 column).
+    Their frames are found as columns in `frames`, and the ids come from numpy passes over frame-id
+    columns, so a new stack costs a few list appends, not a string lookup and a hash per frame."""
     fcol, mcol, lens, kernel_starts = columns
     ends = np.cumsum(lens)
     starts = ends - lens
     position = np.arange(len(fcol), dtype=np.int64) - np.repeat(starts, lens)
     kernel = position >= np.repeat(kernel_starts, lens)
     slots = frames.slots(strings, fcol, mcol, kernel) if len(fcol) else fcol
-    ids = stack_ids_of(frames.ids(slots), lens)
+    frame_ids = frames.ids(slots)
+    ids = stack_ids_of(frame_ids, lens)
     flat = list(map(frames.keys.__getitem__, slots.tolist()))
     bounds = list(zip(starts.tolist(), ends.tolist(), strict=True))
 
@@ -281,7 +286,7 @@ def _decode_stacks(
         lo, hi = bounds[k]
         return tuple(flat[lo:hi])
 
-    return ids, stack
+    return ids, stack, frame_ids
 
 
 @dataclass

