@@ -94,5 +94,9 @@ def test_a_stale_frame_ends_the_walk_with_the_frames_before_it(
     stacks, stats, codes = walk(sampler, workload_bin("fake_cpython"), mode)
     total = sum(stacks.values())
     print(stacks.most_common(2), {k: v for k, v in stats.items() if k.startswith("python")})
-    assert total > 100 and stacks[(codes[0],)] == total, (stacks, codes)
+    # Never a frame past the stale one. A sample may find no Python frame at all at the edges of the run (in
+    # a make test beside another BPF test, 1 of 915 did, at the process's exit): those are no walk past
+    # anything, and stay few.
+    assert set(stacks) <= {(codes[0],), ()}, (stacks, codes)
+    assert total > 100 and stacks[(codes[0],)] >= 0.98 * total, (stacks, codes)
     assert stats["python_stale"] == stats["python_samples"] > 100, stats  # (see the test above)

@@ -58,6 +58,8 @@ class _File:
     fd: int = -1  # open and queued until its table is built
     rows: tuple[int, int] | None = None  # (first, n) in unwind_rows once built
     lazy: bool = False  # too large to table before a walk needs it
+    size: int = 0  # bytes, once opened: the queue's order among files alike
+    urgent: bool = False  # queued again at the front, once a walk met it waiting (collect_wanted)
     failed: bool = False
     users: set[int] = field(default_factory=set)  # pids of live processes that map it
     last_used: float = 0.0
@@ -166,16 +168,29 @@ class Unwinder:
             self._open(f, eager=True)
 
     def collect_wanted(self) -> int:
-        """Queue the large files BPF walks met without a table (call once a drain); how many."""
+        """Queue the large files BPF walks met without a table (call once a drain), and move small ones they
+        met still waiting in the queue to its front; how many large ones were queued.
+
+        A fresh agent queues the small files of every process on the node at once, smallest first: on a
+        busy node hundreds of Python extension modules come before libc, and the samples of the processes
+        that run meanwhile lose their callers for seconds. Samples say which files matter now."""
         wanted = self._maps.take_wanted()
         to_open = []
         with self._lock:
             for fid in wanted:
                 f = self._by_id.get(fid)
-                if f is not None and f.lazy and f.rows is None and not f.failed and fid not in self._opening:
+                if f is None or f.rows is not None or f.failed:
+                    continue
+                if f.lazy and fid not in self._opening:
                     f.lazy = False
                     self._opening.add(fid)
                     to_open.append(f)
+                elif f.fd >= 0 and not f.urgent:
+                    # Its first entry stays behind and is skipped when popped (the fd is gone by then).
+                    f.urgent = True
+                    self._seq += 1
+                    heapq.heappush(self._queue, (0, f.size, self._seq, f.id))
+                    self._wake.notify()
         for f in to_open:
             self._open(f, eager=False)
         return len(to_open)
@@ -277,7 +292,7 @@ class Unwinder:
                     os.close(fd)
                 f.lazy = fd >= 0 and eager and size > EAGER_MAX_BYTES  # else a later capture tries again
                 return
-            f.fd = fd
+            f.fd, f.size = fd, size
             self._seq += 1
             heapq.heappush(self._queue, (1 if eager else 0, size, self._seq, f.id))
             self._wake.notify()
