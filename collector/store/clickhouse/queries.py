@@ -204,6 +204,19 @@ class Queries:
         freq = max(freqs, key=freqs.get) if freqs else None
         return dict(merged), freq or None
 
+    def per_label_stack(
+        self, selector: Selector, start: float, end: float
+    ) -> list[tuple[int, int, int, int]]:
+        """Samples per (label id, stack id, frequency) of matching series: what select_groups sums."""
+        src = self.source((CPU,), "lid, sid, freq, count", start, end)
+        if src is None:
+            return []
+        lids, everything = self._matching_lids(selector, src)
+        if not lids:
+            return []
+        where, ids = ("", None) if everything else (" WHERE lid IN wanted", {"wanted": np.array(lids)})
+        return self._q(f"SELECT lid, sid, freq, sum(count) FROM {src}{where} GROUP BY lid, sid, freq", ids)
+
     def per_label_step(
         self, selector: Selector, start: float, end: float, step_s: float
     ) -> tuple[dict[tuple[int, float], int], int | None]:
