@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
+from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.model.selector import Selector, label_value
 from fleetprof.collector.store.clickhouse.connection import Connection
 from fleetprof.collector.store.clickhouse.schema import CPU, HIST, SYSCALL, Layout
 
 _CACHE_LIMIT = 1_000_000
-BUCKET_S = 10
 
 
 @dataclass(frozen=True)
