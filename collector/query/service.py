@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from fleetprof.collector.model.profile import CUDA_CALLS, GPU_STATE_NAME, PROFILE_TYPE_NAME, SyscallAgg
 from fleetprof.collector.model.rows import BUCKET_S, Selection
-from fleetprof.collector.model.selector import DERIVED_LABELS, Matcher, Selector
+from fleetprof.collector.model.selector import DERIVED_LABELS, Matcher, Selector, SelectorError
 from fleetprof.collector.query.answers import (
     CudaCallRow,
     Diff,
@@ -174,7 +174,10 @@ class QueryService:
         if functions and shown:
             matchers = [*selector.matchers, Matcher(GPU_STATE_NAME, "=", "idle")]
             if len(shown) < len(usage):  # the pods past the limit need no stacks
-                matchers.append(_one_of("pod", {p.pod for p in shown}))
+                try:
+                    matchers.append(_one_of("pod", {p.pod for p in shown}))
+                except SelectorError:  # a regex too big for RE2: read them all, drop them below
+                    pass
             idle = self.typed(scope.kind, scope.threads).select_with_wall_by(
                 Selector(tuple(matchers)), start, end, ["namespace", "pod"]
             )
