@@ -449,7 +449,12 @@ def run_queries(nodes: int, rows_per_node: int, repeats: int, with_clickhouse: b
     store.close()
     shutil.rmtree(tmp, ignore_errors=True)
     if with_clickhouse:
-        out += clickhouse_queries(nodes, rows_per_node, repeats, stacks, labels, now, cases)
+        from fleetprof.collector.store.clickhouse.connection import ClickHouseError
+
+        try:
+            out += clickhouse_queries(nodes, rows_per_node, repeats, stacks, labels, now, cases)
+        except ClickHouseError as err:  # e.g. the day's insert timing out on a loaded VM
+            print(f"(the ClickHouse rows are left out: {err})")
     return out
 
 
