@@ -387,7 +387,7 @@ class FakeNvml:
         self.gpm_samples[address] = None
         return c_nvmlGpmSample_t(struct)
 
-    def _gpm_sample(self, sample) -> int:  # noqa: ANN001 - c_nvmlGpmSample_t
+    def _gpm_sample(self, sample) -> int:  # c_nvmlGpmSample_t
         address = ctypes.addressof(sample.contents) if sample else 0
         if address not in self.gpm_samples:
             raise NVMLError(E.INVALID_ARGUMENT)  # never allocated, or freed

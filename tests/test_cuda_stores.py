@@ -78,7 +78,7 @@ EXPECTED = {
 }
 
 
-def feed(store, usage, source: str = "agent-1") -> float:  # noqa: ANN001 - any ProfileStore, any GpuUsage
+def feed(store, usage, source: str = "agent-1") -> float:  # any ProfileStore, any GpuUsage
     """The batches into the store and the usage log, as ingest writes them; the time they end (now)."""
     decoder = Decoder(getattr(store, "ids", None) or ContentIds())
     end = time.time_ns()

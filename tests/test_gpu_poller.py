@@ -375,7 +375,7 @@ SM, OCC, TENSOR, DRAM = (
 )
 
 
-def gpm_fields(snap) -> tuple:  # noqa: ANN001 - Snapshot
+def gpm_fields(snap) -> tuple:  # Snapshot
     s = snap.devices[0][1]
     return s.sm_active_percent, s.sm_occupancy_percent, s.tensor_active_percent, s.dram_bandwidth_percent
 

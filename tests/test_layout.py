@@ -1,7 +1,8 @@
 """The layout is the architecture: one import namespace, and no stage reaching back upstream or into another
 stage's internals. The agent: bpf loaders -> sampler -> resolver -> batch/shipper, with the plain values
 they pass each other (agent/model.py) underneath. The collector: ingest ->
-store -> query -> serve (HTTP, Pyroscope), with render and metrics beside and the model underneath. The
+store -> query -> serve (HTTP, Pyroscope, the web UI: thin, the store only through QueryService), with
+render and metrics beside and the model underneath; models and renderers keep no process-wide state. The
 shared modules of fleetprof/ (auth, tls, HTTP, the client) belong to neither side."""
 
 from __future__ import annotations
@@ -182,6 +183,56 @@ def test_collector_parts_import_only_what_their_rule_allows(name: str) -> None:
     assert not bad, f"{name} imports {bad}; {part} may import {ALLOWED[part] or 'nothing'} of the collector"
 
 
+def _store_taking(path: Path) -> set[str]:
+    """The top-level functions and classes of a module that take a ProfileStore (a parameter of theirs, or
+    of a class's __init__, annotated with it): the ways to the store's data."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef):
+            init = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"]
+            args = init[0].args if init else None
+        elif isinstance(node, ast.FunctionDef):
+            args = node.args
+        else:
+            continue
+        params = [*args.posonlyargs, *args.args, *args.kwonlyargs] if args else []
+        if any(a.annotation is not None and "ProfileStore" in ast.unparse(a.annotation) for a in params):
+            out.add(node.name)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(n for n in ALL if n.startswith(f"{COLLECTOR}.serve.")))
+def test_serve_adapters_reach_the_store_only_through_the_query_service(name: str) -> None:
+    """The HTTP API, the Pyroscope/Connect API and the web UI are thin: they parse, ask QueryService and
+    render. No store (the import rule above), and of the query stage nothing else that takes the store
+    (query/typed.py's views, query/labels.py's listings): what a question means lives in the query stage."""
+    used = set()
+    for node in ast.walk(ast.parse(ALL[name].read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and within(node.module, (f"{COLLECTOR}.query",)):
+            door = _store_taking(ALL[node.module]) - {"QueryService"}
+            used.update(f"{node.module}.{a.name}" for a in node.names if a.name in door)
+    assert not used, f"{name} takes the store past QueryService: {sorted(used)}"
+
+
+def test_the_store_protocol_is_taken_where_the_rules_say() -> None:
+    """The check above sees the ways to the store it is meant to forbid (it would pass on a rule that finds
+    nothing)."""
+    assert {"TypedStore"} <= _store_taking(ALL[f"{COLLECTOR}.query.typed"])
+    assert {"label_names", "notes"} <= _store_taking(ALL[f"{COLLECTOR}.query.labels"])
+    assert "QueryService" in _store_taking(ALL[f"{COLLECTOR}.query.service"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n in ALL if within(n, (f"{COLLECTOR}.model", f"{COLLECTOR}.render", f"{AGENT}.model"))),
+)
+def test_the_models_and_renderers_keep_no_process_wide_state(name: str) -> None:
+    """Content-id keys, frame caches and the demangler are objects that main builds and passes down: no
+    module of the models or the renderers rebinds a global of its own."""
+    rebinds = [n.names for n in ast.walk(ast.parse(ALL[name].read_text())) if isinstance(n, ast.Global)]
+    assert not rebinds, f"{name} rebinds module globals {rebinds}: make them an object main passes down"
+
+
 @pytest.mark.parametrize(
     "name",
     sorted(
@@ -199,3 +250,8 @@ def test_the_rules_cover_what_they_claim() -> None:
     assert named <= {n for n in ALL if shared(n)}
     assert {f"{AGENT}.main", f"{COLLECTOR}.main"} <= set(ALL)
     assert {n.split(".")[2] for n in ALL if n.startswith(COLLECTOR + ".")} == {*ALLOWED, "main"}
+    # The collector's order: nothing below the readers imports them (the query stage no serve adapter), and
+    # the query stage and metrics see the store only through its protocol.
+    assert [part for part, allowed in ALLOWED.items() if "serve" in allowed] == []
+    assert ALLOWED["query"] == ALLOWED["metrics"] == ("model", "store.base")
+    assert "store" not in ALLOWED["serve"] and "ingest" not in ALLOWED["serve"]

@@ -68,7 +68,7 @@ class Pipeline:
         symbolizer.load_kernel_symbols()
         self.resolver = Resolver(self.table, symbolizer, python=self.python)
 
-    def _captured(self, info) -> None:  # noqa: ANN001
+    def _captured(self, info) -> None:
         self.python.on_capture(info)
         if self.unwinder is not None:
             self.unwinder.describe(info)

@@ -73,6 +73,11 @@ class TimedStore:
     def select(self, selector: Selector, start: float, end: float) -> Selection:
         return self._timed("select", self.inner.select, selector, start, end)
 
+    def select_groups(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], Selection]:
+        return self._timed("select_groups", self.inner.select_groups, selector, start, end, by)
+
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         return self._timed("group", self.inner.group, selector, start, end, by)
 

@@ -3,7 +3,7 @@ give queries (Selection, Grouped)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
@@ -13,6 +13,7 @@ import numpy as np
 
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import Labels, Stack, SyscallRow
+from fleetprof.collector.model.selector import label_value
 
 # The stores' finest time bucket, in seconds: a window's rows count in the bucket of its midpoint, and a
 # query's step is a whole number of buckets (a shorter one gives no more points).
@@ -227,3 +228,31 @@ class Grouped:
     by: tuple[str, ...]
     totals: dict[tuple[str, ...], int]
     frequency_hz: int | None
+
+
+def selections_by_group(
+    rows: Iterable[tuple[int, int, int, int]],
+    labels: Mapping[int, Labels],
+    stacks: Mapping[int, Stack],
+    by: Sequence[str],
+) -> dict[tuple[str, ...], Selection]:
+    """The stores' select_groups from their sums (label id, stack id, frequency, samples): per group of `by`,
+    samples merged by stack content (a stack stored under two ids counts once) and the frequency most of
+    the group's samples came at."""
+    keys: dict[int, tuple[str, ...]] = {}
+    merged: dict[tuple[str, ...], dict[Stack, int]] = {}
+    freqs: dict[tuple[str, ...], dict[int, int]] = {}
+    for lid, sid, freq, n in rows:
+        key = keys.get(lid)
+        if key is None:
+            lb = dict(labels.get(lid, ()))
+            key = keys[lid] = tuple(label_value(lb, name) for name in by)
+        group = merged.setdefault(key, {})
+        st = stacks[sid]
+        group[st] = group.get(st, 0) + n
+        per_freq = freqs.setdefault(key, {})
+        per_freq[freq] = per_freq.get(freq, 0) + n
+    return {
+        key: Selection(group, max(freqs[key], key=freqs[key].__getitem__) or None)
+        for key, group in merged.items()
+    }

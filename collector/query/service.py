@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from fleetprof.collector.model.profile import CUDA_CALLS, GPU_STATE_NAME, PROFILE_TYPE_NAME, SyscallAgg
 from fleetprof.collector.model.rows import BUCKET_S, Selection
-from fleetprof.collector.model.selector import DERIVED_LABELS, Matcher, Selector
+from fleetprof.collector.model.selector import DERIVED_LABELS, Matcher, Selector, SelectorError
 from fleetprof.collector.query.answers import (
     CudaCallRow,
     Diff,
@@ -160,17 +160,29 @@ class QueryService:
         idle fraction (exact from the GPU activity where the pod loads the CUPTI library, else NVML's), its
         idle gaps, and CPU samples while its GPUs were idle and busy (one grouped query for all pods);
         with `functions`, the stacks of its idle time as the scope's type counts them and in wall time
-        (active threads; without an off-CPU recorder, the CPU time in nanoseconds): a select per pod, as
-        the store's protocol has no select grouped by label. The scope's selector selects on node,
-        namespace, pod, container and gpu."""
+        (active threads; without an off-CPU recorder, the CPU time in nanoseconds): one select grouped by
+        pod for all of them (the store's select_groups). The scope's selector selects on node, namespace,
+        pod, container and gpu."""
         if self._gpu_usage is None:
             return []
         selector, start, end = scope.selector, scope.start, scope.end
         tagged = Selector((*selector.matchers, Matcher(GPU_STATE_NAME, "=~", "idle|busy")))
         cpu = self.typed().group(tagged, start, end, ["namespace", "pod", GPU_STATE_NAME]).totals
-        typed = self.typed(scope.kind, scope.threads)
+        usage = self._gpu_usage.pods(selector, start, end)
+        shown = usage[:limit]
+        idle: dict[tuple[str, ...], tuple[Selection, Selection, Selection]] = {}
+        if functions and shown:
+            matchers = [*selector.matchers, Matcher(GPU_STATE_NAME, "=", "idle")]
+            if len(shown) < len(usage):  # the pods past the limit need no stacks
+                try:
+                    matchers.append(_one_of("pod", {p.pod for p in shown}))
+                except SelectorError:  # a regex too big for RE2: read them all, drop them below
+                    pass
+            idle = self.typed(scope.kind, scope.threads).select_with_wall_by(
+                Selector(tuple(matchers)), start, end, ["namespace", "pod"]
+            )
         out = []
-        for p in self._gpu_usage.pods(selector, start, end)[:limit]:
+        for p in shown:
             report = PodReport(
                 p.namespace,
                 p.pod,
@@ -192,13 +204,7 @@ class QueryService:
                 records_lost=p.records_lost,
             )
             if functions:
-                pod_idle = (
-                    Matcher("namespace", "=", p.namespace),
-                    Matcher("pod", "=", p.pod),
-                    Matcher(GPU_STATE_NAME, "=", "idle"),
-                )
-                idle = Selector((*selector.matchers, *pod_idle))
-                own, running, waits = typed.select_with_wall(idle, start, end)
+                own, running, waits = idle.get((p.namespace, p.pod), _NO_STACKS)
                 wall = dict(running.stacks)
                 for stack, ns in waits.stacks.items():
                     wall[stack] = wall.get(stack, 0) + ns
@@ -358,6 +364,18 @@ def _host_processes_by_comm(by_comm: dict[tuple[str, ...], int], by: list[str]) 
     return totals
 
 
+def _one_of(name: str, values: set[str]) -> Matcher:
+    """A matcher of exactly these values: an alternation of them as RE2 literals."""
+    return Matcher(name, "=~", "|".join(_re2_literal(v) for v in sorted(values)))
+
+
+def _re2_literal(text: str) -> str:
+    """`text` as an RE2 pattern that matches only it: letters, digits and "_" as they are, every other
+    character as \\x{hex} (RE2 reads that as the character, whatever it is)."""
+    return "".join(c if c.isascii() and (c.isalnum() or c == "_") else f"\\x{{{ord(c):x}}}" for c in text)
+
+
+_NO_STACKS = (Selection({}, None), Selection({}, None), Selection({}, None))
 _UNTYPED = Matcher(PROFILE_TYPE_NAME, "=", "")
 _CUDA_CALLS = Matcher(PROFILE_TYPE_NAME, "=", CUDA_CALLS)
 

@@ -52,6 +52,18 @@ def _wall(cpu: Selection, off: Selection) -> Selection:
     return Selection(stacks, NS_HZ)
 
 
+def _merged(parts: list[Selection]) -> Selection:
+    """Selections of one profile type summed by stack, at the frequency of the one with most samples (the
+    CPU samples of a group are one part: they carry no thread state)."""
+    if len(parts) == 1:
+        return parts[0]
+    stacks: dict[Stack, int] = {}
+    for sel in parts:
+        for st, n in sel.stacks.items():
+            stacks[st] = stacks.get(st, 0) + n
+    return Selection(stacks, max(parts, key=lambda s: s.total).frequency_hz if parts else None)
+
+
 class TypedStore:
     """A store's select, group and series as one profile type counts them."""
 
@@ -89,20 +101,44 @@ class TypedStore:
             return Selection({}, NS_HZ), off
         return Selection(_in_ns(self.store.select(_with(selector, _CPU), start, end)), NS_HZ), off
 
-    def select_with_wall(
-        self, selector: Selector, start: float, end: float
-    ) -> tuple[Selection, Selection, Selection]:
-        """This view's selection, and the wall view's of active threads in its two halves, its CPU samples in
-        nanoseconds and its off-CPU time (what the per-pod GPU report shows of a pod's idle time, and ranks
-        by where it blocked), from the store's selects they share."""
-        cpu = self.store.select(_with(selector, _CPU), start, end)
-        active = self.store.select(_with(selector, _OFFCPU, _ACTIVE), start, end)
+    def select_with_wall_by(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], tuple[Selection, Selection, Selection]]:
+        """Per group of `by` with samples: this view's selection, and the wall view's of active threads in
+        its two halves, its CPU samples in nanoseconds and its off-CPU time (what the per-pod GPU report
+        shows of each pod's idle time, and ranks by where it blocked). One select_groups of the store
+        answers every group: its rows grouped by `by`, profile type and thread state, put together here."""
+        types = ["", OFFCPU, *((_OWN_ROWS[self.kind][0].value,) if self.kind in _OWN_ROWS else ())]
+        matchers = [Matcher(PROFILE_TYPE_NAME, "=~", "|".join(types))]
+        every_thread = self.threads == "all" and self.kind in ("offcpu", "wall")
+        if not every_thread:
+            # __thread__ is on off-CPU rows only (ingest sets it; agents may not send "__" labels), so
+            # this leaves the CPU samples whole.
+            matchers.append(_ACTIVE)
+        parts: dict[tuple[str, ...], dict[tuple[str, str], Selection]] = {}
+        grouped = self.store.select_groups(
+            _with(selector, *matchers), start, end, [*by, PROFILE_TYPE_NAME, THREAD_STATE_NAME]
+        )
+        for (*key, kind, thread), sel in grouped.items():
+            parts.setdefault(tuple(key), {})[(kind, thread)] = sel
+        return {key: self._with_wall(of) for key, of in parts.items()}
+
+    def _with_wall(self, parts: dict[tuple[str, str], Selection]) -> tuple[Selection, Selection, Selection]:
+        """select_with_wall_by's answer for one group from its selections by (profile type, thread state)."""
+        cpu = _merged([sel for (kind, _), sel in parts.items() if kind == ""])
+        active = _merged(
+            [s for (kind, thread), s in parts.items() if kind == OFFCPU and thread != IDLE_THREAD]
+        )
         running, waits = Selection(_in_ns(cpu), NS_HZ), Selection(active.stacks, NS_HZ)
         if self.kind == "cpu":
             return cpu, running, waits
         if self.kind in _OWN_ROWS:
-            return self.select(selector, start, end), running, waits
-        off = active if self.threads == "active" else self.store.select(_with(selector, _OFFCPU), start, end)
+            matcher, hz = _OWN_ROWS[self.kind]
+            own = _merged([sel for (kind, _), sel in parts.items() if kind == matcher.value])
+            return Selection(own.stacks, hz), running, waits
+        off = active
+        if self.threads == "all":
+            off = _merged([sel for (kind, _), sel in parts.items() if kind == OFFCPU])
         return (Selection(off.stacks, NS_HZ) if self.kind == "offcpu" else _wall(cpu, off)), running, waits
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:

@@ -18,7 +18,17 @@ class ProfileStore(Protocol):
 
     def select(self, selector: Selector, start: float, end: float) -> Selection: ...
 
+    def select_groups(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], Selection]:
+        """select() per distinct value tuple of the group-by labels ("" where a series lacks one), in one
+        pass over the rows: each group's merged stacks and the frequency most of its samples came at, as
+        select() with a `name="value"` matcher per group-by label would answer. Groups without samples are
+        left out."""
+        ...
+
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped: ...
+
     def series(
         self, selector: Selector, start: float, end: float, step_s: float, by: Sequence[str]
     ) -> TimeSeries:

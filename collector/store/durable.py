@@ -40,7 +40,14 @@ import duckdb
 
 from fleetprof.collector.model.ids import KEY_BYTES, ContentIds, ContentKeyError
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
-from fleetprof.collector.model.rows import BUCKET_S, Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import (
+    BUCKET_S,
+    Grouped,
+    ProfileRows,
+    Selection,
+    TimeSeries,
+    selections_by_group,
+)
 from fleetprof.collector.model.selector import Selector, label_value, names_in, values_in
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.cold.chunk import Chunk
@@ -340,6 +347,21 @@ class DurableStore:
                 st = stacks[sid]
                 merged[st] = merged.get(st, 0) + n
             return Selection(merged, freq)
+
+        return self._cold(run)  # type: ignore[return-value]
+
+    def select_groups(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], Selection]:
+        if self._hot_covers(start, end):
+            self.counters["hot_queries"] += 1
+            return self.hot.select_groups(selector, start, end, by)
+
+        def run(pending: Sequence[Chunk]) -> dict[tuple[str, ...], Selection]:
+            rows = self._queries.per_label_stack(selector, start, end, pending)
+            labels = self._queries.labels_of({r[0] for r in rows}, pending)
+            stacks = self._queries.stacks_of({r[1] for r in rows}, pending)
+            return selections_by_group(rows, labels, stacks, by)
 
         return self._cold(run)  # type: ignore[return-value]
 

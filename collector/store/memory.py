@@ -254,6 +254,46 @@ class MemoryStore:
             stacks[st] = stacks.get(st, 0) + n
         return Selection(stacks, self._frequency(v.label_freq, lidx, counts))
 
+    def select_groups(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], Selection]:
+        v = self._view(start, end)
+        lidx, sidx, counts = self._matching_rows(selector, v)
+        if not len(counts):
+            return {}
+        # Each label set in view to its group (numbered in order of first label index, as select's
+        # frequency counts them), then one bincount over (group, stack) pairs.
+        sets, set_of = np.unique(lidx, return_inverse=True)
+        numbers: dict[tuple[str, ...], int] = {}
+        dicts = v.label_dicts
+        group_of_set = np.fromiter(
+            (
+                numbers.setdefault(tuple(label_value(dicts[d], name) for name in by), len(numbers))
+                for d in sets.tolist()
+            ),
+            dtype=np.int64,
+            count=len(sets),
+        )
+        width = len(v.stacks)
+        pairs, pair_of = np.unique(group_of_set[set_of] * width + sidx, return_inverse=True)
+        per_pair = np.bincount(pair_of, weights=counts).astype(np.int64)  # exact below 2**53
+        per_set = np.bincount(set_of, weights=counts)
+        keys = list(numbers)
+        merged: list[dict[Stack, int]] = [{} for _ in keys]
+        items = v.stacks
+        for pair, n in zip(pairs.tolist(), per_pair.tolist(), strict=True):
+            g, d = divmod(pair, width)
+            st = items[d]
+            merged[g][st] = merged[g].get(st, 0) + n
+        freqs: list[dict[int, float]] = [{} for _ in keys]
+        for d, g, n in zip(sets.tolist(), group_of_set.tolist(), per_set.tolist(), strict=True):
+            f = v.label_freq[d]
+            freqs[g][f] = freqs[g].get(f, 0.0) + n
+        return {
+            key: Selection(merged[g], max(freqs[g], key=freqs[g].__getitem__) or None)
+            for g, key in enumerate(keys)
+        }
+
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         totals: dict[tuple[str, ...], int] = {}
         v = self._view(start, end)

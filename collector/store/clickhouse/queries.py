@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallAgg
+from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.model.selector import Selector, label_value
 from fleetprof.collector.store.clickhouse.connection import Connection
 from fleetprof.collector.store.clickhouse.schema import CPU, HIST, SYSCALL, Layout
 
 _CACHE_LIMIT = 1_000_000
-BUCKET_S = 10
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,19 @@ class Queries:
             freqs[freq] += n
         freq = max(freqs, key=freqs.get) if freqs else None
         return dict(merged), freq or None
+
+    def per_label_stack(
+        self, selector: Selector, start: float, end: float
+    ) -> list[tuple[int, int, int, int]]:
+        """Samples per (label id, stack id, frequency) of matching series: what select_groups sums."""
+        src = self.source((CPU,), "lid, sid, freq, count", start, end)
+        if src is None:
+            return []
+        lids, everything = self._matching_lids(selector, src)
+        if not lids:
+            return []
+        where, ids = ("", None) if everything else (" WHERE lid IN wanted", {"wanted": np.array(lids)})
+        return self._q(f"SELECT lid, sid, freq, sum(count) FROM {src}{where} GROUP BY lid, sid, freq", ids)
 
     def per_label_step(
         self, selector: Selector, start: float, end: float, step_s: float

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import MAX_BATCH_AGE_S, Labels, SyscallAgg
-from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries
+from fleetprof.collector.model.rows import Grouped, ProfileRows, Selection, TimeSeries, selections_by_group
 from fleetprof.collector.model.selector import Selector, label_value, names_in, values_in
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.clickhouse.connection import ClickHouseError, Connection
@@ -180,6 +180,14 @@ class ClickHouseStore:
             st = stacks[sid]
             merged[st] = merged.get(st, 0) + n
         return Selection(merged, freq)
+
+    def select_groups(
+        self, selector: Selector, start: float, end: float, by: Sequence[str]
+    ) -> dict[tuple[str, ...], Selection]:
+        rows = self._queries.per_label_stack(selector, start, end)
+        labels = self._queries.labels_of({r[0] for r in rows})
+        stacks = self._queries.stacks_of({r[1] for r in rows})
+        return selections_by_group(rows, labels, stacks, by)
 
     def group(self, selector: Selector, start: float, end: float, by: Sequence[str]) -> Grouped:
         per_lid, freq = self._queries.per_key(selector, start, end, "lid")

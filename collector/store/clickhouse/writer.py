@@ -28,7 +28,7 @@ import numpy as np
 
 from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.profile import Labels, Stack
-from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
 from fleetprof.collector.store.clickhouse.connection import (
     UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE,
     ClickHouseError,
@@ -38,7 +38,6 @@ from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, MARKER, 
 
 log = logging.getLogger(__name__)
 
-BUCKET_S = 10
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 

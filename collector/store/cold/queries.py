@@ -139,6 +139,26 @@ class Queries:
         freq = max(freqs, key=freqs.get) if freqs else None
         return dict(merged), freq or None
 
+    def per_label_stack(
+        self, selector: Selector, start: float, end: float, pending: Sequence[Chunk] = ()
+    ) -> list[tuple[int, int, int, int]]:
+        """Samples per (label id, stack id, frequency) of matching series: what select_groups sums."""
+        cur = self._db.cursor()
+        self._with_pending(cur, pending)
+        params = {"start": start, "end": end}
+        lids, everything = self._matching_lids(cur, selector, params, pending)
+        if not lids:
+            return []
+        where = self._RANGE
+        if not everything:
+            cur.register("wanted", {"lid": np.array(lids, dtype=np.int64)})
+            where += " AND lid IN (SELECT lid FROM wanted)"
+        return cur.execute(
+            f"SELECT lid, sid, freq, sum(count)::BIGINT FROM {self._ALL_SAMPLES} WHERE {where} "
+            "GROUP BY lid, sid, freq",
+            params,
+        ).fetchall()
+
     def per_label_step(
         self, selector: Selector, start: float, end: float, step_s: float, pending: Sequence[Chunk] = ()
     ) -> tuple[dict[tuple[int, float], int], int | None]:
