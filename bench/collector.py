@@ -482,7 +482,7 @@ def clickhouse_queries(
             p.done.wait(600)
             assert p.error is None, p.error
         t0 = time.perf_counter()
-        loaded = preload_day_clickhouse(store, nodes, rows_per_node, stacks, now)
+        loaded = preload_day_clickhouse(store, nodes, rows_per_node, stacks, labels, now)
         load_s = time.perf_counter() - t0
         out = []
         for _, _, what, sel, span in cases[:1] + cases[2:]:
@@ -506,11 +506,15 @@ def clickhouse_queries(
         server.remove()
 
 
-def preload_day_clickhouse(store: object, nodes: int, rows_per_node: int, stacks: list, now: float) -> int:
+def preload_day_clickhouse(
+    store: object, nodes: int, rows_per_node: int, stacks: list, labels: list, now: float
+) -> int:
     """The rows preload_day gives DuckDB, in the tables ClickHouse reads them from at this age: the 10 min
-    rows older than 6 h in rows_1m (the 1 min table answers 6 h to 3 d back), the 1 min rows in rows."""
+    rows older than 6 h in rows_1m (the 1 min table answers 6 h to 3 d back), the 1 min rows in rows.
+    The older rows go into rows_10m as well, as the materialized views put every row there (the rows
+    inserted into `rows` reach rows_1m and rows_10m through them)."""
     conn, layout = store._conn, store.layout  # type: ignore[attr-defined]
-    sets = [entry for n in range(nodes) for entry in node_labels(n, store.ids)]  # type: ignore[attr-defined]
+    sets = [entry for per_node in labels[:nodes] for entry in per_node]
     conn.insert(
         layout.table("label_sets"),
         {
@@ -543,6 +547,8 @@ def preload_day_clickhouse(store: object, nodes: int, rows_per_node: int, stacks
                 "count": (1 + gen.integers(0, 40, n) * (res // 10)).astype(np.int64),
             }
             conn.insert(layout.table(table), cols)
+            if table == "rows_1m":
+                conn.insert(layout.table("rows_10m"), cols)
             total += n
     return total
 

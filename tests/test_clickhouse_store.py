@@ -55,6 +55,7 @@ from fleetprof.httpserve import Request
 from tests.chdb_connection import ChdbConnection, chdb_session
 from tests.clickhouse_servers import ClickHouse, scratch
 from tests.conftest import REPO, free_port, start_agent, stop_agent, wait_until
+from tests.cpu_time import CPU_BOUND_TIMEOUT_S
 from tests.gpu_batches import gpu_batch
 from tests.stores import open_durable
 from tests.wire import BatchBuilder, hist, push, with_syscalls
@@ -94,7 +95,7 @@ def agent_batches(workload_bin: Callable[[str], Path]) -> list[bytes]:
             subprocess.Popen([workload_bin("read_zero"), "3"], stdout=subprocess.DEVNULL),
         ]
         for w in work:
-            w.wait(timeout=60)
+            w.wait(timeout=CPU_BOUND_TIMEOUT_S)  # sized by CPU time: 3 s of it took over 60 s at load 17
         n = len(recorder.payloads)
         wait_until(lambda: len(recorder.payloads) >= n + 2, 30, "two more of the agent's windows")
     finally:

@@ -7,6 +7,16 @@ from `cut_10m` = (now − minute_s) on the ten minutes up to `cut_1m` at 1 min f
 bucket < end), and nothing at or past the retention horizon counts. Label sets are matched in Python
 against the selector (RE2, as the other stores), then the sums are taken in ClickHouse over the matching
 label ids, sent as an external table.
+
+What makes a long range cheap (bench/README.md, "ClickHouse"): sums over a range (`per_key`: profiles, top,
+group) read the whole 10 minute buckets inside it from `rows_10m` whatever their age, and only the edges
+at the resolution that answers their time. The sums are the same: the materialized views put every row of
+`rows` into `rows_10m` in the same insert, and a whole bucket inside the range counts whole at any
+resolution. A label selector is matched against the label sets defined for the range's days (the writer
+defines every label set again on each day it is used), not against a scan of the rows; with no matcher
+nothing is matched at all. And sums are grouped by the one key asked for (stack or label set), with the
+sampling frequency's min and max beside it: grouping by (key, frequency) cost ClickHouse 18.16 twice the
+time; only when a key was sampled at two frequencies are the frequencies summed by a second query.
 """
 
 from __future__ import annotations
@@ -24,9 +34,10 @@ from fleetprof.collector.model.profile import FrameKey, Labels, Stack, SyscallAg
 from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.model.selector import Selector, label_value
 from fleetprof.collector.store.clickhouse.connection import Connection
-from fleetprof.collector.store.clickhouse.schema import CPU, HIST, SYSCALL, Layout
+from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, SYSCALL, Layout
 
 _CACHE_LIMIT = 1_000_000
+COARSE_S = 600  # rows_10m's bucket width
 
 
 @dataclass(frozen=True)
@@ -86,25 +97,54 @@ class Queries:
     def _q(self, sql: str, ids: dict[str, np.ndarray] | None = None) -> list[tuple]:
         return self._conn.query(sql, ids=ids, settings=self._settings)
 
-    def source(self, kinds: Sequence[int], columns: str, start: float, end: float) -> str | None:
+    def source(
+        self,
+        kinds: Sequence[int],
+        columns: str,
+        start: float,
+        end: float,
+        coarse: bool = False,
+        where: str = "",
+    ) -> str | None:
         """A subquery of the rows of `kinds` whose buckets overlap [start, end), each from the resolution
-        that answers its time; None when no resolution holds any (the range is past retention)."""
+        that answers its time; None when no resolution holds any (the range is past retention). With
+        `coarse`, the whole 10 minute buckets inside the range come from `rows_10m` (for sums over the
+        range, not per time step: their rows' buckets are the 10 minute ones). `where` is a condition
+        added to every part (ClickHouse 18.16 does not push one on the union down into its parts)."""
         now = self._clock()
         horizon = now - self._retention_s
         kind = f"kind = {kinds[0]}" if len(kinds) == 1 else f"kind IN ({', '.join(map(str, kinds))})"
+        if where:
+            kind = f"{kind} AND {where}"
+        # The whole 10 minute buckets that count whole at every resolution: inside [start, end) and not
+        # past retention.
+        inner_lo = math.ceil(max(start, horizon) / COARSE_S) * COARSE_S if coarse else math.inf
+        inner_hi = end // COARSE_S * COARSE_S if coarse else -math.inf
+        inner = inner_lo < inner_hi
         parts = []
+        if inner:
+            parts.append(
+                f"SELECT {columns} FROM {self._layout.table('rows_10m')} WHERE {kind} "
+                f"AND bucket >= {_num(inner_lo)} AND bucket < {_num(inner_hi)}"
+            )
         for t in tiers(now, self._policy, horizon):
-            lo, hi = max(t.lo, start - t.width), min(t.hi, end)
-            # bucket + width > start and bucket < end, within the tier, and not past retention
-            if lo >= hi or hi <= horizon - t.width:
-                continue
-            cond = [kind, f"bucket + {t.width} > {_num(start)}", f"bucket < {_num(end)}"]
-            cond.append(f"bucket + {t.width} > {_num(horizon)}")
-            if t.lo != -math.inf:
-                cond.append(f"bucket >= {_num(t.lo)}")
-            if t.hi != math.inf:
-                cond.append(f"bucket < {_num(t.hi)}")
-            parts.append(f"SELECT {columns} FROM {self._layout.table(t.table)} WHERE {' AND '.join(cond)}")
+            # the tier's buckets outside the inner ones: below them, and from their end on
+            pieces = ((t.lo, min(t.hi, inner_lo)), (max(t.lo, inner_hi), t.hi)) if inner else ((t.lo, t.hi),)
+            for lo_b, hi_b in pieces:
+                if lo_b >= hi_b:
+                    continue
+                lo, hi = max(lo_b, start - t.width), min(hi_b, end)
+                # bucket + width > start and bucket < end, within the tier, and not past retention
+                if lo >= hi or hi <= horizon - t.width:
+                    continue
+                cond = [kind, f"bucket + {t.width} > {_num(start)}", f"bucket < {_num(end)}"]
+                cond.append(f"bucket + {t.width} > {_num(horizon)}")
+                if lo_b != -math.inf:
+                    cond.append(f"bucket >= {_num(lo_b)}")
+                if hi_b != math.inf:
+                    cond.append(f"bucket < {_num(hi_b)}")
+                table = self._layout.table(t.table)
+                parts.append(f"SELECT {columns} FROM {table} WHERE {' AND '.join(cond)}")
         if not parts:
             return None
         return "(" + " UNION ALL ".join(parts) + ")"
@@ -183,26 +223,50 @@ class Queries:
         matched = [lid for lid in lids if lid in labels and selector.matches(dict(labels[lid]))]
         return matched, len(matched) == len(lids)
 
+    def _defined_lids(self, selector: Selector, start: float, end: float) -> list[int] | None:
+        """The label ids defined for the days [start, end) touches that match `selector`; None when every
+        row matches (no matcher, or every defined label set matches). Every row's label set is defined for
+        the day of its bucket (writer.py), so these are all the matching label ids the range can hold."""
+        if not selector.matchers:
+            return None
+        first, last = max(0, int((start - COARSE_S) // DAY)), max(0, int(min(end, 1e15) // DAY))
+        lids = [
+            r[0]
+            for r in self._q(
+                f"SELECT DISTINCT id FROM {self._layout.table('label_sets')} "
+                f"WHERE day >= {first} AND day <= {last}"
+            )
+        ]
+        labels = self.labels_of(lids)
+        matched = [lid for lid in lids if lid in labels and selector.matches(dict(labels[lid]))]
+        return None if len(matched) == len(lids) else matched
+
     def per_key(
         self, selector: Selector, start: float, end: float, key: str
     ) -> tuple[dict[int, int], int | None]:
         """Samples per stack id (key="sid") or label id (key="lid") of matching series, and the sampling
         frequency that most of them came at."""
-        src = self.source((CPU,), "lid, sid, freq, count", start, end)
+        lids = self._defined_lids(selector, start, end)
+        if lids is not None and not lids:
+            return {}, None
+        where, ids = ("", None) if lids is None else ("lid IN wanted", {"wanted": np.array(lids)})
+        src = self.source((CPU,), f"{key}, freq, count", start, end, coarse=True, where=where)
         if src is None:
             return {}, None
-        lids, everything = self._matching_lids(selector, src)
-        if not lids:
-            return {}, None
-        where, ids = ("", None) if everything else (" WHERE lid IN wanted", {"wanted": np.array(lids)})
-        rows = self._q(f"SELECT {key}, freq, sum(count) FROM {src}{where} GROUP BY {key}, freq", ids)
-        merged: dict[int, int] = defaultdict(int)
+        rows = self._q(f"SELECT {key}, sum(count), min(freq), max(freq) FROM {src} GROUP BY {key}", ids)
+        merged: dict[int, int] = {}
         freqs: dict[int, int] = defaultdict(int)
-        for k, freq, n in rows:
-            merged[k] += n
-            freqs[freq] += n
+        mixed = False
+        for k, n, lo, hi in rows:
+            merged[k] = n
+            freqs[lo] += n
+            mixed = mixed or lo != hi
+        if mixed:  # some key came at two frequencies: sum them apart
+            freqs = defaultdict(int)
+            for freq, n in self._q(f"SELECT freq, sum(count) FROM {src} GROUP BY freq", ids):
+                freqs[freq] += n
         freq = max(freqs, key=freqs.get) if freqs else None
-        return dict(merged), freq or None
+        return merged, freq or None
 
     def per_label_stack(
         self, selector: Selector, start: float, end: float

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     stored: bool = False  # set with done: False when it was found stored before (a duplicate)
     error: str | None = None
+    queued_at: float = 0.0  # time.monotonic() when submitted
 
     @property
     def bucket(self) -> int:
@@ -117,6 +118,7 @@ class GroupWriter:
                 item.error = "the store is closing"
                 item.done.set()
                 return
+            item.queued_at = time.monotonic()
             self._queue.append(item)
             self._rows += len(item.profile.counts) + 1
             self._cond.notify()
@@ -133,7 +135,10 @@ class GroupWriter:
                 self._cond.wait()
             if not self._queue:
                 return []
-            deadline = time.monotonic() + self._group_s
+            # group_s from the group's first batch, not from now: batches that queued up while the last
+            # insert ran have waited already, and go at once when that was group_s or more. Inserts stay
+            # at most one per group_s while they are quicker than that.
+            deadline = self._queue[0].queued_at + self._group_s
             while not self._stop and self._rows < self._group_rows:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -241,10 +246,11 @@ class GroupWriter:
             prof = p.profile
             ids = prof.stack_table_ids
             if len(ids):
-                missing = [i for i, cid in enumerate(ids.tolist()) if cid not in known_stacks]
-                if missing:
+                # Known ones found by a set difference in C; only the new ones are looked at one by one.
+                new = set(ids.tolist()).difference(known_stacks)
+                if new:
                     stacks = new_stacks.setdefault(day, {})
-                    for i in missing:
+                    for i in np.flatnonzero(np.isin(ids, np.fromiter(new, np.int64, len(new)))).tolist():
                         cid, stack = prof.stacks[i]
                         stacks.setdefault(cid, stack)
             labels = new_labels.setdefault(day, {})
@@ -293,7 +299,8 @@ class GroupWriter:
 
     def _stack_columns(self, new_stacks: dict[int, dict[int, Stack]]) -> tuple:
         """Columns of the new frames and stacks, per day (frames of a stack written again with it on a new
-        day), and the ids each insert makes known."""
+        day), and the ids each insert makes known. Per stack and per frame only C-level calls (map, zip,
+        set and dict operations): at 5% new stacks a batch brings ~150 stacks of ~3,000 frames."""
         f_day, f_id, f_fn, f_mod, f_kern = [], [], [], [], []
         s_day, s_id, s_frames = [], [], []
         frames_new: dict[int, list[int]] = {}
@@ -306,38 +313,35 @@ class GroupWriter:
             # frames, so this is a dict lookup each), then cut back into one id list per stack.
             flat = list(chain.from_iterable(stacks.values()))
             fids = self._ids.frame_ids(flat)
-            at = 0
-            for sid, stack in stacks.items():
-                s_day.append(day)
-                s_id.append(sid)
-                s_frames.append(fids[at : at + len(stack)])
-                at += len(stack)
-            fresh = {fid: frame for fid, frame in zip(fids, flat, strict=True) if fid not in known_frames}
+            lens = list(map(len, stacks.values()))
+            s_frames.extend(map(fids.__getitem__, map(slice, accumulate(lens, initial=0), accumulate(lens))))
+            s_day.append(np.full(len(stacks), day, np.uint32))
+            s_id.append(np.fromiter(stacks, np.int64, len(stacks)))
+            by_id = dict(zip(fids, flat, strict=True))
+            fresh = [by_id[fid] for fid in by_id.keys() - known_frames]
+            fresh_ids = self._ids.frame_ids(fresh)
             stacks_new[day] = list(stacks)
-            frames_new[day] = list(fresh)
-            for fid, frame in fresh.items():
-                f_day.append(day)
-                f_id.append(fid)
-                f_fn.append(frame.function)
-                f_mod.append(frame.module)
-                f_kern.append(1 if frame.kernel else 0)
+            frames_new[day] = fresh_ids
+            if fresh:
+                functions, modules, kernel = zip(*fresh, strict=True)
+                f_day.append(np.full(len(fresh), day, np.uint32))
+                f_id.append(np.array(fresh_ids, np.int64))
+                f_fn.extend(functions)
+                f_mod.extend(modules)
+                f_kern.append(np.array(kernel, np.uint8))
         frames_cols = stack_cols = None
         if f_id:
             frames_cols = {
-                "day": np.array(f_day, dtype=np.uint32),
-                "id": np.array(f_id, dtype=np.int64),
+                "day": np.concatenate(f_day),
+                "id": np.concatenate(f_id),
                 "function": np.array(f_fn, dtype=object),
                 "module": np.array(f_mod, dtype=object),
-                "kernel": np.array(f_kern, dtype=np.uint8),
+                "kernel": np.concatenate(f_kern),
             }
         if s_id:
             frames_obj = np.empty(len(s_frames), dtype=object)
             frames_obj[:] = s_frames
-            stack_cols = {
-                "day": np.array(s_day, dtype=np.uint32),
-                "id": np.array(s_id, dtype=np.int64),
-                "frames": frames_obj,
-            }
+            stack_cols = {"day": np.concatenate(s_day), "id": np.concatenate(s_id), "frames": frames_obj}
         return frames_cols, stack_cols, frames_new, stacks_new
 
     def _rows_of(self, group: list[Pending]) -> dict[str, np.ndarray]:
