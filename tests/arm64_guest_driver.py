@@ -69,7 +69,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def acked_batches() -> int:
-    for line in get(f"http://{AGENT_HTTP}/metrics").decode().splitlines():
+    for line in get(f"http://{AGENT_HTTP}/metrics", timeout=60).decode().splitlines():
         if line.startswith("fleetprof_agent_batches_acked_total "):
             return int(float(line.split()[1]))
     return 0
@@ -81,7 +81,8 @@ def folded(pid: int) -> str:
 
 
 def agent_metric(name: str) -> float:
-    for line in get(f"http://{AGENT_HTTP}/metrics").decode().splitlines():
+    # A minute: on a loaded host the guest's agent took over 10 s to answer (its drains hold the CPU).
+    for line in get(f"http://{AGENT_HTTP}/metrics", timeout=60).decode().splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     return 0.0
