@@ -536,17 +536,18 @@ static __always_inline void walk_finish(struct unwind_state *s) {
     walk_done(s->set, &key, s->purpose, s->arg);
 }
 
-// Makes `s` a walk for `purpose` of the current task's user stack from (ip, sp, bp); the caller tail-calls
-// its program type's step. `at_entry`: ip is a function's first instruction (an entry uprobe), whose
-// return address is at sp whatever the function's table says.
+// Makes `s` a walk for `purpose` of the current task's user stack from (ip, sp, bp, lr: x30 on arm64, 0 on
+// x86-64); the caller tail-calls its program type's step. `at_entry`: ip is a function's first instruction
+// (an entry uprobe), whose return address is at sp (x86-64) or in x30 (arm64) whatever its table says.
 static __always_inline void walk_init(struct unwind_state *s, struct sample_key *key, u32 set, u32 purpose,
-                                      u64 ip, u64 sp, u64 bp, u32 at_entry) {
+                                      u64 ip, u64 sp, u64 bp, u64 lr, u32 at_entry) {
     s->key = *key;
     s->set = set;
     s->purpose = purpose;
     s->ip = ip;
     s->sp = sp;
     s->bp = bp;
+    s->lr = lr;
     s->at_entry = at_entry;
     s->calls = 0;
     s->leaf = 1;
@@ -564,6 +565,19 @@ struct user_ip_sp {
 };
 #define REGS_IP_SP(regs) (&(regs)->sp)
 #define REGS_FP(regs)    (&(regs)->regs[29])   // x29, the frame pointer of the AAPCS64
+// x29, x30, sp, pc: adjacent too, read in one call by user_regs.
+struct user_regs_a64 {
+    u64 fp;
+    u64 lr;
+    u64 sp;
+    u64 ip;
+};
+// Return addresses signed by pointer authentication (-mbranch-protection, paciasp) carry the signature in
+// the bits above the user address space. User code lies below 2^48 (a 52-bit kernel maps memory above that
+// only where a process asks for it by an mmap hint), so keeping 48 bits strips the signature whatever the
+// CPU's PAC field and the kernel's VA size are; an unsigned address is unchanged.
+#define USER_ADDR_MASK ((1ULL << 48) - 1)
+#define STRIP_PAC(addr) ((addr) & USER_ADDR_MASK)
 #else
 // ip, cs, flags, sp: adjacent in x86-64's struct pt_regs (a fixed ABI), read in one helper call.
 struct user_ip_sp {
@@ -574,6 +588,7 @@ struct user_ip_sp {
 };
 #define REGS_IP_SP(regs) (&(regs)->ip)
 #define REGS_FP(regs)    (&(regs)->bp)
+#define STRIP_PAC(addr) (addr)
 #endif
 
 // The current task's user ip and sp as its entry into the kernel saved them; 0 when it has none. What
@@ -589,13 +604,22 @@ static __always_inline int user_ip_sp(u64 *ip, u64 *sp) {
 }
 
 // The current task's user registers as its entry into the kernel saved them (a syscall, a fault, an
-// interrupt); 0 when it has none (a kernel thread).
-static __always_inline int user_regs(u64 *ip, u64 *sp, u64 *bp) {
+// interrupt); 0 when it has none (a kernel thread). `lr`: x30 on arm64 (a leaf's return address), 0 on x86-64.
+static __always_inline int user_regs(u64 *ip, u64 *sp, u64 *bp, u64 *lr) {
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+#if ARCH_ARM64
+    struct user_regs_a64 r;
+    if (!regs || bpf_probe_read_kernel(&r, sizeof(r), REGS_FP(regs)) != 0 || r.ip == 0)
+        return 0;
+    *bp = r.fp;
+    *lr = r.lr;
+#else
     struct user_ip_sp r;
     if (!regs || bpf_probe_read_kernel(&r, sizeof(r), REGS_IP_SP(regs)) != 0 ||
         bpf_probe_read_kernel(bp, sizeof(*bp), REGS_FP(regs)) != 0 || r.ip == 0)
         return 0;
+    *lr = 0;
+#endif
     *ip = r.ip;
     *sp = r.sp;
     return 1;
@@ -695,7 +719,8 @@ static __always_inline u32 unwind_find_rule(struct unwind_file *file, u64 vaddr)
     return r->rule;
 }
 
-// A frame by frame pointer: the saved rbp at [rbp], the return address above it. 0 when it cannot be.
+// A frame by frame pointer: the saved rbp at [rbp], the return address above it (arm64's frame record is
+// the same pair: x29, x30 at [x29]; x30 possibly signed). 0 when it cannot be.
 static __always_inline int unwind_fp_step(struct unwind_state *s) {
     u64 bp = s->bp;
     if (bp < s->sp || bp & 7)
@@ -705,7 +730,7 @@ static __always_inline int unwind_fp_step(struct unwind_state *s) {
         return 0;
     s->bp = saved[0];
     s->sp = bp + 16;
-    s->ip = saved[1];
+    s->ip = STRIP_PAC(saved[1]);
     return 1;
 }
 
@@ -741,7 +766,8 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
         s->done = 1;
         return;
     }
-    u64 lookup = s->leaf ? s->ip : s->ip - 1;
+    u32 leaf = s->leaf;
+    u64 lookup = leaf ? s->ip : s->ip - 1;
     struct unwind_map *m = unwind_find_map(proc, lookup);
     if (!m && !s->leaf) {   // a return address outside every known mapping: not recorded (see unwind.h)
         count_stat(s->from_jit ? STAT_UNWIND_JIT : STAT_UNWIND_NO_MAPPING);
@@ -765,10 +791,14 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
         return;
     }
     if (s->at_entry) {
-        // A function's first instruction (an entry uprobe): nothing pushed yet, its return address is at sp.
-        // Said so, not looked up: a file without a table would be stepped by frame pointer here, which
-        // skips the caller (rbp is still the caller's).
+        // A function's first instruction (an entry uprobe): nothing pushed yet, its return address is at sp
+        // (in x30 on arm64). Said so, not looked up: a file without a table would be stepped by frame
+        // pointer here, which skips the caller (rbp is still the caller's).
         s->at_entry = 0;
+#if ARCH_ARM64
+        s->ip = STRIP_PAC(s->lr);
+        return;
+#endif
         u64 ra = 0;
         if (bpf_probe_read_user(&ra, sizeof(ra), (void *)s->sp) != 0) {
             count_stat(STAT_UNWIND_READ_FAULT);
@@ -827,6 +857,49 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
         s->done = 1;
         return;
     }
+#if ARCH_ARM64
+    // arm64's layout (agent/unwind/table.py): CFA = sp or x29 + 8 * off; x30 and x29 saved at their slots,
+    // counted down from the CFA or up from its register; x30's slot 0: the return address is still in x30.
+    u64 base = kind == UNWIND_KIND_CFA_RSP ? s->sp : s->bp;
+    u64 cfa = base + ((rule >> 3) & 0xfff) * 8;
+    u32 from_reg = rule & (1 << 15);
+    u32 ra_v = (rule >> 16) & 0xff;
+    u32 fp_v = rule >> 24;
+    u64 ra = 0;
+    if (ra_v == 0) {
+        if (!leaf) {   // only the interrupted frame can still hold its return address in x30
+            count_stat(STAT_UNWIND_UNSUPPORTED);
+            s->done = 1;
+            return;
+        }
+        ra = s->lr;
+    } else if (bpf_probe_read_user(&ra, sizeof(ra),
+                                   (void *)(from_reg ? base + (ra_v - 1) * 8 : cfa - ra_v * 8)) != 0) {
+        count_stat(STAT_UNWIND_READ_FAULT);
+        s->done = 1;
+        return;
+    }
+    if (fp_v != 0) {
+        u64 bp = 0;
+        if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(from_reg ? base + (fp_v - 1) * 8 : cfa - fp_v * 8)) !=
+            0) {
+            count_stat(STAT_UNWIND_READ_FAULT);
+            s->done = 1;
+            return;
+        }
+        s->bp = bp;
+    }
+    // A caller's frame lies at or above its callee's (a leaf that allocated no stack: CFA = sp, the return
+    // address in x30); anything else is a bad table or stack.
+    if (cfa < s->sp || (cfa == s->sp && ra_v != 0)) {
+        count_stat(STAT_UNWIND_READ_FAULT);
+        s->done = 1;
+        return;
+    }
+    s->sp = cfa;
+    s->ip = STRIP_PAC(ra);
+    s->from_fp = 0;
+#else
     u64 cfa = (kind == UNWIND_KIND_CFA_RSP ? s->sp : s->bp) + ((rule >> 3) & 0x1ffff);
     s32 rbp_slot = ((s32)rule) >> 20;   // arithmetic shift: signed 12 bits
     u64 ra = 0;
@@ -852,6 +925,7 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
     s->sp = cfa;
     s->ip = ra;
     s->from_fp = 0;
+#endif
 }
 
 // One step program's share of a walk: UNWIND_FRAMES_PER_PROG frames; 1 when the walk should go on in a tail
@@ -893,16 +967,27 @@ static __always_inline void unwind_begin(struct bpf_perf_event_data *ctx, u32 se
     struct unwind_state *s = unwind_state.lookup(&zero);
     if (!s)
         return;
-    u64 ip, sp, bp;
+    u64 ip, sp, bp, lr;
+#if ARCH_ARM64
+    if ((ctx->regs.pstate & 0xf) == 0) {   // PSR_MODE_EL0t: the sample interrupted user mode
+        ip = ctx->regs.pc;
+        sp = ctx->regs.sp;
+        bp = ctx->regs.regs[29];
+        lr = ctx->regs.regs[30];
+    }
+#else
     if (ctx->regs.cs & 3) {   // the sample interrupted user mode: its registers are the user's
         ip = ctx->regs.ip;
         sp = ctx->regs.sp;
         bp = ctx->regs.bp;
-    } else if (!user_regs(&ip, &sp, &bp)) {   // in the kernel: the user registers saved at its entry
+        lr = 0;
+    }
+#endif
+    else if (!user_regs(&ip, &sp, &bp, &lr)) {   // in the kernel: the user registers saved at its entry
         count_stat(STAT_UNWIND_FALLBACK);   // a kernel thread, or no user context
         return;
     }
-    walk_init(s, key, set, WALK_SAMPLE, ip, sp, bp, 0);
+    walk_init(s, key, set, WALK_SAMPLE, ip, sp, bp, lr, 0);
     count_stat(STAT_UNWIND_WALKS);
     unwind_progs.call(ctx, 0);
     count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed: not loaded yet
@@ -1214,10 +1299,10 @@ static __always_inline void offcpu_leave(void *ctx, u32 tid, long state, u32 set
 #if UNWIND
     // The user stack by the tables, as a CPU sample's (tail calls of unwind_step_tp, which keep the start
     // once the walk ends); by frame pointer where the process has none or the walk cannot start.
-    u64 ip, sp, bp;
+    u64 ip, sp, bp, lr;
     struct unwind_state *s = unwind_state.lookup(&zero);
-    if (s && unwind_procs.lookup(&tgid) && user_regs(&ip, &sp, &bp)) {
-        walk_init(s, &key, set, WALK_OFFCPU, ip, sp, bp, 0);
+    if (s && unwind_procs.lookup(&tgid) && user_regs(&ip, &sp, &bp, &lr)) {
+        walk_init(s, &key, set, WALK_OFFCPU, ip, sp, bp, lr, 0);
         s->arg[0] = since;
         s->arg[1] = runnable;
         count_stat(STAT_UNWIND_WALKS);   // every walk counts, whatever started it: the ends add up to these
@@ -1277,8 +1362,8 @@ RAW_TRACEPOINT_PROBE(sys_exit) {
     if (!waited)
         return 0;
     u32 set = *active;
-    u64 ip, sp, bp;
-    if (!user_regs(&ip, &sp, &bp) || ip != t->user_ip || sp != t->user_sp) {
+    u64 ip, sp, bp, lr;
+    if (!user_regs(&ip, &sp, &bp, &lr) || ip != t->user_ip || sp != t->user_sp) {
         offcpu_untaken(set, waited, ran, woke);   // the wait did not end here: another context
         return 0;
     }
@@ -1302,7 +1387,7 @@ RAW_TRACEPOINT_PROBE(sys_exit) {
         key.python_stack = python_stack(set, pid_tgid, py, 0, &w->py);
 #endif
     count_stat(STAT_OFFCPU_EXACT_WALKS);
-    walk_init(&w->walk, &key, set, WALK_LONG_WAIT, ip, sp, bp, 0);
+    walk_init(&w->walk, &key, set, WALK_LONG_WAIT, ip, sp, bp, lr, 0);
     w->walk.arg[0] = waited;
     w->walk.arg[1] = ran;
 #if UNWIND

@@ -12,7 +12,10 @@
 //   2. the row for ip's file address: binary search of its file's range of unwind_rows (the last row whose
 //      pc <= vaddr; for a return address, vaddr - 1: the call may be the last instruction of a function);
 //   3. CFA = rsp or rbp + offset; the return address is at CFA - 8 (x86-64); rbp is restored from CFA + off
-//      when the row says it was saved; the caller's rsp is the CFA.
+//      when the row says it was saved; the caller's rsp is the CFA. On arm64 (ARCH_ARM64): CFA = sp or x29
+//      + offset; the return address is read from its row's slot, or, in the interrupted frame only, taken
+//      from x30 where the row says it was not saved yet; x29 likewise; pointer-authentication signatures
+//      are stripped from every return address (STRIP_PAC).
 // Where a file has no table (not built yet, or none) or a row says NO_INFO, the frame is stepped by frame
 // pointer instead (rbp -> saved rbp, return address above it); so is anonymous executable memory (JIT code,
 // which has no file), and the walk goes on only if the return address that gives lies in a known mapping.
@@ -23,7 +26,8 @@
 // once, counted by reason in stats (STAT_UNWIND_*).
 //
 // The rule encoding mirrors agent/unwind/table.py: bits 0-2 kind, bits 3-19 CFA offset in bytes, bits
-// 20-31 the rbp save slot as a signed count of 8 bytes from the CFA (0: rbp unchanged).
+// 20-31 the rbp save slot as a signed count of 8 bytes from the CFA (0: rbp unchanged). arm64's rows have
+// a layout of their own, the same kinds (CFA_RSP: from sp, CFA_RBP: from x29): table.py's module doc.
 
 #define UNWIND_KIND_CFA_RSP     0
 #define UNWIND_KIND_CFA_RBP     1
@@ -72,6 +76,7 @@ struct unwind_state {
     u64 ip;
     u64 sp;
     u64 bp;
+    u64 lr;                  // x30 where the walk began (arm64: a leaf's return address); 0 on x86-64
     u32 set;                 // the map set this sample goes into (control[0] when it was taken)
     u32 calls;               // tail calls made
     u32 leaf;                // 1 while ip is the interrupted instruction (not a return address)

@@ -1,4 +1,4 @@
-"""Our own x86-64 .eh_frame / .debug_frame reader: runs each FDE's CFA program into rows of encoded rules.
+"""Our own x86-64 and AArch64 .eh_frame / .debug_frame reader: runs each FDE's CFA program into rows.
 
 Sources: the DWARF 5 standard, section 6.4 (call frame information), and the Linux Standard Base's
 description of .eh_frame (its CIE/FDE layout, augmentation letters and DW_EH_PE_* pointer encodings).
@@ -9,8 +9,12 @@ The sections come from tenants' files (see agent/symbols/elf.py), so rules this 
   * the work is bounded by the section: each instruction consumes at least one byte, every length is
     checked against its entry, at most MAX_FDES FDEs are read and the remember_state stack holds at
     most MAX_STATE_DEPTH entries, so a hostile section costs what its size costs, never more;
-  * only what an x86-64 unwinder needs is tracked: the CFA rule, the rule of rbp (register 6) and of
-    the CIE's return-address column; other registers' operands are read and dropped.
+  * only what an unwinder needs is tracked: the CFA rule, the rule of the frame pointer (rbp, register 6,
+    on x86-64; x29 on AArch64) and of the CIE's return-address column (16 on x86-64; x30, the link
+    register, on AArch64); other registers' operands are read and dropped.
+  * AArch64's DW_CFA_AARCH64_negate_ra_state (0x2d, which SPARC files use as DW_CFA_GNU_window_save) is
+    read in AArch64 sections only: it says whether the return address is signed (pointer
+    authentication), and the BPF walk strips signatures from every return address whatever the rows say.
 
 Speed: a 5 MB libLLVM .eh_frame has ~100,000 FDEs, most of whose CFA programs are byte-for-byte equal
 to another's. Each distinct (CIE, program) runs once; its rows (offsets from the FDE's start) are kept in
@@ -31,6 +35,11 @@ from fleetprof.agent.symbols.elf import ElfError
 RBP = 6
 RSP = 7
 RETURN_ADDRESS = 16
+# AArch64's (DWARF for the Arm 64-bit Architecture, "DWARF register names"): x29 the frame pointer, x30 the
+# link register (where `bl` leaves the return address), 31 sp.
+X29 = 29
+X30 = 30
+SP_AARCH64 = 31
 
 # A register's rule is one int, value << 3 | tag (value signed: Python's shifts keep the sign).
 RULE_SAME = 0  # no rule, or DW_CFA_same_value: the caller's value is this frame's value
@@ -201,9 +210,13 @@ def _read_pointer(
 class _Reader:
     """One section's CIEs and FDEs; `eh` selects .eh_frame's rules over .debug_frame's."""
 
-    def __init__(self, data: bytes, eh: bool, section_addr: int, data_base: int, encode: RuleEncoder) -> None:
+    def __init__(
+        self, data: bytes, eh: bool, section_addr: int, data_base: int, encode: RuleEncoder, aarch64: bool
+    ) -> None:
         self.d = data
         self.eh = eh
+        self.aarch64 = aarch64
+        self.fp_reg = X29 if aarch64 else RBP
         self.section_addr = section_addr
         self.data_base = data_base
         self.encode = encode
@@ -471,6 +484,7 @@ class _Reader:
         caf = cie.code_align
         daf = cie.data_align
         ra_reg = cie.ra_reg
+        fp_reg = self.fp_reg
         signal = cie.signal
         encode = self.encode
         # Rows repeat a few hundred distinct states across a whole library: encode each once.
@@ -499,14 +513,14 @@ class _Reader:
                     else:
                         b, p = _uleb(prog, p)
                     reg = op & 0x3F
-                    if reg == 6:  # RBP; literals here, not globals: this loop runs a million times
+                    if reg == fp_reg:  # locals and literals here, not globals: this loop runs a million times
                         rbp = (b * daf) << 3 | 2  # RULE_OFFSET
                     elif reg == ra_reg:
                         ra = (b * daf) << 3 | 2
                     continue
                 else:  # DW_CFA_restore
                     reg = op & 0x3F
-                    if reg == 6:
+                    if reg == fp_reg:
                         rbp = restore_rbp
                     elif reg == ra_reg:
                         ra = restore_ra
@@ -587,7 +601,7 @@ class _Reader:
                     rule = (v * daf) << 3 | tag
                 elif op == 0x06:  # DW_CFA_restore_extended
                     reg, p = _uleb(prog, p)
-                    rule = restore_rbp if reg == RBP else restore_ra
+                    rule = restore_rbp if reg == fp_reg else restore_ra
                 elif op == 0x07 or op == 0x08:  # DW_CFA_undefined, DW_CFA_same_value
                     reg, p = _uleb(prog, p)
                     rule = RULE_UNDEFINED if op == 0x07 else RULE_SAME
@@ -618,9 +632,13 @@ class _Reader:
                     v, p = _sleb(prog, p)
                     cfa_off = v * daf
                     continue
+                elif op == 0x2D and self.aarch64:
+                    # DW_CFA_AARCH64_negate_ra_state: the return address is now signed (or no longer); no
+                    # operand. The walk strips every return address, so the rows need not carry it.
+                    continue
                 else:
                     raise _bad(f"CFA program at {prog_pos:#x}: unknown instruction {op:#04x}")
-                if reg == RBP:
+                if reg == fp_reg:
                     rbp = rule
                 elif reg == ra_reg:
                     ra = rule
@@ -648,23 +666,24 @@ class _Reader:
 
 
 def parse_eh_frame(
-    data: bytes | bytearray, section_addr: int, data_base: int, encode: RuleEncoder
+    data: bytes | bytearray, section_addr: int, data_base: int, encode: RuleEncoder, aarch64: bool = False
 ) -> FrameRows:
     """Rows of every FDE in an .eh_frame section loaded at `section_addr`. `data_base` is what
-    DW_EH_PE_datarel pointers are relative to (no x86-64 compiler writes them in .eh_frame)."""
-    return _read(bytes(data), True, section_addr, data_base, encode, ".eh_frame")
+    DW_EH_PE_datarel pointers are relative to (no x86-64 compiler writes them in .eh_frame). `aarch64`:
+    the section is an AArch64 file's (its frame pointer is x29, and negate_ra_state is an instruction)."""
+    return _read(bytes(data), True, section_addr, data_base, encode, ".eh_frame", aarch64)
 
 
-def parse_debug_frame(data: bytes | bytearray, encode: RuleEncoder) -> FrameRows:
+def parse_debug_frame(data: bytes | bytearray, encode: RuleEncoder, aarch64: bool = False) -> FrameRows:
     """Rows of every FDE in a .debug_frame section (32- or 64-bit DWARF, CIE versions 1, 3 and 4)."""
-    return _read(bytes(data), False, 0, 0, encode, ".debug_frame")
+    return _read(bytes(data), False, 0, 0, encode, ".debug_frame", aarch64)
 
 
 def _read(
-    data: bytes, eh: bool, section_addr: int, data_base: int, encode: RuleEncoder, name: str
+    data: bytes, eh: bool, section_addr: int, data_base: int, encode: RuleEncoder, name: str, aarch64: bool
 ) -> FrameRows:
     try:
-        return _Reader(data, eh, section_addr, data_base, encode).read()
+        return _Reader(data, eh, section_addr, data_base, encode, aarch64).read()
     except ElfError as e:
         raise ElfError(f"{name}: {e}", e.reason) from e
     except (IndexError, struct.error, OverflowError) as e:

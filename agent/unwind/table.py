@@ -26,6 +26,22 @@ Two arrays of equal length, sorted by pc, both u32:
                  every kind but CFA_RSP and CFA_RBP.
 Rows with equal rules are merged; each FDE's end gets a NO_INFO row unless the next FDE starts there.
 
+AArch64 files (e_machine 183) have rules of their own layout, same kinds (CFA_RSP: the CFA is sp + off,
+CFA_RBP: x29 + off), for what differs there: `bl` leaves the return address in x30 (the link register),
+which a function saves wherever its prologue puts it (GCC 12's frame record lies at the bottom of the frame:
+x30 at CFA - 264 in a 272-byte frame), or never saves if it calls nothing:
+      bits 0-2   kind, as above
+      bits 3-14  off: the CFA offset in 8-byte units (0 .. 32,760 bytes)
+      bit 15     where the two save slots count from: 0 down from the CFA (at CFA - 8*v), 1 up from the
+                 register the CFA comes from (sp or x29: at reg + 8*(v - 1)); the encoder takes the first
+                 in which both fit, so a frame record at either end of a large frame fits
+      bits 16-23 v of the return address (x30): 0 means it is still in x30, not saved (a leaf, or a
+                 prologue before its save): the walk takes x30 of the sampled registers, at the first frame
+                 only
+      bits 24-31 v of x29: 0 means this frame leaves x29 as the caller's
+The walk strips pointer-authentication signatures from every return address (bits above the 48-bit user
+address space), so rows do not say which are signed (DW_CFA_AARCH64_negate_ra_state is read and dropped).
+
 .eh_frame is the source; .debug_frame fills only the addresses .eh_frame does not cover. FDEs that do not
 start inside an executable PT_LOAD segment are dropped: linkers point the FDEs of discarded functions in
 .debug_frame at 0 (plus the function's offset) or at -1, and the BPF side never looks there.
@@ -46,6 +62,8 @@ from fleetprof.agent.unwind.cfi import (
     RULE_OFFSET,
     RULE_SAME,
     RULE_UNDEFINED,
+    SP_AARCH64,
+    X29,
     FrameRows,
     parse_debug_frame,
     parse_eh_frame,
@@ -65,6 +83,13 @@ _RBP_SHIFT = 20
 _RBP_MIN, _RBP_MAX = -(1 << 11), (1 << 11) - 1
 _U32_LIMIT = 1 << 32
 EM_X86_64 = 62
+EM_AARCH64 = 183
+
+# AArch64's layout (module doc).
+MAX_CFA_OFFSET_AARCH64 = ((1 << 12) - 1) * 8
+_A64_SLOTS_FROM_REG = 1 << 15
+_A64_RA_SHIFT = 16
+_A64_FP_SHIFT = 24
 
 # The one rule x86-64 code uses for its return address: pushed by `call`, right below the CFA.
 _RA_AT_CFA_MINUS_8 = (-8 << 3) | RULE_OFFSET
@@ -135,23 +160,92 @@ def encode_rule(signal: bool, cfa_reg: int, cfa_off: int, rbp: int, ra: int) -> 
     return UNSUPPORTED  # CFA_EXPRESSION, or another register
 
 
+def _a64_slot(rule: int, cfa_off: int, from_reg: bool) -> int | None:
+    """The 8-bit v of one register's save in AArch64's layout (module doc): 0 for no save, None when the
+    rule is a save that does not fit (or is no plain save at CFA + n)."""
+    if rule == RULE_SAME or rule == RULE_UNDEFINED:
+        return 0
+    if rule & 7 != RULE_OFFSET:
+        return None
+    off = rule >> 3  # from the CFA
+    if off % 8:
+        return None
+    v = (off + cfa_off) // 8 + 1 if from_reg else -off // 8
+    return v if 0 < v <= 0xFF else None
+
+
+def encode_rule_aarch64(signal: bool, cfa_reg: int, cfa_off: int, fp: int, ra: int) -> int:
+    """The u32 rule of one AArch64 CFI row (module doc): fp and ra are the rules of x29 and x30."""
+    if signal:
+        return SIGNAL
+    if ra == RULE_UNDEFINED:
+        return END  # _start's, a thread's entry: .cfi_undefined x30
+    if cfa_reg == SP_AARCH64:
+        kind_ = CFA_RSP
+    elif cfa_reg == X29:
+        kind_ = CFA_RBP
+    else:
+        return UNSUPPORTED  # CFA_EXPRESSION, or another register
+    if not 0 <= cfa_off <= MAX_CFA_OFFSET_AARCH64 or cfa_off % 8:
+        return UNSUPPORTED
+    base = kind_ | (cfa_off // 8) << 3
+    for from_reg in (False, True):
+        ra_v = _a64_slot(ra, cfa_off, from_reg)
+        fp_v = _a64_slot(fp, cfa_off, from_reg)
+        if ra_v is not None and fp_v is not None:
+            flags = _A64_SLOTS_FROM_REG if from_reg else 0
+            return base | flags | ra_v << _A64_RA_SHIFT | fp_v << _A64_FP_SHIFT
+    if kind_ == CFA_RBP:
+        return UNSUPPORTED  # this frame's CFA needs x29, whose save the table cannot hold
+    for from_reg in (False, True):
+        # As on x86-64: a save of x29 the table cannot hold leaves the caller's x29 as this frame's.
+        ra_v = _a64_slot(ra, cfa_off, from_reg)
+        if ra_v is not None:
+            return base | (_A64_SLOTS_FROM_REG if from_reg else 0) | ra_v << _A64_RA_SHIFT
+    return UNSUPPORTED  # x30 held in another register, by expression, or saved out of reach
+
+
+def aarch64_fields(rule: int) -> tuple[int, int, int | None, int | None]:
+    """(kind, CFA offset, where x30 was saved, where x29 was saved) of an AArch64 rule, both saves in bytes
+    from the CFA: x30's None while it is still in x30, x29's None when it is the caller's."""
+    k = rule & 7
+    if k not in (CFA_RSP, CFA_RBP):
+        return k, 0, None, None
+    cfa_off = ((rule >> 3) & 0xFFF) * 8
+    from_reg = bool(rule & _A64_SLOTS_FROM_REG)
+
+    def slot(v: int) -> int | None:
+        if not v:
+            return None
+        return 8 * (v - 1) - cfa_off if from_reg else -8 * v
+
+    return k, cfa_off, slot((rule >> _A64_RA_SHIFT) & 0xFF), slot((rule >> _A64_FP_SHIFT) & 0xFF)
+
+
 def build_table(elf: ElfFile) -> UnwindTable:
-    """The unwind table of an x86-64 ELF file from its .eh_frame, with .debug_frame filling the addresses
-    .eh_frame does not cover; empty when it has neither. ElfError when the CFI is malformed or the file's
-    code lies at or above 4 GiB (the table's pcs are u32)."""
+    """The unwind table of an x86-64 or AArch64 ELF file from its .eh_frame, with .debug_frame filling the
+    addresses .eh_frame does not cover; empty when it has neither. ElfError when the CFI is malformed or
+    the file's code lies at or above 4 GiB (the table's pcs are u32). The rules' layout is the file's
+    architecture's (module doc)."""
     machine = int.from_bytes(elf.read(18, 2), "little")
-    if machine != EM_X86_64:
-        raise ElfError(f"unwind tables are built for x86-64 files only (this one is e_machine {machine})")
+    if machine == EM_X86_64:
+        encode, aarch64 = encode_rule, False
+    elif machine == EM_AARCH64:
+        encode, aarch64 = encode_rule_aarch64, True
+    else:
+        raise ElfError(
+            f"unwind tables are built for x86-64 and AArch64 files only (this one is e_machine {machine})"
+        )
     exec_ranges = [(s.vaddr, s.vaddr + s.memsz) for s in elf.load_segments if s.flags & PF_X]
     pcs = rules = np.zeros(0, np.uint32)
     eh = elf.section(".eh_frame")
     if eh is not None and eh.size:
         got = elf.section(".got.plt") or elf.section(".got")
-        frames = parse_eh_frame(elf.section_data(eh), eh.addr, got.addr if got else 0, encode_rule)
+        frames = parse_eh_frame(elf.section_data(eh), eh.addr, got.addr if got else 0, encode, aarch64)
         pcs, rules = _rows(frames, exec_ranges, ".eh_frame")
     dbg = elf.section(".debug_frame")
     if dbg is not None and dbg.size:
-        frames = parse_debug_frame(elf.section_data(dbg), encode_rule)
+        frames = parse_debug_frame(elf.section_data(dbg), encode, aarch64)
         dpcs, drules = _rows(frames, exec_ranges, ".debug_frame")
         pcs, rules = _overlay(pcs, rules, dpcs, drules) if len(pcs) else (dpcs, drules)
     return UnwindTable(pcs, rules)
