@@ -12,7 +12,7 @@ demo: setup            ## install what is missing, then run collector + agent on
 #      are module fixtures): each judges its samples against its own workload's clock, so a neighbour costs
 #      it wall time, not accuracy; none of them runs beside phase 1's CPU-heavy tests;
 #   3. the `serial` ones, alone (none today: pytest's 5, "no tests ran", is no failure).
-# All phases always run; it fails if any failed. The images that tests/test_images.py runs are built
+# All phases always run; it fails if any failed. The images that tests/deploy/test_images.py runs are built
 # meanwhile (a first build debootstraps and downloads for minutes; later ones are podman's cache) and
 # finished before phase 2 starts; the test runs scripts/images.sh again and reports a failed build itself:
 # both architectures where the other one's base is there (`make images` made it once), else this one's.

@@ -1,9 +1,9 @@
 """The agent's plain values that cross its stages: what the BPF loaders drain, what the resolver makes of it,
 and the complete window the batch encoder turns into the wire Batch.
 
-Every stage may import this module, and it imports none of them (tests/test_layout.py): no BCC, no /proc, no
-NVML, no gRPC. The ctypes mirror of struct process_event is here because both BPF loaders (sampler.py,
-syscalls.py) read it from their ring buffers.
+Every stage may import this module, and it imports none of them (tests/deploy/test_layout.py): no BCC, no
+/proc, no NVML, no gRPC. The ctypes mirror of struct process_event is here because both BPF loaders
+(sampler.py, syscalls.py) read it from their ring buffers.
 """
 
 from __future__ import annotations

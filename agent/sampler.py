@@ -49,7 +49,7 @@ BPF_SOURCE = Path(__file__).parent / "bpf" / "cpu_sampler.c"
 CUDA_BPF_SOURCE = Path(__file__).parent / "bpf" / "cuda_probes.c"  # with SamplerConfig.cuda
 
 # Mirrors of cpu_sampler.c's constants and structs: the structs and STAT_NAMES are checked against the C side
-# at every load (_check_layouts) and by tests/test_sampler_layout.py.
+# at every load (_check_layouts) and by tests/agent/test_sampler_layout.py.
 MAX_DEPTH = 127
 UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)

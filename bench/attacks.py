@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fleetprof._proto.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
-from tests.wire import BatchBuilder, make_batch  # noqa: E402
+from tests.support.wire import BatchBuilder, make_batch  # noqa: E402
 
 INGEST_TOKEN = "attack-ingest-token-81c2"
 API_TOKEN = "attack-api-token-3e9d"
@@ -68,7 +68,7 @@ class Target:
         if variant == "data-dir":
             argv += ["--data-dir", str(self.dir / "data")]
         if variant == "tls":
-            from tests.certs import Ca
+            from tests.support.certs import Ca
 
             self.ca = Ca(self.dir, "fleet")
             server = self.ca.server()

@@ -57,7 +57,7 @@ from fleetprof.collector.store.base import ProfileStore  # noqa: E402
 from fleetprof.collector.store.durable import DurableStore, content_key  # noqa: E402
 from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
 from fleetprof.httpserve import Request  # noqa: E402
-from tests.clickhouse_servers import ClickHouse, scratch  # noqa: E402
+from tests.support.clickhouse_servers import ClickHouse, scratch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CPUS, HZ, WINDOW = 64, 19, 10
@@ -135,7 +135,7 @@ class Secured:
     TOKEN = "bench-ingest-token-5f1e0c"
 
     def __init__(self, directory: Path):
-        from tests.certs import Ca
+        from tests.support.certs import Ca
 
         self.ca = Ca(directory, "bench")
         self.server, self.client = self.ca.server(), self.ca.client()

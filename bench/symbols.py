@@ -5,7 +5,7 @@ Run from the repository root (no root needed):
 
     .venv/bin/python bench/symbols.py [--rounds 7] [--file PATH ...]
 
-The claims it checks (once asserted by tests/test_symbols.py, where a busy machine made them fail):
+The claims it checks (once asserted by tests/agent/test_symbols.py, where a busy machine made them fail):
   * 100,000 function symbols parse (SymbolTable.from_sections) in well under a second;
   * libc's own table plus the best table load_symbols() finds for it (.gnu_debugdata, debug files) load in
     under 5 seconds (the same claim for each --file);

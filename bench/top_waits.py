@@ -4,7 +4,7 @@ against `top_functions` (rank=frame), interleaved, medians.
 
 The profile is synthetic and as large as a "now" query of a busy fleet (5,000 stacks, bench/collector.py):
 user frames as bench/top_functions.py draws them (a share of them Python), then one of the kernel tails
-the agent records on this kernel (tests/test_waits.py's captured stacks: read, futex, epoll_wait,
+the agent records on this kernel (tests/collector/test_waits.py's captured stacks: read, futex, epoll_wait,
 preempted, page fault, ...).
 
     .venv/bin/python bench/top_waits.py [--stacks 5000] [--depth 24] [--python-share 0.25] [--rounds 15]
@@ -26,7 +26,7 @@ from fleetprof.collector.model.profile import FrameKey  # noqa: E402
 from fleetprof.collector.query.waits import blocked_where  # noqa: E402
 from fleetprof.collector.render.tree import top_functions  # noqa: E402
 from fleetprof.collector.render.waits import top_waits  # noqa: E402
-from tests.test_waits import CASES, stack  # noqa: E402
+from tests.collector.test_waits import CASES, stack  # noqa: E402
 
 
 def profile(stacks: int, depth: int, python_share: float, seed: int = 1) -> dict[tuple[FrameKey, ...], int]:

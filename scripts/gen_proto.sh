@@ -4,7 +4,7 @@
 # fleetprof/_proto/kubelet/) and our subset of Grafana Pyroscope's query API (proto/fleetprof/pyroscope →
 # fleetprof/_proto/pyroscope/). protoc sees proto/fleetprof as the virtual path fleetprof/_proto, so the
 # generated `from fleetprof._proto.<pkg> import ..._pb2` imports resolve; the protos' packages (the
-# names on the wire, e.g. fleetprof.v1.Ingest) do not change. tests/test_proto_sync.py fails when the
+# names on the wire, e.g. fleetprof.v1.Ingest) do not change. tests/wire/test_proto_sync.py fails when the
 # checked-in code differs from what this produces.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -24,14 +24,14 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # 
 # test_images: scripts/images.sh (podman, runc: crun fails on these VMs; debootstrap: the base image);
 # test_wheel: a venv of Debian's python3, as the agent image makes.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(podman runc debootstrap python3-venv gcc g++)  # g++: the unwinder's C++ workload
-# The ClickHouse store's tests (tests/test_clickhouse_*.py; the demo stays on DuckDB): Debian's server 18.16
+# The ClickHouse store's tests (tests/collector/test_clickhouse_*.py; the demo stays on DuckDB): Debian's server 18.16
 # and ZooKeeper 3.8 (it pulls a JRE), started by the tests on loopback, never as services. ~20 s of apt.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(clickhouse-server clickhouse-client zookeeper)
-# tests/test_debuginfo*.py: elfutils' debuginfod server, started by the tests in a network namespace of its own
+# tests/*/test_debuginfo*.py: elfutils' debuginfod server, started by the tests in a network namespace of its own
 # (never as a service), serving the debug files they build; binutils (objcopy, strip) splits them, xz-utils
 # makes MiniDebugInfo (.gnu_debugdata), util-linux's unshare gives the server its namespace.
 [ $WANT_TEST = 1 ] && APT_PKGS+=(debuginfod binutils xz-utils util-linux)
-# The arm64 guest (scripts/arm64_guest.sh, tests/test_arm64_guest.py) and the arm64 image (scripts/images.sh):
+# The arm64 guest (scripts/arm64_guest.sh, tests/e2e/test_arm64_guest.py) and the arm64 image (scripts/images.sh):
 # qemu-system-aarch64 runs the guest, qemu-user through binfmt_misc runs arm64 package scripts while the
 # guest's root and the image's base are made (arch-test checks that it does); the cross compiler builds the
 # aarch64 workloads and the guest's initramfs /init, and its linux-libc-dev-arm64-cross has the arm64 syscall
@@ -138,7 +138,7 @@ if [ $WANT_TEST = 1 ] && [ ! -s "$SPEEDSCOPE_SCHEMA" ]; then
   rm -rf "$tmp"
 fi
 
-# --- a published Connect client (tests/test_grafana_connect.py drives the Pyroscope query API with it) ---
+# --- a published Connect client (tests/e2e/test_grafana_connect.py drives the Pyroscope query API with it) ---
 # tests/connect_client pins @connectrpc/connect(-node) and @bufbuild/protobuf; installed again only when
 # its lock file changes.
 CONNECT_CLIENT="$VENV/share/connect-client"
@@ -151,7 +151,7 @@ if [ $WANT_TEST = 1 ] && ! cmp -s tests/connect_client/package-lock.json "$CONNE
   cp tests/connect_client/package-lock.json "$CONNECT_CLIENT/.installed-lock"
 fi
 
-# --- Grafana's flame graph component bundled for the browser (tests/test_grafana_flamegraph.py) ----
+# --- Grafana's flame graph component bundled for the browser (tests/collector/test_grafana_flamegraph.py) ----
 # tests/grafana_flamegraph pins @grafana/flamegraph and its peers; esbuild bundles its entry into one
 # script. Built again only when the lock file, the entry or the build script changes; the ~650 MB of
 # node_modules are removed once the bundle exists.

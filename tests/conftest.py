@@ -27,7 +27,7 @@ import pytest
 
 from fleetprof.collector.main import Collector, CollectorConfig
 from fleetprof.collector.render.tree import parse_folded
-from tests.browser import Chromium, Page
+from tests.support.browser import Chromium, Page
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).parent / "workloads"
@@ -183,7 +183,7 @@ def module_collector() -> Iterator[RunningCollector]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Chromium]:
-    """Headless Chromium (tests/browser.py), one per test module."""
+    """Headless Chromium (tests/support/browser.py), one per test module."""
     with Chromium() as b:
         yield b
 

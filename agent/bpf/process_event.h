@@ -1,6 +1,6 @@
 // The process event both programs send to the agent's process-event thread (cpu_sampler.c for sampled
 // processes, syscalls.c for every process at its first syscall): describe this process now, while it lives.
-// Mirrored by agent/model.py ProcessEvent and EVENT_* (tests/test_sampler_layout.py checks the struct).
+// Mirrored by agent/model.py ProcessEvent and EVENT_* (tests/agent/test_sampler_layout.py checks the struct).
 #pragma once
 
 #define EVENT_NEW  1   // first seen since it was last described

@@ -1,7 +1,7 @@
 """Read the ring that our CUPTI library (agent/cupti/) keeps inside a CUDA process, through /proc/PID/mem.
 
-The layout is agent/cupti/fleetprof_cupti_ring.h, mirrored here once (tests/test_cupti_ring.py compiles the
-header and compares every offset). Rules this file keeps:
+The layout is agent/cupti/fleetprof_cupti_ring.h, mirrored here once (tests/agent/test_cupti_ring.py compiles
+the header and compares every offset). Rules this file keeps:
   * The process is a tenant and may be hostile or dying: the library file is opened inside the process's
     root (agent/process/rootfs.py), every read is a bounded pread of /proc/PID/mem (READ_CHUNK_RECORDS at a
     time, at most one ring per poll), and every size the header states is checked against the build's.

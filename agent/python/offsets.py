@@ -1,8 +1,8 @@
 """Where CPython keeps the state the BPF walker follows, per minor version (release builds).
 
 3.11 and 3.12 are tabled here: offsetof() against each version's internal headers gives the same values on
-x86-64 and arm64 (tests/test_python_offsets.py compiles it for both; the structs differ across the two only
-after these fields, e.g. _PyRuntimeState is 16 bytes larger on arm64, whose pthread_mutex_t is). 3.13 and
+x86-64 and arm64 (tests/agent/test_python_offsets.py compiles it for both; the structs differ across the two
+only after these fields, e.g. _PyRuntimeState is 16 bytes larger on arm64, whose pthread_mutex_t is). 3.13 and
 later publish them in `_Py_DebugOffsets` at the start of `_PyRuntime`, read from the binary's .data as
 64-bit words (Debian's arm64 libpython3.13 3.13.18 gives what x86-64 3.13.0 gives).
 `PyProc` mirrors `struct py_proc` in agent/bpf/python_stack.h.

@@ -415,7 +415,7 @@ class Decoder:
     A refused batch leaves nothing behind: every check runs before any cache learns from the batch (the
     sample, syscall and GPU sections first, then the new stacks and processes, then the label quota, all
     under one lock with the learning that follows), so the caches' sizes after a refusal are what they
-    were before it (tests/test_refused_batches.py)."""
+    were before it (tests/collector/test_refused_batches.py)."""
 
     def __init__(self, ids: ContentIds, clock: Callable[[], float] = time.time) -> None:
         self._ids = ids

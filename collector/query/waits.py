@@ -15,7 +15,7 @@ function of theirs that waited and what it waited for. Each stack is read here, 
   kernel function outside the scheduler (`worker_thread`). Why not the first frame with a name: a
   wrapper's frame always has one (`read`), and it says what the reason says already.
 - **the reason**, from its kernel frames, as this kernel (6.18, x86-64; arm64's syscall entries too) names
-  them (tests/test_waits.py holds the stacks the agent recorded, by shape):
+  them (tests/collector/test_waits.py holds the stacks the agent recorded, by shape):
   - `preempted`: the thread was runnable, switched out to let another run: the scheduler entered from a
     preemption point (`preempt_schedule*`, `__cond_resched`) or on the way back to user space
     (`irqentry_exit_to_user_mode` after an interrupt or fault, `exit_to_user_mode_loop` after a syscall).

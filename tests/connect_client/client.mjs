@@ -1,5 +1,5 @@
 // A published Connect client (@connectrpc/connect-node) driving querier.v1.QuerierService, for
-// tests/connect.py. The service is built at run time from the FileDescriptorSet the caller sends, with
+// tests/support/connect.py. The service is built at run time from the FileDescriptorSet the caller sends, with
 // @bufbuild/protobuf's registry: no generated code, so the protos the server was generated from are the
 // protos the client speaks.
 //

@@ -1,6 +1,6 @@
 /* Prints, one "name value" a line, the offsets agent/python/offsets.py tables for CPython 3.11 and 3.12, as
  * this compiler lays the structs out: built against a CPython's internal headers (Py_BUILD_CORE) with
- * gcc for x86-64 and aarch64-linux-gnu-gcc for arm64 (tests/test_python_offsets.py), so each architecture's
+ * gcc for x86-64 and aarch64-linux-gnu-gcc for arm64 (tests/agent/test_python_offsets.py), so each architecture's
  * own ABI (its glibc's pthread types included) decides them. */
 #define Py_BUILD_CORE 1
 #include "Python.h"

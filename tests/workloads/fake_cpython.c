@@ -1,5 +1,5 @@
 /* A process that lays out, in its own memory, what the BPF CPython walker follows (agent/bpf/python_stack.h),
- * with 3.12's offsets (agent/python/offsets.py TABLE), and spins: tests/test_python_walk_guards.py registers
+ * with 3.12's offsets (agent/python/offsets.py TABLE), and spins: tests/agent/test_python_walk_guards.py registers
  * it with the walker and checks what the walk does with a frame chain that is fine, that comes round
  * (stale frames pointing back), or that holds a stale frame (its code is no code object).
  *

@@ -1,4 +1,4 @@
-/* AArch64 frames of every shape the unwind tables hold, for tests/test_unwind_tables_aarch64.py (built
+/* AArch64 frames of every shape the unwind tables hold, for tests/agent/test_unwind_tables_aarch64.py (built
  * there with aarch64-linux-gnu-gcc, never run): a leaf that keeps its return address in x30, frames whose
  * x29/x30 record lies at the top (small frames) or at the bottom of 8 KB of locals (GCC 12 puts callee
  * saves below the locals: slots counted from sp), and one over 32 KB (beyond what a row holds). */

@@ -1,4 +1,4 @@
-/* Off-CPU workload for tests/test_offcpu_bpf.py: blocks in a known function for known times.
+/* Off-CPU workload for tests/agent/test_offcpu_bpf.py: blocks in a known function for known times.
  *
  *   offcpu_blocks random SECONDS MIN_US MAX_US BURN_MS
  *       The main thread blocks in fp_block_here for durations drawn uniformly from [MIN_US, MAX_US] until

@@ -1,4 +1,4 @@
-/* Off-CPU workload for tests/test_offcpu_unwind.py: blocks through glibc's own wrappers (no frame
+/* Off-CPU workload for tests/agent/test_offcpu_unwind.py: blocks through glibc's own wrappers (no frame
  * pointer in them) under a known call chain, as real programs do.
  *
  *   offcpu_glibc MODE SECONDS

@@ -1,4 +1,4 @@
-/* A thread blocked on a pipe that another process fills slowly (tests/test_offcpu_bpf.py).
+/* A thread blocked on a pipe that another process fills slowly (tests/agent/test_offcpu_bpf.py).
  *
  *   offcpu_pipe BYTES INTERVAL_MS
  *       Forks a writer that writes one byte every INTERVAL_MS, BYTES times, then exits. A reader thread

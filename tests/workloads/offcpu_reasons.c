@@ -1,4 +1,4 @@
-/* Threads that block through glibc's wrappers, as real programs do (tests/test_offcpu_top_e2e.py).
+/* Threads that block through glibc's wrappers, as real programs do (tests/e2e/test_offcpu_top_e2e.py).
  *
  *   offcpu_reasons SECONDS INTERVAL_US
  *       A forked writer puts a byte into a pipe every INTERVAL_US until SECONDS pass, then closes it. One

@@ -1,4 +1,4 @@
-/* Thousands of short-lived threads that block and die (tests/test_offcpu_bpf.py: no per-task state left).
+/* Thousands of short-lived threads that block and die (tests/agent/test_offcpu_bpf.py: no per-task state left).
  *
  *   offcpu_thread_kill ROUNDS THREADS
  *       Per round, forks a child that starts THREADS threads: every fourth blocks 1 ms and exits by itself;

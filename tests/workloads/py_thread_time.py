@@ -1,4 +1,4 @@
-"""Python that spends its CPU in time.thread_time(), for tests/test_vdso_e2e.py.
+"""Python that spends its CPU in time.thread_time(), for tests/e2e/test_vdso_e2e.py.
 
 usage: python py_thread_time.py WARM_S CPU_S
 

@@ -1,4 +1,4 @@
-/* CPU workload for tests/test_debuginfo_e2e.py: SECONDS of its own CPU time (measured by itself), nearly
+/* CPU workload for tests/e2e/test_debuginfo_e2e.py: SECONDS of its own CPU time (measured by itself), nearly
  * all of it in sym_hot_mix. Both functions are static: a stripped build keeps neither name (.dynsym holds
  * exported names only), so the profile names them only through a separate debug file. The test builds it
  * static (it runs chrooted too), splits it with objcopy --only-keep-debug and strips it.

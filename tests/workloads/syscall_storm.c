@@ -1,4 +1,4 @@
-/* Syscall storms for tests/test_syscalls_bpf.py and bench/syscalls.py.
+/* Syscall storms for tests/agent/test_syscalls_bpf.py and bench/syscalls.py.
  *
  *   syscall_storm count N THREADS BATCHES PAUSE_MS
  *       make exactly N getppid calls (syscall(SYS_getppid), no libc caching), split over THREADS threads,

@@ -1,4 +1,4 @@
-/* Code whose CPU goes through the vDSO, or through JIT-like memory, for tests/test_vdso_jit.py.
+/* Code whose CPU goes through the vDSO, or through JIT-like memory, for tests/agent/test_vdso_jit.py.
  *
  *   vdso_clock clock WARM_S CPU_S
  *       warm_up: a plain loop for WARM_S seconds of wall time (the agent describes the process and builds

@@ -1,0 +1,80 @@
+"""Off-CPU time in the agent's user space, without BPF: which threads are idle in a window, and how their
+rows go on the wire (the BPF half is tests/agent/test_offcpu_bpf.py, the whole path
+tests/e2e/test_offcpu_e2e.py)."""
+
+from __future__ import annotations
+
+import time
+
+from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.agent.batch import encode_window
+from fleetprof.agent.model import CgroupIdentity, Frame, ProcessInfo, ResolvedSample, Window
+from fleetprof.agent.offcpu import ACTIVE_SHARE, idle_threads
+
+MS = 1_000_000
+US = 1_000
+
+
+def test_threads_that_mostly_wait_are_idle_and_threads_that_work_are_not() -> None:
+    rows = [
+        # a pool thread: 200 naps of 50 ms, ~10 us of work each, over two stacks
+        (11, 100 * 50 * MS, 100 * 10 * US),
+        (11, 100 * 50 * MS, 100 * 10 * US),
+        # a loader: reads of 2 ms, 0.5 ms of decoding each
+        (12, 400 * 2 * MS, 400 * 500 * US),
+        # a training loop: 80% waiting on the GPU, 20% launching
+        (13, 8000 * MS, 2000 * MS),
+        # one long wait after a short run: idle for this window
+        (14, 30_000 * MS, 50 * US),
+    ]
+    assert idle_threads(rows) == {11, 14}
+
+
+def test_the_line_is_the_active_share_of_the_threads_time() -> None:
+    waited = 1_000_000
+    at = round(ACTIVE_SHARE * waited / (1 - ACTIVE_SHARE))  # ran / (ran + waited) == ACTIVE_SHARE
+    assert idle_threads([(1, waited, at - 1)]) == {1}
+    assert idle_threads([(1, waited, at + 1)]) == set()
+    # Summed over the thread's rows, not judged row by row: a thread that ran before one wait only.
+    assert idle_threads([(2, waited, 0), (2, waited, 2 * at + 2)]) == set()
+
+
+def test_idle_rows_go_on_the_wire_apart_from_active_ones() -> None:
+    proc = ProcessInfo(7, 100, "trainer", "/usr/bin/trainer", CgroupIdentity("/"), ())
+    wait = (Frame("worker", "trainer"), Frame("futex_wait", "libc.so.6"))
+    end = time.time_ns()
+    window = Window(
+        end - 10**10,
+        end,
+        [],
+        offcpu=[
+            ResolvedSample(proc, 8, wait, 2, 300 * MS),  # a working thread waits here too
+            ResolvedSample(proc, 9, wait, 2, 9000 * MS, idle=True),
+            ResolvedSample(proc, 10, wait, 2, 8000 * MS, idle=True),
+        ],
+        frequency_hz=19,
+    )
+    batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="a"))
+    oc = batch.offcpu_columns
+    assert sorted(zip(oc.idle, oc.blocked_ns, strict=True)) == [(False, 300 * MS), (True, 17_000 * MS)]
+    assert len(batch.stacks) == 1
+
+
+def test_the_exact_wait_threshold_goes_from_the_flag_to_the_bpf_object() -> None:
+    from fleetprof.agent.sampler import SamplerConfig
+    from fleetprof.cli.parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["agent", "--off-cpu-exact-ms", "25"]).off_cpu_exact_ms == 25
+    assert parser.parse_args(["agent"]).off_cpu_exact_ms is None  # the agent's default (10 ms)
+    for bad in ("-1", "ten", "3600001"):
+        try:
+            parser.parse_args(["agent", "--off-cpu-exact-ms", bad])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"--off-cpu-exact-ms {bad} was accepted")
+    assert "-DOFFCPU_EXACT_NS=10000000ULL" in SamplerConfig().offcpu_flags(2)
+    assert "-DOFFCPU_EXACT_NS=25000000ULL" in SamplerConfig(offcpu_exact_us=25_000).offcpu_flags(2)
+    # Off-CPU off: no exact path at all (no sys_exit program, no per-switch bookkeeping).
+    assert "-DOFFCPU_EXACT_NS=0ULL" in SamplerConfig(off_cpu=False).offcpu_flags(2)
