@@ -196,14 +196,11 @@ walk:;
 #endif
     u64 ip = PT_REGS_IP(ctx), sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx);
 #if ARCH_ARM64
-    // Nothing of the function has run: its caller is the link register, and sp and x29 are the caller's.
-    walk_init(&w->walk, &key, set, WALK_CUDA, ra, sp, bp, 0);
-    w->walk.frames.ip[0] = ip;
-    w->walk.frames.len = 1;
-    w->walk.leaf = 0;
+    u64 lr = ctx->regs[30];   // the caller, at a function's first instruction (the walk's at_entry)
 #else
-    walk_init(&w->walk, &key, set, WALK_CUDA, ip, sp, bp, 1);
+    u64 lr = 0;
 #endif
+    walk_init(&w->walk, &key, set, WALK_CUDA, ip, sp, bp, lr, 1);
     w->walk.arg[0] = handle;
     w->walk.arg[1] = api;
 #if UNWIND
@@ -211,7 +208,7 @@ walk:;
         count_stat(STAT_UNWIND_WALKS);
         unwind_progs_kp.call(ctx, 0);
         count_stat(STAT_UNWIND_FALLBACK);   // the tail call failed
-        walk_init(&w->walk, &key, set, WALK_CUDA, ip, sp, bp, 0);
+        walk_init(&w->walk, &key, set, WALK_CUDA, ip, sp, bp, lr, 0);
         w->walk.arg[0] = handle;
         w->walk.arg[1] = api;
     }
