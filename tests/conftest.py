@@ -1,11 +1,11 @@
 """Shared fixtures: a real collector in-process, a real agent (BPF) as a subprocess, compiled workloads.
 
-`make test` runs the suite in three phases (Makefile), the first two on one pytest-xdist worker per CPU:
-1. every test not marked `bpf` or `serial`;
-2. the tests that load BPF programs (marked `bpf`), side by side, a file per worker. Each judges its samples
-   against its own workload's clock (CPU time it measured of itself), and finds its own samples by pid, so
-   a neighbour costs it wall time, not accuracy. They never run beside phase 1, where they would share the
-   CPUs with many more and heavier neighbours, and the agents would profile the whole of phase 1;
+`make test` runs the suite in three phases (Makefile):
+1. every test not marked `bpf` or `serial`, one pytest-xdist worker per CPU;
+2. the tests that load BPF programs (marked `bpf`), one at a time. Each judges its samples against its own
+   workload's clock (CPU time it measured of itself) and finds its own samples by pid, which lets them run
+   side by side (FLEETPROF_TEST_PHASE=bpf with xdist, a file per worker), but not yet reliably: a neighbour's
+   files, threads and processes crowd the agent's tables. They never run beside phase 1;
 3. the `serial` tests, alone: any that cannot share the machine (none today).
 """
 
