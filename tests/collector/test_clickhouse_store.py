@@ -53,7 +53,7 @@ from fleetprof.collector.store.clickhouse.schema import Layout
 from fleetprof.collector.store.durable import KEY_FILE
 from fleetprof.httpserve import Request
 from tests.conftest import REPO, free_port, start_agent, stop_agent, wait_until
-from tests.support.chdb_connection import ChdbConnection, chdb_session
+from tests.support.chdb_connection import ChdbConnection
 from tests.support.clickhouse_servers import ClickHouse, scratch
 from tests.support.cpu_time import CPU_BOUND_TIMEOUT_S
 from tests.support.gpu_batches import gpu_batch
@@ -161,24 +161,6 @@ def corpus(agent_batches: list[bytes]) -> list[bytes]:
 
 
 # -- backends ------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server() -> Iterator[ClickHouse]:
-    """One clickhouse-server 18.16 for the module; each use gets a database of its own."""
-    s = ClickHouse(scratch("clickhouse")).start()
-    yield s
-    s.remove()
-
-
-@pytest.fixture(scope="module")
-def chdb() -> Iterator[object]:
-    """The process's one chdb engine, for the module; each use gets a database of its own."""
-    path = scratch("chdb")
-    session = chdb_session(path)
-    yield session
-    session.close()
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def backend_connection(
     kind: str, server: ClickHouse, chdb: object
 ) -> tuple[NativeConnection | ChdbConnection, str]:

@@ -4,9 +4,7 @@ and after a restart) and in ClickHouse (Debian's 18.16 server and chdb's 26.x)."
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,14 @@ from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.query.answers import Scope
 from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.service import QueryService
-from fleetprof.collector.store.clickhouse import ClickHouseStore, open_clickhouse, parse_url
-from fleetprof.collector.store.clickhouse.connection import NativeConnection
+from fleetprof.collector.store.clickhouse import ClickHouseStore
 from fleetprof.collector.store.clickhouse.schema import Layout
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore
 from tests.collector.test_cuda_collector import GEMM, RELU, trainer_batch
 from tests.collector.test_cuda_gpus import window
-from tests.support.chdb_connection import ChdbConnection, chdb_session
-from tests.support.clickhouse_servers import ClickHouse, scratch
-from tests.support.stores import Clock, open_durable
+from tests.support.chdb_connection import ChdbConnection
+from tests.support.stores import Clock, backend_store, open_durable
 
 
 def answers(query: QueryService, now: float) -> dict:
@@ -117,33 +113,11 @@ def test_duckdb_answers_them_after_a_flush_and_a_restart(tmp_path: Path) -> None
         again.close()
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ClickHouse]:
-    s = ClickHouse(scratch("clickhouse")).start()
-    yield s
-    s.remove()
-
-
-@pytest.fixture(scope="module")
-def chdb() -> Iterator[object]:
-    path = scratch("chdb")
-    session = chdb_session(path)
-    yield session
-    session.close()
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.clickhouse
 @pytest.mark.parametrize("backend", ["server", "chdb"])
 def test_clickhouse_answers_them_and_keeps_the_activity(backend: str, request: pytest.FixtureRequest) -> None:
     database = f"cuda_{backend}_{time.time_ns()}"
-    if backend == "server":
-        url = parse_url(f"{request.getfixturevalue('server').url}/{database}")
-        store = open_clickhouse(url, 7 * 86400.0, connection=NativeConnection(url), background=False)
-    else:
-        store = ClickHouseStore(
-            ChdbConnection(request.getfixturevalue("chdb")), Layout(database, None), background=False
-        )
+    store = backend_store(backend, request, database)
     try:
         now = feed(store, store.gpu_usage)
         assert answers(QueryService(store, store.gpu_usage), now) == EXPECTED

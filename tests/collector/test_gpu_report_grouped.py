@@ -8,10 +8,8 @@ server and chdb)."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,14 +25,9 @@ from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.query.service import QueryService
 from fleetprof.collector.query.typed import TypedStore
 from fleetprof.collector.query.waits import blocked_where
-from fleetprof.collector.store.clickhouse import ClickHouseStore, open_clickhouse, parse_url
-from fleetprof.collector.store.clickhouse.connection import NativeConnection
-from fleetprof.collector.store.clickhouse.schema import Layout
 from fleetprof.collector.store.gpu_usage import GpuUsageLog
 from fleetprof.collector.store.memory import MemoryStore
-from tests.support.chdb_connection import ChdbConnection, chdb_session
-from tests.support.clickhouse_servers import ClickHouse, scratch
-from tests.support.stores import Clock, open_durable
+from tests.support.stores import Clock, backend_store, open_durable
 from tests.support.wire import BatchBuilder, kernel_stack
 
 MS = 1_000_000
@@ -214,35 +207,13 @@ def test_select_groups_is_select_per_group(tmp_path: Path) -> None:
         durable.close()
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ClickHouse]:
-    s = ClickHouse(scratch("clickhouse")).start()
-    yield s
-    s.remove()
-
-
-@pytest.fixture(scope="module")
-def chdb() -> Iterator[object]:
-    path = scratch("chdb")
-    session = chdb_session(path)
-    yield session
-    session.close()
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.clickhouse
 @pytest.mark.parametrize("backend", ["server", "chdb"])
 def test_clickhouse_does_too(
     backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     database = f"gpus_{backend}_{time.time_ns()}"
-    if backend == "server":
-        url = parse_url(f"{request.getfixturevalue('server').url}/{database}")
-        store = open_clickhouse(url, 7 * 86400.0, connection=NativeConnection(url), background=False)
-    else:
-        store = ClickHouseStore(
-            ChdbConnection(request.getfixturevalue("chdb")), Layout(database, None), background=False
-        )
+    store = backend_store(backend, request, database)
     try:
         check(store, store.gpu_usage, feed(store, store.gpu_usage), monkeypatch)
     finally:

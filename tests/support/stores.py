@@ -10,7 +10,11 @@ from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.rows import ProfileRows
 from fleetprof.collector.query.selector import parse_selector
+from fleetprof.collector.store.clickhouse import ClickHouseStore, open_clickhouse, parse_url
+from fleetprof.collector.store.clickhouse.connection import NativeConnection
+from fleetprof.collector.store.clickhouse.schema import Layout
 from fleetprof.collector.store.durable import DurableStore, content_key
+from tests.support.chdb_connection import ChdbConnection
 
 EVERYTHING = parse_selector("{}")
 
@@ -70,3 +74,15 @@ class Faults:
         self.db_calls.append(step)
         if step == self.db_step:
             raise OSError(errno.EIO, f"injected I/O error at {step}")
+
+
+def backend_store(backend: str, request, database: str) -> ClickHouseStore:
+    """A ClickHouse store in a new `database`, without background work: on the module's server ("server",
+    through open_clickhouse, as the collector opens one) or its chdb engine ("chdb") -- the fixtures of
+    tests/collector/conftest.py, asked of `request` (a pytest.FixtureRequest)."""
+    if backend == "server":
+        url = parse_url(f"{request.getfixturevalue('server').url}/{database}")
+        return open_clickhouse(url, 7 * 86400.0, connection=NativeConnection(url), background=False)
+    return ClickHouseStore(
+        ChdbConnection(request.getfixturevalue("chdb")), Layout(database, None), background=False
+    )
