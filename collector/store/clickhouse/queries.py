@@ -241,18 +241,28 @@ class Queries:
         matched = [lid for lid in lids if lid in labels and selector.matches(dict(labels[lid]))]
         return None if len(matched) == len(lids) else matched
 
+    def _range_rows(
+        self, selector: Selector, start: float, end: float, columns: str
+    ) -> tuple[str, dict | None] | None:
+        """The CPU rows of matching series over [start, end), for sums over the whole range (whole 10 minute
+        buckets from rows_10m, the label ids from the days' definitions): (subquery, its query ids), or
+        None when nothing can match."""
+        lids = self._defined_lids(selector, start, end)
+        if lids is not None and not lids:
+            return None
+        where, ids = ("", None) if lids is None else ("lid IN wanted", {"wanted": np.array(lids)})
+        src = self.source((CPU,), columns, start, end, coarse=True, where=where)
+        return None if src is None else (src, ids)
+
     def per_key(
         self, selector: Selector, start: float, end: float, key: str
     ) -> tuple[dict[int, int], int | None]:
         """Samples per stack id (key="sid") or label id (key="lid") of matching series, and the sampling
         frequency that most of them came at."""
-        lids = self._defined_lids(selector, start, end)
-        if lids is not None and not lids:
+        found = self._range_rows(selector, start, end, f"{key}, freq, count")
+        if found is None:
             return {}, None
-        where, ids = ("", None) if lids is None else ("lid IN wanted", {"wanted": np.array(lids)})
-        src = self.source((CPU,), f"{key}, freq, count", start, end, coarse=True, where=where)
-        if src is None:
-            return {}, None
+        src, ids = found
         rows = self._q(f"SELECT {key}, sum(count), min(freq), max(freq) FROM {src} GROUP BY {key}", ids)
         merged: dict[int, int] = {}
         freqs: dict[int, int] = defaultdict(int)
@@ -272,14 +282,11 @@ class Queries:
         self, selector: Selector, start: float, end: float
     ) -> list[tuple[int, int, int, int]]:
         """Samples per (label id, stack id, frequency) of matching series: what select_groups sums."""
-        src = self.source((CPU,), "lid, sid, freq, count", start, end)
-        if src is None:
+        found = self._range_rows(selector, start, end, "lid, sid, freq, count")
+        if found is None:
             return []
-        lids, everything = self._matching_lids(selector, src)
-        if not lids:
-            return []
-        where, ids = ("", None) if everything else (" WHERE lid IN wanted", {"wanted": np.array(lids)})
-        return self._q(f"SELECT lid, sid, freq, sum(count) FROM {src}{where} GROUP BY lid, sid, freq", ids)
+        src, ids = found
+        return self._q(f"SELECT lid, sid, freq, sum(count) FROM {src} GROUP BY lid, sid, freq", ids)
 
     def per_label_step(
         self, selector: Selector, start: float, end: float, step_s: float
