@@ -202,12 +202,14 @@ class SamplerConfig:
     cuda_calls: int = 4096  # (process, call) rows per window
 
     def cuda_flags(self) -> list[str]:
+        if not self.cuda:
+            return ["-DCUDA=0"]
         from fleetprof.agent import cuda_api as cp
 
         if self.cuda_launch_sample_every < 1:
             raise ValueError("cuda_launch_sample_every must be >= 1")
         return [
-            f"-DCUDA={1 if self.cuda else 0}",
+            "-DCUDA=1",
             f"-DCUDA_LAUNCH_SAMPLE_EVERY={self.cuda_launch_sample_every}U",
             f"-DCUDA_LAUNCHES_SIZE={self.cuda_launches}",
             f"-DCUDA_CALLS_SIZE={self.cuda_calls}",
@@ -446,7 +448,7 @@ class CpuSampler:
             f"-DGPU_PROCS_SIZE={config.gpu_procs}",
             *config.offcpu_flags(os.cpu_count() or 1),
             *config.unwind_flags(),
-            *(config.cuda_flags() if config.cuda else ["-DCUDA=0"]),
+            *config.cuda_flags(),
             f"-I{BPF_SOURCE.parent}",
         ]
         try:
