@@ -196,7 +196,7 @@ walk:;
 #endif
     u64 ip = PT_REGS_IP(ctx), sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx);
 #if ARCH_ARM64
-    u64 lr = ctx->regs[30];   // the caller, at a function's first instruction (the walk's at_entry)
+    u64 lr = ra;   // x30, the caller, at a function's first instruction (the walk's at_entry)
 #else
     u64 lr = 0;
 #endif
