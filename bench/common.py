@@ -184,6 +184,19 @@ def fds_of_kind(pid: int, kind: str) -> list[str]:
     return found
 
 
+def _fdinfos(pid: int, kind: str) -> list[dict[str, str]]:
+    """/proc/PID/fdinfo of each of `pid`'s fds of `kind` (fds_of_kind), as "key: value" pairs; fds closed
+    meanwhile are left out."""
+    infos = []
+    for fd in fds_of_kind(pid, kind):
+        try:
+            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        infos.append(dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line))
+    return infos
+
+
 BPF_PROG_TYPE_PERF_EVENT = "7"
 
 
@@ -200,12 +213,7 @@ class BpfProgram:
 def bpf_programs(pid: int) -> dict[str, BpfProgram]:
     """The BPF programs `pid` holds, by prog_id (a program held through two fds is counted once)."""
     progs = {}
-    for fd in fds_of_kind(pid, "anon_inode:bpf-prog"):
-        try:
-            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        info = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+    for info in _fdinfos(pid, "anon_inode:bpf-prog"):
         if "prog_id" in info and "run_time_ns" in info:
             progs[info["prog_id"]] = BpfProgram(
                 info.get("prog_type"), int(info["run_time_ns"]), int(info["run_cnt"])
@@ -245,12 +253,7 @@ def bpf_maps(pid: int) -> dict[str, BpfMap]:
     """The BPF maps `pid` holds, by map_id (a map held through two fds is counted once). Names come from
     bpftool when it is there (fdinfo has none), else the map id."""
     maps = {}
-    for fd in fds_of_kind(pid, "anon_inode:bpf-map"):
-        try:
-            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        info = dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+    for info in _fdinfos(pid, "anon_inode:bpf-map"):
         if "map_id" in info:
             maps[info["map_id"]] = BpfMap(
                 info["map_id"],
