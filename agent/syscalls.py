@@ -183,7 +183,7 @@ class SyscallTracer:
             f"-DSAMPLE_BY_COUNTER={1 if config.sample_by == 'counter' else 0}",
             f"-DPROCESS_EVENTS={1 if on_process_event is not None else 0}",
             f"-DKNOWN_SIZE={config.known_processes}",
-            f"-I{BPF_SOURCE.parent}",  # process_event.h
+            f"-I{BPF_SOURCE.parent}",  # process_event.h, log2.h
         ]
         try:
             self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)

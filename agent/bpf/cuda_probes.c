@@ -240,17 +240,7 @@ int cuda_marker(struct pt_regs *ctx) {
 }
 
 // -- timed calls --------------------------------------------------------------------------------------------
-// floor(log2(v)) for v >= 1, 0 for v == 0 (no loop: verifier-friendly).
-static __always_inline u32 cuda_log2(u64 v) {
-    u32 r = 0, s;
-    s = (v > 0xFFFFFFFFULL) << 5; v >>= s; r |= s;
-    s = (v > 0xFFFFULL) << 4;     v >>= s; r |= s;
-    s = (v > 0xFFULL) << 3;       v >>= s; r |= s;
-    s = (v > 0xFULL) << 2;        v >>= s; r |= s;
-    s = (v > 0x3ULL) << 1;        v >>= s; r |= s;
-    r |= (u32)(v >> 1);
-    return r;
-}
+#include "log2.h"   // log2_u64, as syscalls.c buckets its latencies
 
 static __always_inline int cuda_call_enter(u32 call) {
     u32 tid = (u32)bpf_get_current_pid_tgid();
@@ -299,7 +289,7 @@ int cuda_call_return(struct pt_regs *ctx) {
         count_stat(STAT_CUDA_TABLE_FULL);
         return 0;
     }
-    u32 b = cuda_log2(ns);
+    u32 b = log2_u64(ns);
     if (b >= CUDA_HIST)
         b = CUDA_HIST - 1;
     __sync_fetch_and_add(&v->count, 1);

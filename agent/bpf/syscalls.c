@@ -21,6 +21,7 @@
 //    across a drain.
 
 #include <uapi/asm-generic/errno-base.h>   // EEXIST (a stable uapi number, not a kernel struct)
+#include "log2.h"                          // log2_u64: the latency histograms' bucket
 
 // What the aggregates are keyed by. `nr` is the syscall number of the task's ABI, which the raw sys_enter
 // tracepoint passes as args[1] on every architecture: the node's 64-bit table (x86-64's, or arm64's, which
@@ -235,18 +236,6 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx) {
 }
 
 #if SAMPLE_EVERY > 0
-// floor(log2(v)) for v >= 1, 0 for v == 0; branch-light and verifier-friendly (no loop).
-static __always_inline u32 log2_u64(u64 v) {
-    u32 r = 0, s;
-    s = (v > 0xFFFFFFFFULL) << 5; v >>= s; r |= s;
-    s = (v > 0xFFFFULL) << 4;     v >>= s; r |= s;
-    s = (v > 0xFFULL) << 3;       v >>= s; r |= s;
-    s = (v > 0xFULL) << 2;        v >>= s; r |= s;
-    s = (v > 0x3ULL) << 1;        v >>= s; r |= s;
-    r |= (u32)(v >> 1);
-    return r;
-}
-
 // latency[set][key] += one call of `ns`. Inserted with BPF_NOEXIST: a racing insert from another CPU
 // makes ours fail with -EEXIST and both then update the one element (BPF_ANY would replace it and lose
 // the other CPU's update).

@@ -139,7 +139,7 @@ def test_installed_package_is_imported_from_the_venv_with_debians_bcc(installed:
     assert installed.venv in bpf_dir.parents and installed.venv in collector_file.parents, out.stdout
     assert REPO not in bpf_dir.parents
     assert bcc_file.is_relative_to("/usr/lib/python3/dist-packages"), bcc_file
-    for header in ("process_event.h", "python_stack.h"):
+    for header in ("process_event.h", "python_stack.h", "log2.h"):
         assert (bpf_dir / header).read_bytes() == (REPO / "agent" / "bpf" / header).read_bytes()
 
 
