@@ -136,7 +136,9 @@ class Unwinder:
             entries: list[MapEntry] = []
             ids: list[int] = []
             for m in sorted(info.mappings, key=lambda m: m.start):
-                if not m.is_exec:
+                if not m.is_exec or m.path == "[vsyscall]":
+                    # [vsyscall]: the kernel emulates its three calls, which call nothing, so no return
+                    # address lies there; a walk that steps into it read garbage and must end (unmapped).
                     continue
                 vdso = self._vdso is not None and self._vdso.matches(m)
                 if not m.is_file and not vdso:

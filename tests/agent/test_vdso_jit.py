@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.agent.model import EVENT_UNMAPPED, Mapping, ResolvedSample
+from fleetprof.agent.model import EVENT_UNMAPPED, CgroupIdentity, Mapping, ProcessInfo, ResolvedSample
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import Resolver
@@ -24,6 +24,7 @@ from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.maps import find
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.symbols.vdso import read_own_vdso
+from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MAP, PROC
 from fleetprof.agent.unwind.unwinder import Unwinder
 from tests.conftest import maps_libc, require_bpf, wait_until
 
@@ -220,3 +221,21 @@ def test_jit_code_without_a_frame_pointer_ends_the_walk_there(
     assert ended >= 0.95 * callback, (ended, callback)
     assert run.made_up() == 0
     assert run.stats["unwind_jit"] >= 0.5 * ended, (run.stats["unwind_jit"], ended)  # (see the test above)
+
+
+def test_vsyscall_is_no_place_a_walk_can_step_to(pipeline: Pipeline) -> None:
+    """[vsyscall] is executable in /proc/PID/maps, but its three calls (emulated by the kernel) call nothing,
+    so no return address lies there: the unwinder publishes the anonymous page a JIT runs in, not it, and a
+    walk that steps into it ends as it does outside every mapping (once seen under load: a made-up frame)."""
+    jit = Mapping(0x7F0000000000, 0x7F0000001000, 0, 0, 0, 0, "", "r-xp")
+    vsyscall = Mapping(0xFFFFFFFFFF600000, 0xFFFFFFFFFF601000, 0, 0, 0, 0, "[vsyscall]", "--xp")
+    pid = 0x7FFFFFF0  # above pid_max: no real process's entry is touched
+    maps = pipeline.sampler.unwind_maps()
+    assert maps is not None
+    pipeline.unwinder.describe(ProcessInfo(pid, 1, "fake", "/fake", CgroupIdentity(path=""), (jit, vsyscall)))
+    try:
+        first, n = PROC.unpack(bytes(maps._procs[maps._procs.Key(pid)]))
+        entries = [MAP.unpack(bytes(maps._maps[maps._maps.Key(first + i)]))[:4] for i in range(n)]
+    finally:
+        pipeline.unwinder.forget(pid)
+    assert entries == [(jit.start, jit.end, 0, FILE_JIT)], entries
