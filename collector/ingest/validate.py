@@ -526,3 +526,63 @@ def check_cuda_stats(batch: pb.Batch) -> None:
             f"cuda_stats: launches_sampled {st.launches_sampled} <= launches {st.launches} and "
             f"kernels_attributed {st.kernels_attributed} <= kernels {st.kernels} do not both hold",
         )
+
+
+# The one frame of a logged stack that does not decode on replay (stand_in_undecodable).
+UNREPLAYABLE_STACK = "[not replayable: frames sent again under a known stack id did not decode]"
+# What a stand-in's wire id is xor'ed with: the replay's cache must not learn the stand-in under the id
+# the agent's later batches send their real content under.
+_STAND_IN_ID = 0x5354414E442D494E
+
+
+def _passes(check, *args) -> bool:
+    try:
+        check(*args)
+    except BatchError:
+        return False
+    return True
+
+
+def stand_in_undecodable(batch: pb.Batch) -> tuple[int, int]:
+    """Make a batch from the write-ahead log decodable on an empty cache, keeping every sample: each stack
+    that fails its checks becomes the one frame UNREPLAYABLE_STACK; each process's comm, exe and labels
+    that fail theirs are emptied or dropped. Only a batch that reused a wire id the collector knew, with
+    other content, needs it: ingest found those stacks and processes by id and decoded nothing of them.
+    Returns how many stacks and processes it changed."""
+    seq, strings = batch.sequence, batch.strings
+    nstr = len(strings)
+    stand_in = None
+    stacks = 0
+    for si, st in enumerate(batch.stacks):
+        if _passes(check_stack_shape, seq, si, st) and max((*st.functions, *st.modules), default=0) < nstr:
+            continue
+        if stand_in is None:
+            stand_in = len(strings)
+            strings.append(UNREPLAYABLE_STACK)
+        st.Clear()
+        st.functions.append(stand_in)
+        st.kernel_start = 1
+        if si < len(batch.stack_ids):
+            batch.stack_ids[si] ^= _STAND_IN_ID
+        stacks += 1
+    processes = 0
+    for pi, p in enumerate(batch.processes):
+        labels = [
+            (lb.name, lb.value)
+            for lb in p.labels
+            if 0 < lb.name < nstr
+            and lb.value < nstr
+            and _passes(check_label, seq, pi, strings[lb.name], strings[lb.value])
+        ]
+        comm_ok = p.comm < nstr and _passes(check_comm, seq, pi, strings[p.comm])
+        if comm_ok and p.exe < nstr and len(labels) == len(p.labels):
+            continue
+        p.comm = p.comm if comm_ok else 0
+        p.exe = p.exe if p.exe < nstr else 0
+        del p.labels[:]
+        for name, value in labels:
+            p.labels.add(name=name, value=value)
+        if pi < len(batch.process_ids):
+            batch.process_ids[pi] ^= _STAND_IN_ID
+        processes += 1
+    return stacks, processes

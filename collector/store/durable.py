@@ -192,10 +192,19 @@ class DurableStore:
     # -- write path ----------------------------------------------------------------------------------
     def _replay(self, decode: Callable[[bytes], ProfileRows]) -> int:
         n = 0
+        self.replay_refused = 0
         for rec in self._wal.replay():
             if self._seen.seen(rec.source, rec.sequence):
                 continue  # committed to the database before the crash
-            self._store(rec.source, rec.sequence, decode(rec.payload))
+            try:
+                rows = decode(rec.payload)
+            except (
+                ValueError
+            ) as err:  # ingest's BatchError; a collector that cannot come up loses every batch
+                log.error("a batch in the write-ahead log could not be replayed and is left out: %s", err)
+                self.replay_refused += 1
+                continue
+            self._store(rec.source, rec.sequence, rows)
             n += 1
         if n:
             log.info("replayed %d batches from the write-ahead log", n)

@@ -93,15 +93,22 @@ class Pipeline:
 
 @pytest.fixture(scope="module")
 def every_switch() -> Iterator[Pipeline]:
-    """Records every switch-out (1/1); default minimum wait."""
-    p = Pipeline(SamplerConfig(interval_s=1.0, offcpu_sample_every=1))
+    """Records every switch-out (1/1); default minimum wait. Its tables are sized for a busy node, not for
+    this machine's 2 CPUs: they hold every thread of the node that waits, and a neighbour test's thousands
+    of threads once filled the default 4,096 count entries (the losses assert_lossless counts are
+    node-wide)."""
+    p = Pipeline(
+        SamplerConfig(interval_s=1.0, offcpu_sample_every=1, offcpu_counts=65536, offcpu_tasks=65536)
+    )
     yield p
     p.close()
 
 
 @pytest.fixture(scope="module")
 def one_in_four() -> Iterator[Pipeline]:
-    p = Pipeline(SamplerConfig(interval_s=1.0, offcpu_sample_every=4))
+    p = Pipeline(
+        SamplerConfig(interval_s=1.0, offcpu_sample_every=4, offcpu_counts=65536, offcpu_tasks=65536)
+    )
     yield p
     p.close()
 

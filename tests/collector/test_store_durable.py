@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.ingest.decode import Decoder
+from fleetprof.collector.ingest.validate import UNREPLAYABLE_STACK
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
@@ -269,6 +271,47 @@ def test_stacks_decoded_by_ingest_and_stacks_it_knew_are_stored_alike(tmp_path: 
     assert sorted(store._queries.stacks_of(sids).values()) == sorted(frames(n) for n in shapes)
     # main, work, leaf, and do_syscall_64 as a kernel frame: each once
     assert con.execute("SELECT count(*), count(DISTINCT id) FROM frames").fetchone() == (4, 4)
+    store.close()
+
+
+def test_a_batch_that_reused_known_ids_for_other_content_replays_with_its_samples(tmp_path: Path) -> None:
+    """Ingest finds stacks and processes an agent sent before by their wire ids and decodes nothing of them;
+    a restart replays the log on an empty cache, which decodes them all. A batch that sent, under known ids,
+    a stack past the depth limit and a process whose comm is out of the string table was accepted with the
+    content known under those ids; its replay keeps every sample, under a stand-in where its own content
+    does not decode (once: a restarting collector exited on such a batch). A logged batch that does not
+    decode at all is left out, logged and counted, and the batches after it are replayed."""
+    clock = Clock(1_700_000_000.0)
+    store = open_store(tmp_path, clock)
+    decoder = Decoder(store.ids)
+
+    def batch(seq: int, count: int) -> pb.Batch:
+        b = BatchBuilder("node-a", "a", seq, end_ns=int(clock.t * 1e9))
+        b.sample(b.process(42, "worker"), b.stack([("main", "app"), ("work", "app")]), count)
+        return b.build()
+
+    def push(b: pb.Batch) -> None:
+        payload = b.SerializeToString()
+        assert store.write_logged("a", b.sequence, payload, decoder.decode_payload(payload))
+
+    push(batch(1, 3))
+    store.flush()  # committed: the replay skips it, so its ids are unknown there
+    hostile = batch(2, 5)
+    hostile.stacks[0].functions.extend([1] * 5000)  # past the depth limit, under the known wire id
+    hostile.stacks[0].modules.extend([2] * 5000)
+    hostile.processes[0].comm = 1000  # out of the string table, under the known wire id
+    push(hostile)  # accepted: both found by wire id
+    broken = batch(3, 7)
+    broken.sample_columns.stack[0] = 9  # no such stack: no cache makes it decode
+    store.write_logged("a", 3, broken.SerializeToString(), rows_of(store, batch(3, 7).SerializeToString()))
+    push(batch(4, 11))
+    crash(store)
+    store = open_store(tmp_path, clock)
+    assert (store.replayed, store.replay_refused) == (2, 1)
+    got = store.select(EVERYTHING, 0, 4e9).stacks
+    stand_in = (FrameKey(UNREPLAYABLE_STACK, ""),)
+    assert got == {(MAIN, FrameKey("work", "app")): 3 + 11, stand_in: 5}, got
+    assert stored_samples(store) == 3 + 5 + 11
     store.close()
 
 
