@@ -5,27 +5,31 @@ PY := .venv/bin/python
 demo: setup            ## install what is missing, then run collector + agent on this machine
 	.venv/bin/fleetprof demo
 
-# The whole suite in three phases (tests/conftest.py says which test goes where):
+# The whole suite, as two pytest runs side by side and one after (tests/conftest.py says which test goes where):
 #   1. every test that loads no BPF program and needs nothing alone (most of the count), one pytest-xdist
 #      worker per CPU;
-#   2. the tests that load BPF programs (`bpf`), one at a time. They were run side by side (a file per
-#      worker): each judges its samples against its own workload's clock, but three fresh-clone runs each
-#      failed a different one of them on what the neighbour did to the node (tables queued behind its
-#      files, its threads filling the off-CPU table, its processes' syscalls), so they stay one at a time
-#      until each holds beside a neighbour (FLEETPROF_TEST_PHASE=bpf lets them run under xdist to try);
+#   2. meanwhile, the tests that load BPF programs (`bpf`), two files at a time (FLEETPROF_TEST_PHASE=bpf).
+#      Each judges its samples against its own workload's clock (the CPU time it measured of itself), finds
+#      its own samples by pid and sizes its tables for a busy node, so neither phase 1 nor the other BPF
+#      file disturbs it. Most of their time is waiting (workloads that run for a time, drains): the two
+#      CPUs were 15-60% busy while they ran one at a time. Their output is printed when both are done
+#      (.venv/test-bpf.log);
 #   3. the `serial` ones, alone (none today: pytest's 5, "no tests ran", is no failure).
-# All phases always run; it fails if any failed. The images that tests/deploy/test_images.py runs are built
-# meanwhile (a first build debootstraps and downloads for minutes; later ones are podman's cache) and
-# finished before phase 2 starts; the test runs scripts/images.sh again and reports a failed build itself:
-# both architectures where the other one's base is there (`make images` made it once), else this one's.
-# FLEETPROF_TEST_SHARED is a directory the phases share (tests/conftest.py shared_dir), removed at the end.
+# All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile (a
+# first build debootstraps and downloads for minutes; later ones are podman's cache); scripts/images.sh
+# holds a lock, so the test's own call waits for that build and reports a failed one itself: both
+# architectures where the other one's base is there (`make images` made it once), else this one's.
+# FLEETPROF_TEST_SHARED is a directory the runs share (tests/conftest.py shared_dir), removed at the end.
 test: setup-test       ## install what is missing (incl. test tools), then run the whole suite
 	@status=0; \
 	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
+	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n 2 --dist loadfile \
+		>.venv/test-bpf.log 2>&1 & bpf=$$!; \
 	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" || status=$$?; \
+	wait $$bpf || status=$$?; \
+	echo "== the BPF tests, run alongside (.venv/test-bpf.log):"; cat .venv/test-bpf.log; \
 	wait $$images || true; \
-	$(PY) -m pytest -q -m "bpf and not serial" || status=$$?; \
 	$(PY) -m pytest -q -m serial || { rc=$$?; [ $$rc -eq 5 ] || status=$$rc; }; \
 	rm -rf "$$FLEETPROF_TEST_SHARED"; \
 	exit $$status
