@@ -253,6 +253,7 @@ def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_i
             )
         )
     batch.cuda_stats.kernels = cuda.kernels
+    batch.cuda_stats.kernels_attributed = cuda.kernels_attributed
     if cuda.launch_sample_every:
         st = batch.cuda_stats
         st.launch_sample_every = cuda.launch_sample_every

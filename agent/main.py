@@ -413,6 +413,8 @@ class Agent:
         self.shipper.submit(batch)
         self._trim_heap()
         self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
+        if window.cuda is not None:
+            self.counters.add_cuda(window.cuda)
         self.counters.set_offcpu_pending(drain.offcpu_pending)
         self.counters.add_drain_cpu(time.thread_time_ns() - cpu0)
         self._drain_hist.observe(time.perf_counter() - t0)

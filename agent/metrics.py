@@ -91,6 +91,10 @@ class AgentCounters:
         ),
     }
     UNWIND_EVENTS = (*UNWIND_COUNTS, *UNWIND_ENDS)  # the sampler's stats, unwind_<event>
+    # CUDA, per window (agent/model.py CudaWindow): launches the uprobes saw, those whose stacks were
+    # taken, those lost to a full table; kernels the CUPTI rings gave, and those whose time went under
+    # the stacks that launched them (the rest is under the kernel's name alone).
+    CUDA_EVENTS = ("launches", "launches_sampled", "launch_table_full", "kernels", "kernels_attributed")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -104,6 +108,7 @@ class AgentCounters:
         self.unwind = dict.fromkeys(self.UNWIND_EVENTS, 0)
         self.python_unnamed = dict.fromkeys(self.PYTHON_UNNAMED, 0)
         self.kernel_symbol_reloads = 0
+        self.cuda = dict.fromkeys(self.CUDA_EVENTS, 0)
         self.offcpu_pending = 0
         self.drain_cpu_ns = 0  # CPU time of the drain thread in drain, resolve and encode (ns: sums exact)
 
@@ -123,6 +128,18 @@ class AgentCounters:
             for k in self.PYTHON_UNNAMED:
                 self.python_unnamed[k] += stats.get(f"python_unnamed_{k}", 0)
             self.kernel_symbol_reloads += stats.get("kernel_symbol_reloads", 0)
+
+    def add_cuda(self, cuda) -> None:  # a CudaWindow
+        with self._lock:
+            self.cuda["launches"] += cuda.launches_seen
+            self.cuda["launches_sampled"] += cuda.launches_sampled
+            self.cuda["launch_table_full"] += cuda.table_full
+            self.cuda["kernels"] += cuda.kernels
+            self.cuda["kernels_attributed"] += cuda.kernels_attributed
+
+    def cuda_snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.cuda)
 
     def set_offcpu_pending(self, pending: int) -> None:
         with self._lock:
@@ -225,6 +242,15 @@ class _AgentCollector:
             "fleetprof_agent_kernel_symbol_reloads",
             "Times kernel symbols were read again because the module list changed",
             value=self._counters.kernel_snapshot(),
+        )
+        yield _labelled(
+            "fleetprof_agent_cuda_events",
+            "CUDA, by event: launches the uprobes saw (launches_sampled: those whose stacks were taken,"
+            " launch_table_full: lost to a full table); kernels the CUPTI rings gave (kernels_attributed:"
+            " those whose time went under the stacks that launched them, the rest under the kernel's name"
+            " alone)",
+            "event",
+            self._counters.cuda_snapshot(),
         )
         offcpu, pending = self._counters.offcpu_snapshot()
         yield _labelled(

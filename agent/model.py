@@ -456,7 +456,9 @@ class ProcessCuda:
     process: ProcessInfo
     devices: list[DeviceActivity] = field(default_factory=list)
     kernel_ns: dict[str, int] = field(default_factory=dict)  # kernel name -> ns that ran in this window
+    kernel_count: dict[str, int] = field(default_factory=dict)  # kernel name -> kernels of those ns
     kernels: int = 0
+    kernels_attributed: int = 0  # of those, kernels whose time went under launching stacks (kernel_stacks)
     # Kernels of launches the library sampled: (outer correlation id, name, ns, weight), to be joined with the
     # stacks the uprobe on its marker took (agent/resolver.py); and what the resolver made of them: kernel ns
     # by launching stack, the kernel as leaf (each name's total apportioned over its sampled launches).
@@ -485,6 +487,10 @@ class CudaWindow:
     @property
     def kernels(self) -> int:
         return sum(p.kernels for p in self.processes)
+
+    @property
+    def kernels_attributed(self) -> int:
+        return sum(p.kernels_attributed for p in self.processes)
 
 
 @dataclass

@@ -7,6 +7,7 @@ what is here. Nothing here touches BPF.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable
 
@@ -39,14 +40,55 @@ Pending = list[tuple[int, tuple]]
 """(tid, START_LAYOUT fields) of every sampled switch-out still waiting for its thread to run again."""
 
 
-def idle_threads(waits: Iterable[tuple[int, int, int]]) -> set[int]:
-    """The tids that were idle in a window, from its off-CPU rows as (tid, waited ns, ran ns)."""
+def idle_threads(waits: Iterable[tuple[int, int, int]], stolen_ns: int = 0) -> set[int]:
+    """The tids that were idle in a window, from its off-CPU rows as (tid, waited ns, ran ns). `stolen_ns`:
+    the most time one CPU spent in the window on other than its current task (StolenTime), which BPF's
+    switch-to-switch clock counts as the task's run: taken off each thread's run before it is judged."""
     waited: dict[int, int] = {}
     ran: dict[int, int] = {}
     for tid, ns, ran_ns in waits:
         waited[tid] = waited.get(tid, 0) + ns
         ran[tid] = ran.get(tid, 0) + ran_ns
-    return {tid for tid, ns in waited.items() if ran[tid] < ACTIVE_SHARE * (ran[tid] + ns)}
+    return {tid for tid, ns in waited.items() if ran[tid] - stolen_ns < ACTIVE_SHARE * (ran[tid] + ns)}
+
+
+# /proc/stat's per-CPU fields after the name: user nice system idle iowait irq softirq steal ...
+_IRQ, _SOFTIRQ, _STEAL = 5, 6, 7
+
+
+class StolenTime:
+    """The most time one CPU spent, since the last call, on what runs in its current task's name without
+    being that task: the hypervisor's (steal: a VM's vCPU descheduled) and interrupts'. The off-CPU
+    recorder times a task's run from its switch-in to its switch-out, so all of that counts as the run: an
+    idle pool thread that woke for 10 us while its vCPU was stolen for 20 ms read as active, and its naps
+    stood in a wall view (tests/e2e/test_offcpu_e2e.py under a loaded CI VM: up to 7% steal). A thread runs
+    on one CPU at a time, so the busiest CPU's share bounds what one thread's runs took in."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self._path = path
+        self._hz = os.sysconf("SC_CLK_TCK")
+        self._last = self._read()
+
+    def _read(self) -> dict[str, int]:
+        """Ticks per CPU (cpu0, cpu1, ...) of irq + softirq + steal; {} where /proc/stat cannot be read."""
+        try:
+            with open(self._path, encoding="ascii") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return {}
+        out = {}
+        for line in lines:
+            if line.startswith("cpu") and not line.startswith("cpu "):
+                name, *fields = line.split()
+                if len(fields) > _STEAL:
+                    out[name] = int(fields[_IRQ]) + int(fields[_SOFTIRQ]) + int(fields[_STEAL])
+        return out
+
+    def take_ns(self) -> int:
+        now = self._read()
+        ticks = max((now[c] - self._last.get(c, now[c]) for c in now), default=0)
+        self._last = now
+        return max(0, ticks) * 1_000_000_000 // self._hz
 
 
 class StackCarry:

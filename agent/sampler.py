@@ -38,6 +38,7 @@ from fleetprof.agent.offcpu import (
     START_TGID,
     Pending,
     StackCarry,
+    StolenTime,
     idle_threads,
 )
 from fleetprof.agent.python.offsets import PyProc
@@ -476,6 +477,7 @@ class CpuSampler:
             check_layouts(self._bpf)
             self.cuda = CudaProbes(self._bpf, config.cuda_launch_sample_every)
         self._carry = StackCarry()
+        self._stolen = StolenTime()  # taken once a drain, with the off-CPU rows it judges
         self._offcpu_settings = (
             OffCpuSettings(config.offcpu_sample_every, config.offcpu_min_block_us * 1000)
             if config.off_cpu
@@ -655,7 +657,9 @@ class CpuSampler:
         keys, values = drain_map_bytes(self._offcpu[idle_set], _KEY.size, _OFFCPU_VALUE.size)
         tids = [k[1] for k in _KEY.iter_unpack(keys)]
         waits = list(_OFFCPU_VALUE.iter_unpack(values))
-        idle = idle_threads((tid, ns, ran) for tid, (ns, ran) in zip(tids, waits, strict=True))
+        idle = idle_threads(
+            ((tid, ns, ran) for tid, (ns, ran) in zip(tids, waits, strict=True)), self._stolen.take_ns()
+        )
         return _sample_counts(keys, [ns for ns, _ in waits], idle)
 
     def unwind_maps(self) -> UnwindMaps | None:

@@ -77,12 +77,12 @@ class _Tracked:
         self.cupti_dropped = 0
 
 
-def kernel_ns_by_name(batch: RingBatch) -> tuple[dict[str, int], int]:
-    """Nanoseconds of the batch's kernels per name (those > 0), and how many kernels: grouped in numpy, as
-    thousands of records a second come through here."""
+def kernel_ns_by_name(batch: RingBatch) -> tuple[dict[str, int], dict[str, int], int]:
+    """Nanoseconds of the batch's kernels per name (those > 0), how many kernels per name (of those), and
+    how many kernels in all: grouped in numpy, as thousands of records a second come through here."""
     kern = batch.activities[batch.activities["kind"] == KIND_KERNEL]
     if not len(kern):
-        return {}, 0
+        return {}, {}, 0
     start = kern["start_ns"].astype(np.int64)
     dur = np.maximum(kern["end_ns"].astype(np.int64), start) - start
     # A name the library could not store (name_ref 0) is told apart by its hash.
@@ -90,13 +90,16 @@ def kernel_ns_by_name(batch: RingBatch) -> tuple[dict[str, int], int]:
     keys, inverse = np.unique(key, return_inverse=True)
     totals = np.zeros(len(keys), dtype=np.int64)
     np.add.at(totals, inverse, dur)  # exact integers (bincount's weights would be float64)
+    counts = np.bincount(inverse, minlength=len(keys))
     out: dict[str, int] = {}
-    for k, ns in zip(keys.tolist(), totals.tolist(), strict=True):
+    count: dict[str, int] = {}
+    for k, ns, n in zip(keys.tolist(), totals.tolist(), counts.tolist(), strict=True):
         ref, name_hash = k >> 32, k & 0xFFFFFFFF
         name = batch.names.get(ref) or f"[kernel {name_hash:08x}]"  # as activity.kernel_time names it
         if ns > 0:
             out[name] = out.get(name, 0) + ns
-    return out, len(kern)
+            count[name] = count.get(name, 0) + n
+    return out, count, len(kern)
 
 
 def sampled_kernels(sampled: dict[int, tuple[int, int]], batch: RingBatch) -> list[tuple[int, str, int, int]]:
@@ -261,7 +264,7 @@ class CuptiReaders:
         self.counters.records_read += len(batch.activities) + len(batch.launches)
         self.counters.records_lost += lost
         got = ProcessCuda(t.info)
-        got.kernel_ns, got.kernels = kernel_ns_by_name(batch)
+        got.kernel_ns, got.kernel_count, got.kernels = kernel_ns_by_name(batch)
         got.sampled_kernels = sampled_kernels(t.sampled, batch)
         if t.cursor is None and t.activity.known_from is not None:
             # What the ring held from before the window it was opened in is history: its kernel time is

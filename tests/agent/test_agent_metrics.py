@@ -8,6 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof.agent.metrics import AgentCounters, build_registry
+from fleetprof.agent.model import CudaWindow, ProcessCuda
 from fleetprof.agent.shipper import ShipperStats
 
 
@@ -51,3 +52,28 @@ def test_the_drain_thread_s_cpu_time_is_a_counter_of_exact_seconds() -> None:
     got, text = families(counters, {})
     assert got["fleetprof_agent_drain_cpu_seconds"].type == "counter"
     assert "fleetprof_agent_drain_cpu_seconds_total 0.3\n" in text
+
+
+def test_cuda_launches_and_kernels_attributed_add_up_over_windows() -> None:
+    """Kernels whose time went under a launching stack are counted beside all kernels: their ratio is how
+    much of a node's GPU time the `gpu` profile puts under code rather than under a kernel name alone."""
+    counters = AgentCounters()
+    gemm = ProcessCuda(
+        process=None, kernel_ns={"gemm": 900, "relu": 100}, kernel_count={"gemm": 3, "relu": 7}
+    )
+    gemm.kernels, gemm.kernels_attributed = 10, 3
+    other = ProcessCuda(process=None, kernels=4, kernels_attributed=4)
+    counters.add_cuda(CudaWindow([gemm, other], launch_sample_every=8, launches_seen=80, launches_sampled=10))
+    counters.add_cuda(
+        CudaWindow([], launch_sample_every=8, launches_seen=16, launches_sampled=2, table_full=1)
+    )
+    got, _ = families(counters, {})
+    events = {s.labels["event"]: s.value for s in got["fleetprof_agent_cuda_events"].samples}
+    assert got["fleetprof_agent_cuda_events"].type == "counter"
+    assert events == {
+        "launches": 96,
+        "launches_sampled": 12,
+        "launch_table_full": 1,
+        "kernels": 14,
+        "kernels_attributed": 7,
+    }

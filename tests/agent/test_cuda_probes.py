@@ -283,6 +283,7 @@ def test_kernel_time_is_under_the_launching_function_with_the_kernel_as_leaf(
     p.also.append(readers.on_capture)  # the rings are read too, as the agent wires both
     stacks: Counter = Counter()  # (leaf, launching function) -> ns
     one_frame: Counter = Counter()  # leaf -> ns with no known stack
+    kernels: Counter = Counter()  # all, and those whose time went under a launching stack
     try:
         p.resolver.resolve(p.sampler.drain())
         proc = subprocess.Popen(
@@ -321,6 +322,8 @@ def test_kernel_time_is_under_the_launching_function_with_the_kernel_as_leaf(
                 for name, ns in pc.kernel_ns.items():
                     if name not in placed:
                         one_frame[name] += ns
+                kernels["all"] += pc.kernels
+                kernels["attributed"] += pc.kernels_attributed
 
         for _ in range(4):  # the library flushes every 100 ms: its last records are in after that
             time.sleep(0.3)
@@ -347,6 +350,8 @@ def test_kernel_time_is_under_the_launching_function_with_the_kernel_as_leaf(
     relu = stacks[("relu_kernel", "train_step")] + stacks[("relu_kernel", "eval_step")]
     assert relu == truth[("relu_kernel", "train_step")] + truth[("relu_kernel", "eval_step")]
     assert one_frame == Counter()
+    # Every kernel of the workload ran for a time the test set (none zero): all of them attributed.
+    assert kernels["attributed"] == kernels["all"] == sum(1 for e in events if e["ev"] == "launch"), kernels
 
 
 def test_launches_from_python_are_under_the_python_function(

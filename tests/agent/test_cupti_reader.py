@@ -320,4 +320,6 @@ def test_kernel_time_per_name_tells_unnamed_kernels_apart_by_their_hash() -> Non
     batch = RingBatch(1, header(0), acts, np.zeros(0, dtype=RECORD_DTYPE), {1: "gemm"}, 0, 0)
     # The zero-length gemm counts as a kernel but adds no time; names the library could not store keep
     # apart by hash, named as activity.kernel_time names them.
-    assert kernel_ns_by_name(batch) == ({"gemm": 250, "[kernel 000000ab]": 7, "[kernel 000000cd]": 20}, 5)
+    ns, count, kernels = kernel_ns_by_name(batch)
+    assert ns == {"gemm": 250, "[kernel 000000ab]": 7, "[kernel 000000cd]": 20}
+    assert count == {"gemm": 3, "[kernel 000000ab]": 1, "[kernel 000000cd]": 1} and kernels == 5

@@ -4,12 +4,14 @@ tests/e2e/test_offcpu_e2e.py)."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import encode_window
 from fleetprof.agent.model import CgroupIdentity, Frame, ProcessInfo, ResolvedSample, Window
-from fleetprof.agent.offcpu import ACTIVE_SHARE, idle_threads
+from fleetprof.agent.offcpu import ACTIVE_SHARE, StolenTime, idle_threads
 
 MS = 1_000_000
 US = 1_000
@@ -37,6 +39,37 @@ def test_the_line_is_the_active_share_of_the_threads_time() -> None:
     assert idle_threads([(1, waited, at + 1)]) == set()
     # Summed over the thread's rows, not judged row by row: a thread that ran before one wait only.
     assert idle_threads([(2, waited, 0), (2, waited, 2 * at + 2)]) == set()
+
+
+def test_time_a_cpu_spent_on_others_is_not_the_threads_run() -> None:
+    """A pool thread woke for 10 us while the hypervisor held its vCPU for 20 ms: the switch-to-switch clock
+    reads a 20 ms run, over the active line for a second of naps. With the window's stolen time taken off
+    the run, it is idle again; a thread that worked for 300 ms stays active."""
+    pool = [(1, 20 * 50 * MS, 19 * 10 * US + 20 * MS)]
+    worker = [(2, 700 * MS, 300 * MS)]
+    assert idle_threads(pool + worker) == set()
+    assert idle_threads(pool + worker, stolen_ns=20 * MS) == {1}
+
+
+def test_stolen_time_is_the_busiest_cpus_irq_softirq_and_steal(tmp_path: Path) -> None:
+    """/proc/stat as the kernel writes it; ticks of irq + softirq + steal per CPU since the last call, the
+    most of any CPU, in ns (USER_HZ ticks)."""
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def stat(cpu0: tuple[int, int, int], cpu1: tuple[int, int, int]) -> str:
+        lines = ["cpu  9 9 9 9 9 9 9 9 0 0"]
+        for n, (irq, soft, steal) in enumerate((cpu0, cpu1)):
+            lines.append(f"cpu{n} 4705 150 1120 16250 520 {irq} {soft} {steal} 0 0")
+        return "\n".join([*lines, "intr 114930548 113199788 3", "ctxt 1990473", "btime 1062191376", ""])
+
+    path = tmp_path / "stat"
+    path.write_text(stat((0, 10, 5), (1, 20, 0)))
+    stolen = StolenTime(str(path))
+    path.write_text(stat((0, 12, 9), (1, 21, 0)))  # cpu0: 6 ticks, cpu1: 1
+    assert stolen.take_ns() == 6 * 1_000_000_000 // hz
+    assert stolen.take_ns() == 0  # nothing since
+    path.unlink()
+    assert stolen.take_ns() == 0  # unreadable: nothing taken off
 
 
 def test_idle_rows_go_on_the_wire_apart_from_active_ones() -> None:
