@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fleetprof.agent.process.rootfs import MALFORMED
-from fleetprof.agent.symbols.elf import PF_X, ElfError, ElfFile
+from fleetprof.agent.symbols.elf import PF_X, ElfError, ElfFile, SymbolTable
 from fleetprof.agent.unwind.cfi import (
     RBP,
     RSP,
@@ -248,7 +248,61 @@ def build_table(elf: ElfFile) -> UnwindTable:
         frames = parse_debug_frame(elf.section_data(dbg), encode, aarch64)
         dpcs, drules = _rows(frames, exec_ranges, ".debug_frame")
         pcs, rules = _overlay(pcs, rules, dpcs, drules) if len(pcs) else (dpcs, drules)
+    if aarch64 and (eh is None or not eh.size) and (dbg is None or not dbg.size):
+        pcs, rules = _frameless_leaves_aarch64(elf)
     return UnwindTable(pcs, rules)
+
+
+# AArch64 instructions that make a function more than a frameless leaf (masks, values): calls (bl; blr and
+# its pointer-authenticated forms), and writes of sp or x29 (add/sub immediate or extended register with
+# Rd sp or x29; loads and stores that write back their base register sp).
+_A64_CALLS = ((0xFC000000, 0x94000000), (0xFEFFF000, 0xD63F0000))
+_A64_ADD_SUB_IMM = (0xBF000000, 0x91000000)  # add/sub (not adds/subs), 64-bit, immediate
+_A64_ADD_SUB_EXT = (0xBFE00000, 0x8B200000)  # add/sub (not adds/subs), 64-bit, extended register
+_A64_PAIR_WRITEBACK = (0x3A800000, 0x28800000)  # ldp/stp post- (index 01) or pre-indexed (11)
+_A64_SINGLE_WRITEBACK = (0x3B200400, 0x38000400)  # ldr/str (immediate) post- or pre-indexed
+
+
+def _frameless(code: bytes) -> bool:
+    """Whether AArch64 code never calls and never moves sp or x29: its return address stays in x30 and its
+    CFA is sp throughout."""
+    w = np.frombuffer(code[: len(code) // 4 * 4], dtype="<u4").astype(np.uint32)
+    rd, rn = w & 31, (w >> 5) & 31
+    bad = np.zeros(len(w), dtype=bool)
+    for mask, value in _A64_CALLS:
+        bad |= (w & mask) == value
+    for mask, value in (_A64_ADD_SUB_IMM, _A64_ADD_SUB_EXT):
+        bad |= ((w & mask) == value) & ((rd == 31) | (rd == 29))
+    for mask, value in (_A64_PAIR_WRITEBACK, _A64_SINGLE_WRITEBACK):
+        bad |= ((w & mask) == value) & (rn == 31)
+    return not bad.any()
+
+
+def _frameless_leaves_aarch64(elf: ElfFile) -> tuple[np.ndarray, np.ndarray]:
+    """Rows for an AArch64 file without any CFI (the arm64 kernel's vDSO has none): each function of its
+    symbol table whose code is a frameless leaf (_frameless) has CFA = sp and its return address in x30 (the
+    kernel's clock_gettime signs and checks it with paciasp/autiasp, and never saves it); the signal
+    trampoline (`*sigreturn`) is a signal frame. Other functions have no rows: frame pointers there."""
+    leaf = encode_rule_aarch64(False, SP_AARCH64, 0, RULE_SAME, RULE_SAME)
+    rows: dict[int, int] = {}
+    for start, size, name in sorted(SymbolTable.from_elf(elf)):
+        seg = next(
+            (g for g in elf.load_segments if g.vaddr <= start and start + size <= g.vaddr + g.filesz), None
+        )
+        if not size or seg is None or not seg.flags & PF_X or start + size > 0xFFFFFFFF:
+            continue
+        if name.split("@", 1)[0].endswith("sigreturn"):
+            rule = SIGNAL
+        elif _frameless(elf.read(seg.offset + start - seg.vaddr, size)):
+            rule = leaf
+        else:
+            continue
+        rows.setdefault(start + size, NO_INFO)
+        rows[start] = rule  # over the end row of a function just before it
+    if not rows:
+        return np.zeros(0, np.uint32), np.zeros(0, np.uint32)
+    pcs = np.array(sorted(rows), dtype=np.uint32)
+    return _merge(pcs, np.array([rows[int(pc)] for pc in pcs], dtype=np.uint32))
 
 
 def load_table(source: str | os.PathLike[str] | int) -> UnwindTable:

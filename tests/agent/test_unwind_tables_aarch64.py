@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from fleetprof.agent.process.rootfs import MALFORMED
-from fleetprof.agent.symbols.elf import PF_X, ElfError, ElfFile
+from fleetprof.agent.symbols.elf import PF_X, ElfError, ElfFile, SymbolTable
+from fleetprof.agent.unwind.cfi import RULE_SAME
 from fleetprof.agent.unwind.table import (
     CFA_RBP,
     CFA_RSP,
@@ -275,3 +276,36 @@ def test_x86_64_files_still_refuse_negate_ra_state() -> None:
     assert e.value.reason == MALFORMED
     rows = parse_eh_frame(section, 0x1000, 0, encode_rule_aarch64, aarch64=True)
     assert len(rows.begins) == 1
+
+
+LEAVES_C = """
+long ext(long);
+long add3(long a) { return a + 3; }
+long loop_sum(const long *p, long n) { long s = 0; for (long i = 0; i < n; i++) s += p[i]; return s; }
+long calls(long a) { return ext(a) + 1; }
+long framed(long a) { volatile long buf[64]; buf[a & 63] = a; return buf[(a + 1) & 63]; }
+"""
+
+
+def test_a_file_without_cfi_gets_rows_for_its_frameless_leaves_only(tmp_path: Path) -> None:
+    """The arm64 kernel's vDSO has neither .eh_frame nor .debug_frame; its functions sign x30 and never save
+    it, move sp or call. Such leaves get CFA = sp with the return address in x30; a function that calls or
+    makes a frame gets no rows (frame pointers there). Built as the kernel builds its vDSO: no unwind
+    tables, return addresses signed."""
+    src = tmp_path / "leaves.c"
+    src.write_text(LEAVES_C)
+    lib = tmp_path / "libleaves.so"
+    no_cfi = ["-nostdlib", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"]  # crt files bring some
+    subprocess.run(
+        [CROSS_GCC, "-O2", "-shared", "-fPIC", *no_cfi, *PAC, "-o", str(lib), str(src)], check=True
+    )
+    with ElfFile(lib) as elf:
+        assert elf.section(".eh_frame") is None and elf.section(".debug_frame") is None
+        symbols = {name: (start, size) for start, size, name in SymbolTable.from_elf(elf)}
+    table = load_table(lib)
+    for name, rows in (("add3", True), ("loop_sum", True), ("calls", False), ("framed", False)):
+        start, size = symbols[name]
+        got = {lookup(table, pc) for pc in range(start, start + size, 4)}
+        want = {encode_rule_aarch64(False, 31, 0, RULE_SAME, RULE_SAME)} if rows else {None, NO_INFO}
+        assert got <= want and got, (name, got)
+    assert aarch64_fields(encode_rule_aarch64(False, 31, 0, RULE_SAME, RULE_SAME)) == (CFA_RSP, 0, None, None)
