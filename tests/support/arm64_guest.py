@@ -47,11 +47,12 @@ def cross_compile(source: Path, exe: Path, flags: list[str]) -> Path:
 
 
 def prepare_workloads(dest: Path) -> None:
-    """The aarch64 workloads into `dest`: two_funcs with and without frame pointers, getppid_n, and the
-    Python one (the guest's own python3 runs it)."""
+    """The aarch64 workloads into `dest`: two_funcs with and without frame pointers, getppid_n, vdso_clock
+    (its CPU in the vDSO), and the Python one (the guest's own python3 runs it)."""
     cross_compile(WORKLOADS / "two_funcs.c", dest / "two_funcs_fp", FP_FLAGS + PAC_FLAGS)
     cross_compile(WORKLOADS / "two_funcs.c", dest / "two_funcs_nofp", NO_FP_FLAGS + PAC_FLAGS)
     cross_compile(WORKLOADS / "getppid_n.c", dest / "getppid_n", ["-O2"])
+    cross_compile(WORKLOADS / "vdso_clock.c", dest / "vdso_clock", NO_FP_FLAGS + PAC_FLAGS)  # its clock mode
     shutil.copy2(WORKLOADS / "py_story.py", dest / "py_story.py")
 
 

@@ -14,7 +14,8 @@
  *       it keeps rbp but zeroed while it calls (as JIT code that uses rbp for itself), so no frame-pointer
  *       walk can get past it.
  * Prints nothing; exits 0. Built with -O2 -fomit-frame-pointer (tests/conftest.py no_fp_bin): only
- * call-frame information leads out of clock_burn, jit_callback and jit_run. x86-64 only.
+ * call-frame information leads out of clock_burn, jit_callback and jit_run. The jit modes are x86-64 only
+ * (their page holds x86-64 code); clock runs on arm64 too (tests/e2e/test_arm64_guest.py).
  */
 #include <stdint.h>
 #include <stdio.h>
