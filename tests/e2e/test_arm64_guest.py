@@ -202,10 +202,12 @@ def test_eh_frame_vdso_samples_keep_their_callers(guest: dict) -> None:
     total, got = sum(in_vdso.values()), count(in_vdso, lambda st: kept(user_frames(st)))
     print(f"vdso_clock: {got} of {total} samples in the vDSO keep glibc's frame and clock_burn above it")
     print("  heaviest:", ";".join(user_frames(max(stacks, key=stacks.get))))
-    # ~5 s of CPU at 99 Hz, nearly all in the vDSO's syscall: ~300-450 samples. A walk that works keeps
-    # them all (at p = 0.99 over 300, sigma 0.006: 0.95 is 7 sigma below); one by frame pointer, none.
+    # ~5 s of CPU at 99 Hz, nearly all in the vDSO's syscall: measured 489 of 504 kept (2026-11-28); the
+    # rest were walked by frame pointer (_start;__libc_start_main;clock_burn;__kernel_clock_gettime), as
+    # samples taken before the agent describes a new process are. At p = 0.97 over >= 300 samples sigma
+    # is <= 0.01: 0.9 is 7 sigma below; a walk by frame pointer (no vDSO rows) keeps none.
     assert total >= 100, total
-    assert got >= 0.95 * total, (got, total)
+    assert got >= 0.9 * total, (got, total)
 
 
 # -- frame pointers only (--unwind=fp) ---------------------------------------------------------------------
