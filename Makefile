@@ -14,7 +14,8 @@ demo: setup            ## install what is missing, then run collector + agent on
 #      file disturbs it. Most of their time is waiting (workloads that run for a time, drains): the two
 #      CPUs were 15-60% busy while they ran one at a time. Their output is printed when both are done
 #      (.venv/test-bpf.log);
-#   3. the `serial` ones, alone (none today: pytest's 5, "no tests ran", is no failure).
+#   3. the `serial` ones, alone (tests/e2e/test_offcpu_e2e.py; with none, pytest's 5, "no tests ran", is no
+#      failure).
 # All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile (a
 # first build debootstraps and downloads for minutes; later ones are podman's cache); scripts/images.sh
 # holds a lock, so the test's own call waits for that build and reports a failed one itself: both

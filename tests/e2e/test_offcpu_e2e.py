@@ -22,7 +22,11 @@ from tests.conftest import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+# Serial: run beside another BPF test file (make test's BPF run), the idle pool's naps stood in the wall
+# view twice in four fresh-clone runs (951 and 957 ms of ~6.5 s: one pool thread judged active for one
+# window); alone, with or without both CPUs loaded, never. The cause is not found yet (not steal: that is
+# now taken off, agent/offcpu.py StolenTime), so it runs alone until it is.
+pytestmark = [pytest.mark.bpf, pytest.mark.slow, pytest.mark.serial]
 
 FREQUENCY = 499  # Hz: the CPU half of the wall split is judged from ~1,400 samples (see the test)
 PERIOD_NS = 1e9 / FREQUENCY
