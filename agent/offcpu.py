@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 # Defaults, from bench/offcpu.py on this machine kind (2 vCPUs, kernel 6.18); the table is in bench/README.md
 # ("Off-CPU recording"), the reasoning in docs/offcpu.md.
@@ -40,12 +40,16 @@ Pending = list[tuple[int, tuple]]
 """(tid, START_LAYOUT fields) of every sampled switch-out still waiting for its thread to run again."""
 
 
-def idle_threads(waits: Iterable[tuple[int, int, int]], stolen_ns: int = 0) -> set[int]:
-    """The tids that were idle in a window, from its off-CPU rows as (tid, waited ns, ran ns). `stolen_ns`:
+def idle_threads(waits: Iterable[tuple[Hashable, int, int]], stolen_ns: int = 0) -> set:
+    """The threads that were idle in a window, from its off-CPU rows as (thread, waited ns, ran ns); the
+    sampler names a thread by (tgid, tid), not by tid alone: with Linux's default pid_max of 32,768 a node
+    that churns threads reuses a tid within seconds, and a busy thread that died early in a window made a
+    pool thread born later in it with its tid look active (an idle pool's second of naps in a wall view,
+    beside a test that creates thousands of threads). `stolen_ns`:
     the most time one CPU spent in the window on other than its current task (StolenTime), which BPF's
     switch-to-switch clock counts as the task's run: taken off each thread's run before it is judged."""
-    waited: dict[int, int] = {}
-    ran: dict[int, int] = {}
+    waited: dict[Hashable, int] = {}
+    ran: dict[Hashable, int] = {}
     for tid, ns, ran_ns in waits:
         waited[tid] = waited.get(tid, 0) + ns
         ran[tid] = ran.get(tid, 0) + ran_ns

@@ -369,9 +369,11 @@ def _check_structs() -> None:
 _check_structs()
 
 
-def _sample_counts(keys: bytes, counts: list[int], idle: set[int] = frozenset()) -> list[SampleCount]:
-    """Drained sample keys (n x struct sample_key) and their counts as rows; `idle`: tids whose rows are
-    marked idle (off-CPU rows)."""
+def _sample_counts(
+    keys: bytes, counts: list[int], idle: set[tuple[int, int]] = frozenset()
+) -> list[SampleCount]:
+    """Drained sample keys (n x struct sample_key) and their counts as rows; `idle`: (tgid, tid) of the
+    threads whose rows are marked idle (off-CPU rows)."""
     comms: dict[bytes, str] = {}  # a window holds a few hundred thread names, and many rows of each
     rows = []
     for (tgid, tid, cgroup, user, kernel, python, slot, raw), count in zip(
@@ -380,7 +382,9 @@ def _sample_counts(keys: bytes, counts: list[int], idle: set[int] = frozenset())
         comm = comms.get(raw)
         if comm is None:
             comm = comms[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
-        rows.append(SampleCount(tgid, tid, cgroup, comm, user, kernel, count, python, slot, tid in idle))
+        rows.append(
+            SampleCount(tgid, tid, cgroup, comm, user, kernel, count, python, slot, (tgid, tid) in idle)
+        )
     return rows
 
 
@@ -655,10 +659,10 @@ class CpuSampler:
 
     def _offcpu_rows(self, idle_set: int) -> list[SampleCount]:
         keys, values = drain_map_bytes(self._offcpu[idle_set], _KEY.size, _OFFCPU_VALUE.size)
-        tids = [k[1] for k in _KEY.iter_unpack(keys)]
+        threads = [(k[0], k[1]) for k in _KEY.iter_unpack(keys)]  # (tgid, tid): see idle_threads
         waits = list(_OFFCPU_VALUE.iter_unpack(values))
         idle = idle_threads(
-            ((tid, ns, ran) for tid, (ns, ran) in zip(tids, waits, strict=True)), self._stolen.take_ns()
+            ((t, ns, ran) for t, (ns, ran) in zip(threads, waits, strict=True)), self._stolen.take_ns()
         )
         return _sample_counts(keys, [ns for ns, _ in waits], idle)
 

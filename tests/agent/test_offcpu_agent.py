@@ -41,6 +41,16 @@ def test_the_line_is_the_active_share_of_the_threads_time() -> None:
     assert idle_threads([(2, waited, 0), (2, waited, 2 * at + 2)]) == set()
 
 
+def test_a_reused_tid_in_another_process_is_another_thread() -> None:
+    """pid_max is 32,768 by default: a node that churns threads gives a dead busy thread's tid to a new
+    pool thread within seconds, and both may have rows in one window. Judged by tid alone, the pool thread
+    was active (its naps stood in a wall view); by (tgid, tid), each is judged on its own."""
+    busy = ((500, 77), 100 * MS, 900 * MS)  # ran 90% of its time, then died
+    pool = ((600, 77), 20 * 50 * MS, 20 * 10 * US)  # born later with the same tid: naps
+    assert idle_threads([busy, pool]) == {(600, 77)}
+    assert idle_threads([(77, *busy[1:]), (77, *pool[1:])]) == set()  # what one tid alone judged
+
+
 def test_time_a_cpu_spent_on_others_is_not_the_threads_run() -> None:
     """A pool thread woke for 10 us while the hypervisor held its vCPU for 20 ms: the switch-to-switch clock
     reads a 20 ms run, over the active line for a second of naps. With the window's stolen time taken off
