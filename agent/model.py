@@ -458,12 +458,18 @@ class ProcessCuda:
     kernel_ns: dict[str, int] = field(default_factory=dict)  # kernel name -> ns that ran in this window
     kernel_count: dict[str, int] = field(default_factory=dict)  # kernel name -> kernels of those ns
     kernels: int = 0
-    kernels_attributed: int = 0  # of those, kernels whose time went under launching stacks (kernel_stacks)
     # Kernels of launches the library sampled: (outer correlation id, name, ns, weight), to be joined with the
     # stacks the uprobe on its marker took (agent/resolver.py); and what the resolver made of them: kernel ns
     # by launching stack, the kernel as leaf (each name's total apportioned over its sampled launches).
     sampled_kernels: list[tuple[int, str, int, int]] = field(default_factory=list)
     kernel_stacks: list[tuple[tuple[Frame, ...], int]] = field(default_factory=list)
+
+    @property
+    def kernels_attributed(self) -> int:
+        """Of `kernels`, those whose time went under launching stacks: the kernels of the names that lead
+        kernel_stacks (the rest is under the kernel's name alone)."""
+        placed = {frames[-1].function for frames, _ in self.kernel_stacks}
+        return sum(self.kernel_count.get(name, 0) for name in placed)
 
 
 @dataclass

@@ -276,8 +276,6 @@ class Resolver:
             )
         for pc in out.processes:
             pc.kernel_stacks = self._kernel_stacks(pc)
-            placed = {frames[-1].function for frames, _ in pc.kernel_stacks}
-            pc.kernels_attributed = sum(pc.kernel_count.get(name, 0) for name in placed)
         out.calls = [(self._process(c.tgid, "", mappings=False), c) for c in probes.calls]
         out.launch_sample_every = every
         out.launches_seen = probes.launches_seen

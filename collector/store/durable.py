@@ -198,9 +198,8 @@ class DurableStore:
                 continue  # committed to the database before the crash
             try:
                 rows = decode(rec.payload)
-            except (
-                ValueError
-            ) as err:  # ingest's BatchError; a collector that cannot come up loses every batch
+            # ingest's BatchError: left out, for a collector that cannot come up loses every batch after it
+            except ValueError as err:
                 log.error("a batch in the write-ahead log could not be replayed and is left out: %s", err)
                 self.replay_refused += 1
                 continue

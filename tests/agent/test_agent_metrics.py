@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetprof.agent.metrics import AgentCounters, build_registry
-from fleetprof.agent.model import CudaWindow, ProcessCuda
+from fleetprof.agent.model import CudaWindow, Frame, ProcessCuda
 from fleetprof.agent.shipper import ShipperStats
 
 
@@ -58,11 +58,12 @@ def test_cuda_launches_and_kernels_attributed_add_up_over_windows() -> None:
     """Kernels whose time went under a launching stack are counted beside all kernels: their ratio is how
     much of a node's GPU time the `gpu` profile puts under code rather than under a kernel name alone."""
     counters = AgentCounters()
+    launched = (Frame("train_step", "app"), Frame("gemm", "[cuda]"))
     gemm = ProcessCuda(
         process=None, kernel_ns={"gemm": 900, "relu": 100}, kernel_count={"gemm": 3, "relu": 7}
     )
-    gemm.kernels, gemm.kernels_attributed = 10, 3
-    other = ProcessCuda(process=None, kernels=4, kernels_attributed=4)
+    gemm.kernels, gemm.kernel_stacks = 10, [(launched, 900)]  # relu's 7 under its name alone
+    other = ProcessCuda(process=None, kernel_count={"gemm": 4}, kernels=4, kernel_stacks=[(launched, 50)])
     counters.add_cuda(CudaWindow([gemm, other], launch_sample_every=8, launches_seen=80, launches_sampled=10))
     counters.add_cuda(
         CudaWindow([], launch_sample_every=8, launches_seen=16, launches_sampled=2, table_full=1)
