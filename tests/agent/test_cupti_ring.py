@@ -110,13 +110,18 @@ def wait_for_ring(pid: int, timeout: float = 30) -> RingReader:
 
 
 def test_the_ring_drops_and_counts_when_nobody_reads_and_the_workload_never_waits(cuda: CudaStandins) -> None:
-    env = cuda.env(HOLD="1", FLEETPROF_CUPTI_SAMPLE_EVERY="1", FLEETPROF_CUPTI_SAMPLE_CAP="0")
+    env = cuda.env(HOLD="1", WAIT_AFTER_INIT="1", FLEETPROF_CUPTI_SAMPLE_EVERY="1", FLEETPROF_CUPTI_SAMPLE_CAP="0")
     pipe = subprocess.PIPE
-    proc = subprocess.Popen([str(cuda.launcher), "loop", "0.5"], stdin=pipe, stdout=pipe, text=True, env=env)
+    proc = subprocess.Popen([str(cuda.launcher), "loop", "0.2"], stdin=pipe, stdout=pipe, text=True, env=env)
     try:
+        assert json.loads(proc.stdout.readline())["ev"] == "initialised"
         reader = wait_for_ring(proc.pid)
-        first = reader.poll()
+        first = reader.poll()  # before the first launch
         start = reader.position - len(first.activities) - len(first.launches) - first.lost - first.torn
+        # Sized by count, not time (a loaded machine launches fewer in a second): at least one record per
+        # launch, so three rings' worth of launches laps the ring at least twice.
+        proc.stdin.write(f"{3 * first.header.capacity}\n")
+        proc.stdin.flush()
         lines = []
         for line in proc.stdout:
             lines.append(json.loads(line))

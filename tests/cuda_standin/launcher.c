@@ -12,7 +12,9 @@
 //   launcher copies N                            N memcpy + memset pairs
 // With HOLD=1 in the environment it waits for a line on stdin before exiting (a test reads the process's
 // memory and symbols while it lives); with WAIT_AFTER_INIT=1, also once the driver (and so the injected
-// library) is initialised, before its first launch: {"ev":"initialised"}.
+// library) is initialised, before its first launch: {"ev":"initialised"}. In loop mode a number on that
+// line is the least count of launches, beside SECONDS: a test that needs the ring lapped asks for it by
+// count, since a slow machine launches fewer in the time.
 #define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
@@ -133,12 +135,12 @@ static void phases(double seconds, const char *gaps_ms) {
 }
 
 // Launch-bound: zero-length kernels back to back through the runtime API.
-__attribute__((noinline)) void launch_loop(double seconds) {
+__attribute__((noinline)) void launch_loop(double seconds, uint64_t at_least) {
     uint64_t start = now(), end = start + (uint64_t)(seconds * 1e9), n = 0, t;
     do {
         for (int i = 0; i < 256; i++) runtime_launch(NULL, relu_kernel_stub, RELU_NAME, 0);
         n += 256;
-    } while ((t = now()) < end);
+    } while ((t = now()) < end || n < at_least);
     cudaDeviceSynchronize();
     printf("{\"ev\":\"loop\",\"launches\":%llu,\"seconds\":%.6f}\n", (unsigned long long)n, (t - start) / 1e9);
 }
@@ -207,13 +209,14 @@ int main(int argc, char **argv) {
     check(cuModuleLoadData(&module, "optimizer module") == CUDA_SUCCESS, "cuModuleLoadData", 0);
     check(cuModuleGetFunction(&adam, module, ADAM_NAME) == CUDA_SUCCESS, "cuModuleGetFunction", 0);
 
+    unsigned long long at_least = 0;
     if (getenv("WAIT_AFTER_INIT")) {  // the injection is loaded: a test lets the agent find it first
         printf("{\"ev\":\"initialised\"}\n");
-        char line[16];
-        if (fgets(line, sizeof line, stdin) == NULL) { /* EOF: go on */ }
+        char line[32];
+        if (fgets(line, sizeof line, stdin) != NULL) at_least = strtoull(line, NULL, 10);  // EOF: go on
     }
     if (!strcmp(argv[1], "phases") && argc >= 4) phases(atof(argv[2]), argv[3]);
-    else if (!strcmp(argv[1], "loop")) launch_loop(atof(argv[2]));
+    else if (!strcmp(argv[1], "loop")) launch_loop(atof(argv[2]), at_least);
     else if (!strcmp(argv[1], "graph")) graph(atoi(argv[2]));
     else if (!strcmp(argv[1], "copies")) upload(atoi(argv[2]));
     else {
