@@ -33,6 +33,20 @@ REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).parent / "workloads"
 
 
+# Where the suite's CPU goes: with FLEETPROF_TEST_CPU_LOG=FILE each test appends "seconds<TAB>node id", the
+# CPU its worker spent on it plus what its waited-for subprocesses spent (module fixtures count in their first
+# test). Wall durations mislead when the phases share two CPUs; this is what the 10-minute budget spends.
+CPU_LOG = os.environ.get("FLEETPROF_TEST_CPU_LOG")
+if CPU_LOG:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        before = sum(os.times()[:4])
+        yield
+        with open(CPU_LOG, "a") as log:
+            log.write(f"{sum(os.times()[:4]) - before:.2f}\t{item.nodeid}\n")
+
+
 def shared_dir() -> Path | None:
     """A directory both phases of one `make test` share (it makes and removes it): what a parallel-phase
     test built for serial-phase tests of the same module. None when pytest runs on its own."""
