@@ -16,7 +16,7 @@ import platform
 import struct
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -370,15 +370,13 @@ _check_structs()
 
 
 def _sample_counts(
-    keys: bytes, counts: list[int], idle: set[tuple[int, int]] = frozenset()
+    keys: Iterable[tuple], counts: list[int], idle: set[tuple[int, int]] = frozenset()
 ) -> list[SampleCount]:
-    """Drained sample keys (n x struct sample_key) and their counts as rows; `idle`: (tgid, tid) of the
-    threads whose rows are marked idle (off-CPU rows)."""
+    """Drained sample keys (struct sample_key, unpacked by _KEY) and their counts as rows; `idle`: (tgid,
+    tid) of the threads whose rows are marked idle (off-CPU rows)."""
     comms: dict[bytes, str] = {}  # a window holds a few hundred thread names, and many rows of each
     rows = []
-    for (tgid, tid, cgroup, user, kernel, python, slot, raw), count in zip(
-        _KEY.iter_unpack(keys), counts, strict=True
-    ):
+    for (tgid, tid, cgroup, user, kernel, python, slot, raw), count in zip(keys, counts, strict=True):
         comm = comms.get(raw)
         if comm is None:
             comm = comms[raw] = raw.split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -629,7 +627,7 @@ class CpuSampler:
             # After the grace, before the drain: every wait that ends later is one of these (StackCarry).
             pending = self._pending_starts() if self._config.off_cpu else []
             keys, values = drain_map_bytes(self._counts[idle], _KEY.size, _COUNT.size)
-            samples = _sample_counts(keys, array.array("Q", values).tolist())
+            samples = _sample_counts(_KEY.iter_unpack(keys), array.array("Q", values).tolist())
             offcpu = self._offcpu_rows(idle) if self._config.off_cpu else []
             # A batch at a time: a full stack map's bytes are tens of MB, its parsed stacks a few.
             stacks: dict[int, tuple[int, ...]] = {}
@@ -659,12 +657,11 @@ class CpuSampler:
 
     def _offcpu_rows(self, idle_set: int) -> list[SampleCount]:
         keys, values = drain_map_bytes(self._offcpu[idle_set], _KEY.size, _OFFCPU_VALUE.size)
-        threads = [(k[0], k[1]) for k in _KEY.iter_unpack(keys)]  # (tgid, tid): see idle_threads
+        rows = list(_KEY.iter_unpack(keys))
         waits = list(_OFFCPU_VALUE.iter_unpack(values))
-        idle = idle_threads(
-            ((t, ns, ran) for t, (ns, ran) in zip(threads, waits, strict=True)), self._stolen.take_ns()
-        )
-        return _sample_counts(keys, [ns for ns, _ in waits], idle)
+        threads = (((k[0], k[1]), ns, ran) for k, (ns, ran) in zip(rows, waits, strict=True))
+        idle = idle_threads(threads, self._stolen.take_ns())  # by (tgid, tid): see idle_threads
+        return _sample_counts(rows, [ns for ns, _ in waits], idle)
 
     def unwind_maps(self) -> UnwindMaps | None:
         """The table unwinder's maps (agent/unwind/), or None when stacks are walked by frame pointer."""

@@ -110,7 +110,8 @@ def wait_for_ring(pid: int, timeout: float = 30) -> RingReader:
 
 
 def test_the_ring_drops_and_counts_when_nobody_reads_and_the_workload_never_waits(cuda: CudaStandins) -> None:
-    env = cuda.env(HOLD="1", WAIT_AFTER_INIT="1", FLEETPROF_CUPTI_SAMPLE_EVERY="1", FLEETPROF_CUPTI_SAMPLE_CAP="0")
+    env = cuda.env(HOLD="1", WAIT_AFTER_INIT="1", FLEETPROF_CUPTI_SAMPLE_EVERY="1",
+                   FLEETPROF_CUPTI_SAMPLE_CAP="0")  # fmt: skip
     pipe = subprocess.PIPE
     proc = subprocess.Popen([str(cuda.launcher), "loop", "0.2"], stdin=pipe, stdout=pipe, text=True, env=env)
     try:

@@ -148,11 +148,11 @@ def test_drained_bytes_parse_to_the_fields_the_ctypes_mirrors_hold() -> None:
         gpu_slot=17,
         comm=b"w\xffk",
     )
-    (row,) = sampler._sample_counts(bytes(key), [99], idle={(11, 12)})
+    (row,) = sampler._sample_counts(sampler._KEY.iter_unpack(bytes(key)), [99], idle={(11, 12)})
     assert (row.tgid, row.tid, row.cgroup_id, row.user_stack, row.kernel_stack) == (11, 12, 13, 14, 15)
     assert (row.python_stack, row.gpu_slot, row.count, row.idle) == (16, 17, 99, True)
     # Idle is a thread's, named by (tgid, tid): the same tid in another process (reused) is not idle.
-    (other,) = sampler._sample_counts(bytes(key), [99], idle={(99, 12)})
+    (other,) = sampler._sample_counts(sampler._KEY.iter_unpack(bytes(key)), [99], idle={(99, 12)})
     assert not other.idle
     assert row.comm == "w\ufffdk"  # bytes after the NUL dropped, invalid UTF-8 replaced
 

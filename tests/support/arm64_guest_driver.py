@@ -95,10 +95,9 @@ def warm_up(cfg: dict, interval: float) -> float:
     pointer until its table is built (docs/unwinding.md), which under emulation on a loaded host took
     seconds (the tables' build time, 187 s in all for 37 files, in one run with the host's load at 35)."""
     t0 = time.monotonic()
-    for wname in ("two_funcs_fp", "two_funcs_nofp"):
-        argv = workloads(cfg)[wname]
-        subprocess.run([argv[0], "0.3", argv[2]], capture_output=True, timeout=600)
-    subprocess.run([str(HERE / "vdso_clock"), "clock", "0", "0.3"], capture_output=True, timeout=600)
+    brief = workloads(cfg, seconds=0.3)
+    for wname in ("two_funcs_fp", "two_funcs_nofp", "vdso_clock"):
+        subprocess.run(brief[wname], capture_output=True, timeout=600)
     deadline = time.monotonic() + 600  # a hang guard, not a bar: the loop ends once the count holds
     seen, still = -1.0, 0
     while still < 3 and time.monotonic() < deadline:
@@ -143,15 +142,17 @@ sys.stdin.read()
 """
 
 
-def workloads(cfg: dict) -> dict[str, list[str]]:
-    s, share = str(cfg["seconds"]), str(cfg["share"])
+def workloads(cfg: dict, seconds: float | None = None) -> dict[str, list[str]]:
+    """Each workload's command line, running for `seconds` of its CPU time (the config's by default)."""
+    seconds = cfg["seconds"] if seconds is None else seconds
+    s, share = str(seconds), str(cfg["share"])
     return {
         "two_funcs_fp": [str(HERE / "two_funcs_fp"), s, share],
         "two_funcs_nofp": [str(HERE / "two_funcs_nofp"), s, share],
         "python": ["/usr/bin/python3", "-c", HOLD, str(HERE / "py_story.py"), s, share],
         "getppid": [str(HERE / "getppid_n"), str(cfg["getppid_calls"]), "1"],
         # clock_gettime of a CPU-time clock: the arm64 vDSO makes the syscall itself (svc in the vDSO)
-        "vdso_clock": [str(HERE / "vdso_clock"), "clock", "0", str(cfg["seconds"] / 2)],
+        "vdso_clock": [str(HERE / "vdso_clock"), "clock", "0", str(seconds / 2)],
     }
 
 
