@@ -23,7 +23,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fleetprof.agent.model import Frame
 from fleetprof.agent.python.detect import PythonProcess
@@ -43,9 +43,19 @@ class CodeInfo:
     linetable: bytes
     fingerprint: bytes
     qualname_tag: int  # bits 4-27 of the co_qualname pointer, as BPF records them
+    # instruction index -> its frame: a hot code object is sampled at a few instructions thousands of times,
+    # and line_at walks the table from its start (it was a quarter of a busy node's drain time).
+    frames: dict[int, Frame] = field(default_factory=dict, compare=False, repr=False)
 
     def frame(self, line: int) -> Frame:
         return Frame(f"{self.qualname} ({os.path.basename(self.filename)}:{line})", self.filename)
+
+    def frame_at(self, index: int) -> Frame:
+        """The frame of instruction `index` (code units from the start of its bytecode)."""
+        f = self.frames.get(index)
+        if f is None:
+            f = self.frames[index] = self.frame(line_at(self.linetable, self.firstlineno, index))
+        return f
 
 
 # Why a sampled frame's code object could not be named (the agent's python_unnamed_frames self-metric).
@@ -128,8 +138,7 @@ class CodeNames:
                 self.stale += 1
                 return Frame(f"[freed python code] (0x{code:x})", PYTHON_MODULE)
             return Frame(f"[unknown python code] (0x{code:x})", PYTHON_MODULE)
-        index = (instr - proc.offsets.code_adaptive) // 2
-        return info.frame(line_at(info.linetable, info.firstlineno, index))
+        return info.frame_at((instr - proc.offsets.code_adaptive) // 2)
 
     def _info(self, proc: PythonProcess, code: int, tag: int) -> tuple[CodeInfo | None, str]:
         """The code object sampled at `code` with qualname fingerprint `tag`, or None and why."""
