@@ -91,14 +91,18 @@ def answers(url: str, timeout: float = 2.0) -> bool:
 HANG_GUARD_SCALE = 3.0
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, every: float = 0.2) -> object:
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str | Callable[[], str], every: float = 0.2
+) -> object:
+    """`what` names what was awaited in the failure; a callable is asked then (the state that explains it)."""
     deadline = time.monotonic() + timeout * HANG_GUARD_SCALE
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout * HANG_GUARD_SCALE:g} s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout * HANG_GUARD_SCALE:g} s waiting for {said}")
         time.sleep(every)
 
 

@@ -608,11 +608,16 @@ def test_resolver_merges_a_stripped_files_frames_and_names_them_once_debuginfod_
         {"offset": f"0x{addrs[0] - leaf.start + leaf.offset:x}", "samples": 5, "self_samples": 5}
     ]
 
+    # The window above queued the lookup already: read the generation before the fetch thread starts, or
+    # the debug file can arrive in between and the wait below never sees it change (a fresh-clone run did).
+    generation = symbolizer.generation
     d.start()
     try:
-        generation = symbolizer.generation
-        window_user_frames(resolver, proc.pid, addrs)  # with the server started, the lookup is queued
-        wait_until(lambda: symbolizer.generation != generation, 60, "the debug file to arrive")
+        wait_until(
+            lambda: symbolizer.generation != generation,
+            60,
+            lambda: f"the debug file to arrive (debuginfod {d.stats()}, pending {d.pending()})",
+        )
         frames, stats = window_user_frames(resolver, proc.pid, addrs)
     finally:
         d.stop()
