@@ -207,7 +207,13 @@ def _drain_map_slow(table):
 
 class CounterDeltas:
     """Reads a per-CPU array of cumulative counters (never cleared by BPF) and returns, per call, how much
-    each grew since the previous call, named by `names` (index i is counter i)."""
+    each grew since the previous call, named by `names` (index i is counter i).
+
+    One lookup per counter, so the counters are read at slightly different times. They are read from the
+    last index to the first: a counter of what follows an event (how a walk ended, of which a sampled
+    switch-out was runnable) comes after the event's own counter in the layout, so it is read earlier, and
+    every follow-up read has its event read too: never more walk ends than walks (a fresh-clone run read
+    42,704 ends of 42,703 walks when they were read in index order)."""
 
     def __init__(self, table, names: Sequence[str]):  # a BCC per-CPU array
         self._table = table
@@ -215,11 +221,11 @@ class CounterDeltas:
         self._last = [0] * len(self._names)
 
     def __call__(self) -> dict[str, int]:
-        deltas = {}
-        for i, name in enumerate(self._names):
-            total = sum(self._table[ct.c_int(i)])
-            deltas[name] = total - self._last[i]
-            self._last[i] = total
+        totals = [0] * len(self._names)
+        for i in reversed(range(len(self._names))):
+            totals[i] = sum(self._table[ct.c_int(i)])
+        deltas = {n: total - last for n, total, last in zip(self._names, totals, self._last, strict=True)}
+        self._last = totals
         return deltas
 
 

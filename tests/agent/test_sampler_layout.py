@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetprof.agent import sampler
+from fleetprof.agent.bpfmaps import CounterDeltas
 from fleetprof.agent.model import ProcessEvent
 from fleetprof.agent.sampler import (
     MAX_DEPTH,
@@ -171,3 +172,33 @@ def test_drained_bytes_parse_to_the_fields_the_ctypes_mirrors_hold() -> None:
     py.frames[1] = PyFrame(3, 4, 5)
     py_stacks = sampler._python_stacks(bytes((ct.c_uint64 * 1)(9)), bytes(py))
     assert py_stacks == {9: ((0xDEAD_BEEF_0000, 40, 0x0100_0001), (3, 4, 5))}
+
+
+class _CountersUnderWalks:
+    """A per-CPU array of cumulative counters, in the BCC table's shape (indexed by c_int, a value per CPU),
+    into which one whole walk lands between any two lookups: the walk counted at its start, its end after."""
+
+    WALKS, END = STAT_NAMES.index("unwind_walks"), STAT_NAMES.index("unwind_end")
+
+    def __init__(self, n: int) -> None:
+        self.values = [0] * n
+
+    def __getitem__(self, key: ct.c_int) -> list[int]:
+        value = self.values[key.value]
+        self.values[self.WALKS] += 1
+        self.values[self.END] += 1
+        return [value, 0]
+
+
+def test_counter_deltas_never_read_more_ends_than_walks() -> None:
+    """The counters are read one lookup at a time while BPF programs run; a walk that starts and ends
+    between the lookups of its two counters must not show as an end without its walk (a fresh-clone run's
+    agent exported 42,704 walk ends of 42,703 walks)."""
+    table = _CountersUnderWalks(len(STAT_NAMES))
+    deltas = CounterDeltas(table, STAT_NAMES)
+    walks = ends = 0
+    for _ in range(3):
+        d = deltas()
+        walks, ends = walks + d["unwind_walks"], ends + d["unwind_end"]
+        assert 0 < ends <= walks, (ends, walks)
+    assert sum(table.values) > 0
