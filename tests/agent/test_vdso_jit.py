@@ -50,12 +50,14 @@ class Run:
             out[tuple(f.function.split("@", 1)[0] for f in r.frames[: r.kernel_start])] += r.count
         return out
 
-    def made_up(self) -> int:
-        """Samples whose walk, as BPF stored it, holds a return address outside every executable mapping of
-        the process (the leaf is where the CPU was)."""
-        return sum(
-            n for addrs, n in self.walks.items() if any(find(self.mappings, a - 1) is None for a in addrs[1:])
-        )
+    def made_up(self) -> dict[str, int]:
+        """Walks, as BPF stored them, that hold a return address outside every executable mapping of the
+        process (the leaf is where the CPU was), in hex with the count of samples: empty when none."""
+        return {
+            " ".join(f"{a:x}" for a in addrs): n
+            for addrs, n in self.walks.items()
+            if any(find(self.mappings, a - 1) is None for a in addrs[1:])
+        }
 
 
 class Pipeline:
@@ -169,7 +171,7 @@ def test_vdso_frames_are_walked_by_their_table_and_named(
     # Whole: at a true 0.99 over n ~ 1,000, sigma = 0.003: 0.95 is > 10 sigma below.
     assert whole >= 0.95 * in_vdso and in_vdso >= 0.9 * burn, (whole, in_vdso, burn)
     assert unnamed == 0
-    assert run.made_up() == 0
+    assert not (bad := run.made_up()), (bad, run.mappings)
 
 
 def test_jit_code_is_stepped_by_frame_pointer_back_to_its_callers(
@@ -198,7 +200,7 @@ def test_jit_code_is_stepped_by_frame_pointer_back_to_its_callers(
     # after each window's samples (after the drain of the maps), so they lead the samples by that much: half
     # is far below what they must show, and far above the zero a missing count reads.
     assert run.stats["unwind_jit_fp"] >= 0.5 * whole, (run.stats["unwind_jit_fp"], whole)
-    assert run.made_up() == 0
+    assert not (bad := run.made_up()), (bad, run.mappings)
 
 
 def test_jit_code_without_a_frame_pointer_ends_the_walk_there(
@@ -219,7 +221,9 @@ def test_jit_code_without_a_frame_pointer_ends_the_walk_there(
     assert callback > 0.5 * CPU_S * FREQUENCY, callback
     # Every walk through jit_callback ends at the page: at a true 1.0, 0.95 is many sigma below.
     assert ended >= 0.95 * callback, (ended, callback)
-    assert run.made_up() == 0
+    # Once 2 samples of ~1,000 here, in a fresh-clone run beside other BPF tests; their walks were not
+    # printed then, they are now.
+    assert not (bad := run.made_up()), (bad, run.mappings)
     assert run.stats["unwind_jit"] >= 0.5 * ended, (run.stats["unwind_jit"], ended)  # (see the test above)
 
 

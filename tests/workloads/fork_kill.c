@@ -5,10 +5,26 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The process's state in /proc/PID/stat is S: it sleeps in the only call it can sleep in here. */
+static int asleep(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	char *end = strrchr(buf, ')'); /* after the comm, which may hold anything */
+	return end && end[1] == ' ' && end[2] == 'S';
+}
 
 int main(int argc, char **argv)
 {
@@ -43,8 +59,11 @@ int main(int argc, char **argv)
 		for (long i = 0; i < size; i++) /* every child is about to block (or already is) */
 			if (read(ready[0], &byte, 1) != 1)
 				return 1;
-		struct timespec ms = {0, 2000000};
-		nanosleep(&ms, NULL); /* let the last ones reach their blocking call */
+		/* ... and now blocks: asleep in its call (a fixed 2 ms let one of 3,000 be killed before it
+		 * got there, in a fresh-clone run on a loaded machine) */
+		for (long i = 0; i < size; i++)
+			while (!asleep(pids[done + i]))
+				usleep(100);
 		for (long i = 0; i < size; i++)
 			kill(pids[done + i], SIGKILL);
 		for (long i = 0; i < size; i++)
