@@ -219,8 +219,14 @@ def test_jit_code_without_a_frame_pointer_ends_the_walk_there(
     print(f"jit_callback {callback}, ended at the page {ended}; {stacks.most_common(2)}")
     print({k: v for k, v in run.stats.items() if k.startswith("unwind")})
     assert callback > 0.5 * CPU_S * FREQUENCY, callback
-    # Every walk through jit_callback ends at the page: at a true 1.0, 0.95 is many sigma below.
-    assert ended >= 0.95 * callback, (ended, callback)
+    # Every walk through jit_callback ends at the page: at a true 1.0, 0.95 is many sigma below. (964 of
+    # 1,033 once, in a fresh-clone run beside other BPF tests: the walks that did not are printed now.)
+    others = {
+        st: n
+        for st, n in stacks.items()
+        if "jit_callback" in st and not st[0].startswith("[unknown] ([anon]+")
+    }
+    assert ended >= 0.95 * callback, (ended, callback, collections.Counter(others).most_common(5))
     # Once 2 samples of ~1,000 here, in a fresh-clone run beside other BPF tests; their walks were not
     # printed then, they are now.
     assert not (bad := run.made_up()), (bad, run.mappings)
