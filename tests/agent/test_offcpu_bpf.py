@@ -265,12 +265,12 @@ def test_thousands_of_killed_threads_leave_no_state_behind(
     # reuses it (pid_max is 32,768 here, and other tests fork thousands: once (13563, 13561) in a fresh-clone
     # run) and its pending switch-out is right. A leftover is a dead thread's that is still there after its
     # death: looked up again once the thread was seen gone.
-    gone = [
+    gone = {
         (tid, tgid)
         for tid, tgid in after
         if (tgid in children or tgid == run.pid) and not Path(f"/proc/{tgid}/task/{tid}").exists()
-    ]
-    theirs = [e for e in sampler.offcpu_pending() if e in set(gone)]
+    }
+    theirs = [e for e in sampler.offcpu_pending() if e in gone]
     print(
         f"pending switch-outs: {len(before)} before, {len(after)} after; {run.stats['offcpu_sampled']} "
         f"sampled switch-outs meanwhile; left by the workload: {len(theirs)}"
