@@ -33,7 +33,13 @@ pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 FREQUENCY = 499
 ENTRY = ("_start", "__libc_start_main", "__libc_start_call_main")
 WARM_S = 1.5  # the workload's plain loop before the part measured: its tables are built meanwhile
-CPU_S = 2.0  # CPU time of the part measured: ~1,000 samples at 499 Hz
+CPU_S = 2.0  # CPU time of the part measured: ~1,000 samples at 499 Hz on an idle machine
+# Samples of the part measured that the shares below need: at a true 0.99 over 200, sigma = 0.007, and 0.95 is
+# 5.7 sigma below. The count itself is not asserted against CPU_S x 499 Hz: in a fresh-clone run beside the
+# other BPF tests it was 409 of ~1,000 once, every one of them whole, with the node-wide walk count as short.
+# cpu-clock's timer fires on wall time and forwards past the periods it missed (likeliest: a vCPU the host
+# held back), which is the kernel's and the host's, not the walk's.
+ENOUGH = 200
 
 
 @dataclass
@@ -42,6 +48,10 @@ class Run:
     stats: collections.Counter
     walks: collections.Counter = field(default_factory=collections.Counter)  # raw user stacks, leaf first
     mappings: tuple[Mapping, ...] = ()  # the process's executable mappings, as last described
+
+    def measured(self) -> collections.Counter:
+        """stacks() of the part measured: every sample but the warm-up's (whatever its walk found)."""
+        return collections.Counter({st: n for st, n in self.stacks().items() if "warm_up" not in st})
 
     def stacks(self) -> collections.Counter:
         """Root-first user frame names (versions cut: `__libc_start_main@@GLIBC_2.34`) -> samples."""
@@ -153,7 +163,7 @@ def test_vdso_frames_are_walked_by_their_table_and_named(
     """clock_gettime(CLOCK_THREAD_CPUTIME_ID): glibc enters the vDSO, which makes the syscall. The walk goes
     from `__vdso_clock_gettime` through glibc's clock_gettime to clock_burn, main and the entry point."""
     run = pipeline.run([str(no_fp_bin("vdso_clock")), "clock", str(WARM_S), str(CPU_S)])
-    stacks = run.stacks()
+    stacks = run.measured()
     total = sum(stacks.values())
     burn = through(stacks, "clock_burn")
     in_vdso = sum(n for st, n in stacks.items() if st and st[-1] == "__vdso_clock_gettime")
@@ -164,11 +174,11 @@ def test_vdso_frames_are_walked_by_their_table_and_named(
     )
     unnamed = sum(n for st, n in stacks.items() if any(s.startswith("[unknown] ([vdso]") for s in st))
     print(f"{total} samples: clock_burn {burn}, leaf in vDSO {in_vdso}, whole {whole}, unnamed {unnamed}")
-    print(stacks.most_common(3), {k: v for k, v in run.stats.items() if k.startswith("unwind")})
-    # CPU_S x 499 Hz ~ 1,000 samples in clock_burn, nearly all with the vDSO at the leaf (the syscall takes
-    # the time). A walk that ends at the vDSO (the old FILE_JIT end) reads 0 whole.
-    assert burn > 0.5 * CPU_S * FREQUENCY, burn
-    # Whole: at a true 0.99 over n ~ 1,000, sigma = 0.003: 0.95 is > 10 sigma below.
+    print(stacks.most_common(3), run.stats)
+    # Nearly every sample of clock_burn has the vDSO at the leaf (the syscall takes the time). A walk that
+    # ends at the vDSO (the old FILE_JIT end) reads 0 whole.
+    assert total >= ENOUGH, (total, run.stats)
+    assert burn >= 0.95 * total, (burn, total, stacks.most_common(5))
     assert whole >= 0.95 * in_vdso and in_vdso >= 0.9 * burn, (whole, in_vdso, burn)
     assert unnamed == 0
     assert not (bad := run.made_up()), (bad, run.mappings)
@@ -181,7 +191,7 @@ def test_jit_code_is_stepped_by_frame_pointer_back_to_its_callers(
     jit_callback: the walk leaves jit_callback by its table, the page by frame pointer, and goes on by
     table through jit_run and main to the entry point."""
     run = pipeline.run([str(no_fp_bin("vdso_clock")), "jit", str(WARM_S), str(CPU_S)])
-    stacks = run.stacks()
+    stacks = run.measured()
     callback = through(stacks, "jit_callback")
     whole = sum(
         n
@@ -191,11 +201,11 @@ def test_jit_code_is_stepped_by_frame_pointer_back_to_its_callers(
         and st[len(ENTRY) + 2].startswith("[unknown] ([anon]+")
         and st[len(ENTRY) + 3] == "jit_callback"
     )
-    print(f"jit_callback {callback}, whole {whole}; {stacks.most_common(2)}")
-    print({k: v for k, v in run.stats.items() if k.startswith("unwind")})
-    # ~1,000 samples in jit_callback; at a true 0.99, 0.95 is > 10 sigma below (n ~ 1,000: sigma 0.003).
-    assert callback > 0.5 * CPU_S * FREQUENCY, callback
-    assert whole >= 0.95 * callback, (whole, callback)
+    total = sum(stacks.values())
+    print(f"{total} samples: jit_callback {callback}, whole {whole}; {stacks.most_common(2)}")
+    print(run.stats)
+    assert total >= ENOUGH, (total, run.stats)
+    assert whole >= 0.95 * total, (whole, callback, total, stacks.most_common(5))
     # One frame-pointer step out of the page per whole walk. The counters are node-wide and read a little
     # after each window's samples (after the drain of the maps), so they lead the samples by that much: half
     # is far below what they must show, and far above the zero a missing count reads.
@@ -209,18 +219,22 @@ def test_jit_code_without_a_frame_pointer_ends_the_walk_there(
     """The page's code zeroes rbp while it calls: no frame pointer leads out of it. The walk ends at the
     page, counted as jit, and no address beyond it is made up."""
     run = pipeline.run([str(no_fp_bin("vdso_clock")), "jit-nofp", str(WARM_S), str(CPU_S)])
-    stacks = run.stacks()
+    stacks = run.measured()
     callback = through(stacks, "jit_callback")
     ended = sum(
         n
         for st, n in stacks.items()
         if len(st) >= 2 and st[0].startswith("[unknown] ([anon]+") and st[1] == "jit_callback"
     )
-    print(f"jit_callback {callback}, ended at the page {ended}; {stacks.most_common(2)}")
-    print({k: v for k, v in run.stats.items() if k.startswith("unwind")})
-    assert callback > 0.5 * CPU_S * FREQUENCY, callback
+    total = sum(stacks.values())
+    print(f"{total} samples: jit_callback {callback}, ended at the page {ended}; {stacks.most_common(2)}")
+    print(run.stats)
+    assert total >= ENOUGH, (total, run.stats)
+    assert callback >= 0.95 * total, (callback, total, stacks.most_common(5))
     # Every walk through jit_callback ends at the page: at a true 1.0, 0.95 is many sigma below. (964 of
-    # 1,033 once, in a fresh-clone run beside other BPF tests: the walks that did not are printed now.)
+    # 1,033 once, in a fresh-clone run beside other BPF tests, when the page was made at the start of the
+    # part measured: the walks before the agent had re-read the mappings ended at an address no mapping
+    # held. The page is made before the warm-up now.)
     others = {
         st: n
         for st, n in stacks.items()

@@ -8,9 +8,11 @@
  *       of clock_burn has its user IP in [vdso] and its callers only behind it.
  *   vdso_clock jit WARM_S CPU_S
  *   vdso_clock jit-nofp WARM_S CPU_S
- *       warm_up as above, then jit_run calls into an anonymous executable page (mmap, code copied there,
- *       mprotect: what a JIT does) whose code calls back into jit_callback, a loop that burns CPU_S seconds
- *       of CPU in total. "jit": the page's code keeps a frame pointer (push rbp; mov rbp, rsp); "jit-nofp":
+ *       makes an anonymous executable page (mmap, code copied there, mprotect: what a JIT does), then
+ *       warm_up as above, then jit_run calls into the page, whose code calls back into jit_callback, a loop
+ *       that burns CPU_S seconds of CPU in total. The page is made before the warm-up so that the agent has
+ *       heard of it (its unmapped-code event, then a re-read of the mappings) before the part measured: a
+ *       walk taken before that ends at the page's address, as it must for code nobody has described yet. "jit": the page's code keeps a frame pointer (push rbp; mov rbp, rsp); "jit-nofp":
  *       it keeps rbp but zeroed while it calls (as JIT code that uses rbp for itself), so no frame-pointer
  *       walk can get past it.
  * Prints nothing; exits 0. Built with -O2 -fomit-frame-pointer (tests/conftest.py no_fp_bin): only
@@ -92,11 +94,8 @@ static void (*make_jit(int frame_pointer))(void)
 	return (void (*)(void))page;
 }
 
-__attribute__((noinline)) int jit_run(double seconds, int frame_pointer)
+__attribute__((noinline)) int jit_run(void (*jitted)(void), double seconds)
 {
-	void (*jitted)(void) = make_jit(frame_pointer);
-	if (!jitted)
-		return 1;
 	jit_start = now_ns(CLOCK_THREAD_CPUTIME_ID);
 	jit_budget = (int64_t)(seconds * 1e9);
 	while (!jit_done)
@@ -111,13 +110,17 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	double warm = atof(argv[2]), cpu = atof(argv[3]);
-	warm_up(warm);
 	if (strcmp(argv[1], "clock") == 0) {
+		warm_up(warm);
 		clock_burn(cpu);
 		return 0;
 	}
 	if (strcmp(argv[1], "jit") == 0 || strcmp(argv[1], "jit-nofp") == 0) {
-		int rc = jit_run(cpu, strcmp(argv[1], "jit") == 0);
+		void (*jitted)(void) = make_jit(strcmp(argv[1], "jit") == 0);
+		if (!jitted)
+			return 1;
+		warm_up(warm);
+		int rc = jit_run(jitted, cpu);
 		sink++; /* after the call: main stays on the stack (no tail call) */
 		return rc;
 	}
