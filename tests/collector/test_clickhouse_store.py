@@ -26,6 +26,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -49,7 +50,7 @@ from fleetprof.collector.store.clickhouse import (
     parse_url,
 )
 from fleetprof.collector.store.clickhouse.connection import NativeConnection
-from fleetprof.collector.store.clickhouse.schema import Layout
+from fleetprof.collector.store.clickhouse.schema import Layout, upgrade_ddl
 from fleetprof.collector.store.durable import KEY_FILE
 from fleetprof.httpserve import Request
 from tests.conftest import REPO, free_port, start_agent, stop_agent, wait_until
@@ -412,6 +413,119 @@ def test_resends_count_once_across_collectors(pair: tuple[Collector, Collector],
     assert ch.ingest.stats.duplicates >= len(corpus)
     assert twin.counters["duplicates_found_in_clickhouse"] == len(corpus)
     assert ch.store.group(parse_selector("{}"), start, end, []).totals == before
+
+
+# -- a batch half landed: in `rows`, not in a rollup -------------------------------------------------------
+def _open(kind: str, server: ClickHouse, chdb: object, database: str, **kwargs: object) -> ClickHouseStore:
+    """A collector's store on `database` (made where missing), with a connection of its own."""
+    if kind == "server":
+        return open_clickhouse(parse_url(f"{server.url}/{database}"), **kwargs)  # type: ignore[arg-type]
+    return ClickHouseStore(ChdbConnection(chdb), Layout(database, None), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_batch_in_rows_but_not_in_a_rollup_is_completed_once_when_resent(
+    kind: str, server: ClickHouse, chdb: object
+) -> None:
+    """An insert can land in `rows` and not reach a rollup: a quorum that timed out after the part was
+    written runs no view, and a view's table can refuse a second quorum insert after `rows` took it (the
+    cluster test read one batch short through rows_10m that way). Here the 10 minute view is missing while
+    two batches go in; the next collector to open the database makes it again, and the batches resent to it
+    go into rows_10m alone (not into `rows` a second time). Then every resolution answers their exact
+    samples and syscalls, and a further resend, to yet another collector, is a duplicate. A marker written
+    before the rollups carried markers (`count` 0) counts as whole."""
+    now = 1_900_000_000.0
+    clock = Clock(now)
+    database = f"fp{next(_names)}"
+    opts = dict(clock=clock, background=False, retention_s=7 * 86400.0)
+    first = _open(kind, server, chdb, database, **opts)
+    first._conn.query(f"DROP TABLE {database}.rows_10m_rollup")
+    stacks = [(FrameKey("main", "app"), FrameKey(f"f{i}", "app")) for i in range(2)]
+    lb = (("comm", "w"), ("node", "n1"), ("pid", "7"))
+    batches = [
+        ProfileRows.from_rows(
+            t - 10, t, 19, [(lb, stacks[0], 5 + i), (lb, stacks[1], 2)],
+            [(lb, "read", SyscallAgg(4 + i, 2, 900, [0, 2]))], ids=first.ids,
+        )
+        for i, t in enumerate((now - 1500, now - 1490))
+    ]  # fmt: skip
+    samples, reads = sum(7 + i for i in range(2)), sum(4 + i for i in range(2))
+    for seq, rows in enumerate(batches):
+        assert first.write_logged("agent-a", seq, b"", rows) is True
+    first.close()
+    every = parse_selector("{}")
+    coarse = (now - 7200, now)  # holds the batches' whole 10 minute bucket: read from rows_10m
+    fine = (now - 1510, now - 1480)  # inside it: read from the 10 s rows
+    second = _open(kind, server, chdb, database, **opts)  # makes the view again
+    try:
+        assert second.select(every, *fine).total == samples
+        assert second.select(every, *coarse).total == 0  # what the half-landed batches left
+        for seq, rows in enumerate(batches):
+            assert second.write_logged("agent-a", seq, b"", rows) is True  # completed: stored now
+        assert second.stats()["rollups_completed"] == 2
+        assert second.counters["duplicates_found_in_clickhouse"] == 0
+    finally:
+        second.close()
+    third = _open(kind, server, chdb, database, **opts)
+    try:
+        for seq, rows in enumerate(batches):
+            assert third.write_logged("agent-a", seq, b"", rows) is False
+        assert third.stats()["rollups_completed"] == 0
+        for start, end in (coarse, fine):
+            assert third.select(every, start, end).total == samples, (start, end)
+            got = third.syscalls(every, start, end, ["syscall"])
+            assert {k: (v.count, v.timed) for k, v in got.items()} == {("read",): (reads, 4)}, (start, end)
+        # a batch whose marker in `rows` predates the rollups' markers: whole, whatever the rollups hold
+        old = ProfileRows.from_rows(now - 1510, now - 1500, 19, [(lb, stacks[0], 1)], [], ids=third.ids)
+        bucket = int((old.start + old.end) / 2 // 10 * 10)  # the writer's Pending.bucket
+        marker = {c: np.zeros(1, np.int64) for c in ("lid", "sid", "count", "timed", "timed_ns")}
+        marker.update(kind=np.array([4], np.uint8), bucket=np.array([bucket], np.int64),
+                      freq=np.zeros(1, np.uint32), syscall=np.array([""], object), i=np.zeros(1, np.uint8),
+                      batch=np.array([third.key_of("agent-old", 1)], np.int64),
+                      node=np.array(["n1"], object))  # fmt: skip
+        third._conn.insert(f"{database}.rows", marker)
+        assert third.write_logged("agent-old", 1, b"", old) is False
+        assert third.select(every, *coarse).total == samples
+    finally:
+        third.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_database_whose_views_left_the_markers_out_is_brought_up_to_date(
+    kind: str, server: ClickHouse, chdb: object
+) -> None:
+    """Schema version 1 as first made: views named `_mv` that filtered the markers out, rollups without
+    `node`. A collector that opens it adds the column, drops the old views and makes the ones that carry
+    markers, once; a second open changes nothing."""
+    database = f"fp{next(_names)}"
+    store = _open(kind, server, chdb, database, background=False, retention_s=3600.0)
+    conn = store._conn
+    for name, width in (("rows_1m", 60), ("rows_10m", 600)):
+        conn.query(f"DROP TABLE {database}.{name}_rollup")
+        conn.query(f"ALTER TABLE {database}.{name} DROP COLUMN node")
+        conn.query(
+            f"CREATE MATERIALIZED VIEW {database}.{name}_mv TO {database}.{name} AS SELECT kind, "
+            f"intDiv(bucket, {width}) * {width} AS bucket, lid, sid, freq, syscall, i, count, timed, "
+            f"timed_ns FROM {database}.rows WHERE kind != 4"
+        )
+    store.close()
+
+    def views() -> list[str]:
+        again = _open(kind, server, chdb, database, background=False, retention_s=3600.0)
+        try:
+            assert upgrade_ddl(again._conn, again.layout) == []
+            return sorted(
+                r[0]
+                for r in again._conn.query(
+                    f"SELECT name FROM system.tables WHERE database = '{database}' "
+                    "AND engine = 'MaterializedView'"
+                )
+            )
+        finally:
+            again.close()
+
+    assert views() == ["rows_10m_rollup", "rows_1m_rollup"]
+    assert views() == ["rows_10m_rollup", "rows_1m_rollup"]
 
 
 # -- resolutions and retention, at a clock days later -----------------------------------------------------

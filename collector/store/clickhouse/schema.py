@@ -6,10 +6,15 @@ Tables (`_local` ReplicatedMergeTree tables behind Distributed ones of the plain
   (kind, bucket, lid, sid). One table for all of a batch, so that one INSERT block holds a batch whole:
   kind 1 CPU samples or off-CPU nanoseconds (`lid`, `sid`, `freq`, `count`), kind 2 syscall counts
   (`syscall`, `count`, `timed`, `timed_ns`), kind 3 syscall latency buckets (`syscall`, `i`, `count`),
-  kind 4 the batch's marker (`batch`: its key, see store.py). The marker commits with the rows or not at
-  all, which is what makes resends count once. `node` is the sharding key: a batch lives on one shard.
+  kind 4 the batch's marker (`batch`: its key, see store.py; `count` 1). The marker commits with the rows
+  or not at all, which is what makes resends count once. `node` is the sharding key: a batch lives on one
+  shard.
 - `rows_1m`, `rows_10m`: the same rows summed into 1 and 10 minute buckets by materialized views as they
-  are inserted (SummingMergeTree; queries still sum, merges only shrink them).
+  are inserted (SummingMergeTree; queries still sum, merges only shrink them). The views carry each
+  batch's marker too (its key in `sid`, so that no two batches' markers sum into one; `count` 1, so that
+  the merge keeps it): an insert can land in `rows` and not reach a view's table (a quorum that timed out
+  after the part was written, or a view's table refusing a second quorum insert), and the writer finds
+  such a batch by its markers and completes the rollups alone (writer.py), on its shard (`node`).
 - `frames`, `stacks`, `label_sets`: definitions by content id (ReplacingMergeTree by id), partitioned by
   the day of the rows that use them: the writer writes a definition again on each new day it is used,
   so dropping a day's partitions never leaves a retained row without its definitions.
@@ -52,6 +57,11 @@ _ROWS_COLUMNS = (
     "count Int64, timed Int64, timed_ns Int64"
 )
 _ROLLUP_KEY = "(kind, bucket, lid, sid, freq, syscall, i)"
+# `node` in the rollups only shards them as `rows` is: a batch's rollup rows inserted alone (writer.py) go to
+# the shard of its rows, where 18.16 holds them back while a part of the same table there still waits for
+# its quorum (which may be that very batch's, to appear once replicated). Merges may keep any row's node
+# of a key; each key's label set names one node anyway.
+_ROLLUP_COLUMNS = f"{_ROWS_COLUMNS}, node String"
 
 
 @dataclass(frozen=True)
@@ -68,10 +78,10 @@ class Table:
 TABLES = (
     Table("rows", f"{_ROWS_COLUMNS}, batch Int64, node String", "MergeTree", "intDiv(bucket, 86400)",
           "(kind, bucket, lid, sid)", "sipHash64(node)"),
-    Table("rows_1m", _ROWS_COLUMNS, "SummingMergeTree", "intDiv(bucket, 86400)", _ROLLUP_KEY, "rand()",
-          "(count, timed, timed_ns)"),
-    Table("rows_10m", _ROWS_COLUMNS, "SummingMergeTree", "intDiv(bucket, 86400)", _ROLLUP_KEY, "rand()",
-          "(count, timed, timed_ns)"),
+    Table("rows_1m", _ROLLUP_COLUMNS, "SummingMergeTree", "intDiv(bucket, 86400)", _ROLLUP_KEY,
+          "sipHash64(node)", "(count, timed, timed_ns)"),
+    Table("rows_10m", _ROLLUP_COLUMNS, "SummingMergeTree", "intDiv(bucket, 86400)", _ROLLUP_KEY,
+          "sipHash64(node)", "(count, timed, timed_ns)"),
     Table("frames", "day UInt32, id Int64, function String, module String, kernel UInt8",
           "ReplacingMergeTree", "day", "id", "intHash64(id)"),
     Table("stacks", "day UInt32, id Int64, frames Array(Int64)", "ReplacingMergeTree", "day", "id",
@@ -91,6 +101,8 @@ TABLES = (
 # database (CREATE ... IF NOT EXISTS, as every statement here), so an older database gains them.
 ADDED_TABLES = ("gpu_activity",)
 ROLLUPS = (("rows_1m", 60), ("rows_10m", 600))
+# The views' names: `_mv` (the first, which left the markers out) is dropped where found (upgrade_ddl).
+VIEW_SUFFIX, OLD_VIEW_SUFFIX = "_rollup", "_mv"
 
 
 class SchemaError(Exception):
@@ -144,18 +156,51 @@ def _added_ddl(layout: Layout) -> list[str]:
     )
 
 
+def _view_ddl(layout: Layout, name: str, width: int) -> str:
+    """The view that sums `rows` into the rollup `name`, markers included (the module docstring)."""
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {layout.database}.{name}{VIEW_SUFFIX}{layout.on_cluster} "
+        f"TO {layout.local(name)} AS SELECT kind, intDiv(bucket, {width}) * {width} AS bucket, lid, "
+        f"if(kind = {MARKER}, batch, sid) AS sid, freq, syscall, i, count, timed, timed_ns, node "
+        f"FROM {layout.local('rows')}"
+    )
+
+
 def _ddl(layout: Layout) -> list[str]:
     """Every statement that makes the schema, each idempotent (IF NOT EXISTS)."""
-    db, on = layout.database, layout.on_cluster
     out = [_table_ddl(layout, t) for t in TABLES]
-    for name, width in ROLLUPS:
-        out.append(
-            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{name}_mv{on} TO {layout.local(name)} AS "
-            f"SELECT kind, intDiv(bucket, {width}) * {width} AS bucket, lid, sid, freq, syscall, i, count, "
-            f"timed, timed_ns FROM {layout.local('rows')} WHERE kind != {MARKER}"
-        )
+    out += [_view_ddl(layout, name, width) for name, width in ROLLUPS]
     if layout.cluster:
         out += [_distributed_ddl(layout, t) for t in TABLES]
+    return out
+
+
+def upgrade_ddl(conn: Connection, layout: Layout) -> list[str]:
+    """What brings a database of schema version 1 made before the rollups carried markers up to date: the
+    views that left the markers out replaced (dropped first: a batch inserted in between misses its
+    rollups, where both at once would count it twice), the rollups given `node`, and their Distributed
+    tables made again sharded by it. Idempotent; empty for a database that is up to date. A batch stored
+    before keeps a marker with `count` 0 in `rows`, which the writer takes as whole (writer.py)."""
+    db, on = layout.database, layout.on_cluster
+    tables = {name for (name,) in conn.query(f"SELECT name FROM system.tables WHERE database = '{db}'")}
+    with_node = {
+        name
+        for (name,) in conn.query(
+            f"SELECT table FROM system.columns WHERE database = '{db}' AND name = 'node'"
+        )
+    }
+    out = []
+    for name, width in ROLLUPS:
+        local = layout.local(name).split(".", 1)[1]
+        if f"{name}{OLD_VIEW_SUFFIX}" in tables:
+            out.append(f"DROP TABLE IF EXISTS {db}.{name}{OLD_VIEW_SUFFIX}{on}")
+        if local not in with_node:
+            out.append(f"ALTER TABLE {layout.local(name)}{on} ADD COLUMN node String")
+        if f"{name}{VIEW_SUFFIX}" not in tables:
+            out.append(_view_ddl(layout, name, width))
+        if layout.cluster and name in tables and name not in with_node:
+            table = next(t for t in TABLES if t.name == name)
+            out += [f"DROP TABLE IF EXISTS {layout.table(name)}{on}", _distributed_ddl(layout, table)]
     return out
 
 
@@ -191,8 +236,8 @@ def ensure_schema(conn: Connection, layout: Layout) -> Schema:
                 f"this collector's {SCHEMA_VERSION}: run a collector of the version that made it (or newer)"
             )
         # Older versions would be migrated here, each step idempotent; version 1 is the first. Tables
-        # added to it since are made where missing.
-        for statement in _added_ddl(layout):
+        # added to it since are made where missing, and what changed in it since is brought up to date.
+        for statement in _added_ddl(layout) + upgrade_ddl(conn, layout):
             conn.query(statement)
         return found
     for statement in _ddl(layout):

@@ -2,11 +2,15 @@
 returns.
 
 Rules this file keeps:
-- A batch is stored when its rows and its marker are (one block of `rows`, sharded by its node, so a
-  batch is always on one shard whole). It is reported stored only after that insert returned, replicated
-  to the configured quorum with a cluster.
-- Before inserting, the group's batches are looked up by marker: a batch some collector stored already
-  (its ack was lost with that collector) is reported as a duplicate and not inserted again.
+- A batch is stored when its rows and its marker are, in `rows` and in both rollups (one block of `rows`,
+  sharded by its node, so a batch is always on one shard whole; the materialized views put it into the
+  rollups in the same insert). It is reported stored only after that insert returned, replicated to the
+  configured quorum with a cluster.
+- Before inserting, the group's batches are looked up by marker in the three tables: a batch some
+  collector stored already (its ack was lost with that collector) is reported as a duplicate and not
+  inserted again. A batch in `rows` whose rollups lack it (an insert that failed after its part was
+  written: a quorum that timed out, a view's table refusing a second quorum insert) has its rollup rows
+  inserted alone, never its rows again.
 - Definitions (frames, stacks, label sets) go in before the rows that use them, so a row never refers to
   a definition ClickHouse lacks; they are idempotent (by content id), so a failed group may leave some
   behind harmlessly.
@@ -34,11 +38,12 @@ from fleetprof.collector.store.clickhouse.connection import (
     ClickHouseError,
     Connection,
 )
-from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, MARKER, SYSCALL, Layout
+from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, MARKER, ROLLUPS, SYSCALL, Layout
 
 log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_WHOLE = frozenset(["rows", *(name for name, _ in ROLLUPS)])  # where a stored batch's markers are
 
 
 @dataclass
@@ -108,7 +113,13 @@ class GroupWriter:
         self._rows = 0
         self._cond = threading.Condition()
         self._stop = False
-        self.counters = {"groups": 0, "group_errors": 0, "quorum_retries": 0, "resends_skipped": 0}
+        self.counters = {
+            "groups": 0,
+            "group_errors": 0,
+            "quorum_retries": 0,
+            "resends_skipped": 0,
+            "rollups_completed": 0,  # batches in `rows` whose rollup rows went in alone, per rollup
+        }
         self._thread = threading.Thread(target=self._run, name="clickhouse-writer", daemon=True)
         self._thread.start()
 
@@ -165,7 +176,10 @@ class GroupWriter:
     # -- one group ------------------------------------------------------------------------------------
     def _write(self, group: list[Pending]) -> None:
         self.counters["groups"] += 1
-        stored = self._stored_before(group)
+        held = self._held(group)
+        # Stored before: whole, or with no rows left to complete the rollups from (`rows` is dropped by
+        # retention hours before the rollups; no agent resends a batch that old).
+        stored = {k for k, where in held.items() if where >= _WHOLE or "rows" not in where}
         if stored:
             self.counters["resends_skipped"] += len(stored)
             for p in group:
@@ -177,24 +191,37 @@ class GroupWriter:
         for table, columns, commit in self._definitions(group):
             self._insert_retrying(table, columns)  # definitions are idempotent: a second copy is harmless
             commit()
-        self._insert_rows(group)
+        self._insert_rows(group, held)
         self._on_stored(group)
         for p in group:
             p.stored = True
             p.done.set()
 
-    def _insert_rows(self, group: list[Pending]) -> None:
-        """The group's rows, each batch once. An insert into several shards can land on some and fail on
-        another (ClickHouse before 21.x takes one quorum insert per table and shard at a time, and refuses
-        the next while the last replicates): trying it again whole would store the landed batches twice.
-        So after such a refusal the group's markers are looked up again, and only the batches not found go
-        in on the next try."""
+    def _insert_rows(self, group: list[Pending], held: dict[int, set[str]]) -> None:
+        """The group's rows, each batch once in each table: `rows` (and through its views the rollups) for
+        the batches no table holds, each rollup alone for those `rows` holds and it lacks. An insert into
+        several shards can land on some and fail on another, and one into `rows` can land there and fail in
+        a view's table (ClickHouse before 21.x takes one quorum insert per table and shard at a time, and
+        refuses the next while the last replicates): trying it again whole would store the landed batches
+        twice. So after such a refusal the group's markers are looked up again, and each table gets only
+        the batches it lacks on the next try."""
         deadline = time.monotonic() + self._quorum_retry_s
         pause = 0.02
-        left = group
         while True:
             try:
-                self._conn.insert(self._layout.table("rows"), self._rows_of(left), settings=self._insert)
+                fresh = [p for p in group if not held.get(p.key)]
+                if fresh:
+                    self._conn.insert(self._layout.table("rows"), self._rows_of(fresh), settings=self._insert)
+                    for p in fresh:
+                        held[p.key] = set(_WHOLE)  # the views wrote the rollups in the same insert
+                for name, width in ROLLUPS:
+                    lacking = [p for p in group if name not in held[p.key]]
+                    if lacking:
+                        rows = self._rollup_of(self._rows_of(lacking), width)
+                        self._conn.insert(self._layout.table(name), rows, settings=self._insert)
+                        self.counters["rollups_completed"] += len(lacking)
+                        for p in lacking:
+                            held[p.key].add(name)
                 return
             except ClickHouseError as err:
                 if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
@@ -202,22 +229,39 @@ class GroupWriter:
             self.counters["quorum_retries"] += 1
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
-            landed = self._stored_before(left)  # by this very insert: stored, not duplicates
-            left = [p for p in left if p.key not in landed]
-            if not left:
-                return
+            held = self._held(group)  # what this very insert landed: stored, not duplicates
 
-    def _stored_before(self, group: list[Pending]) -> set[int]:
-        """Keys of the group's batches whose markers are in ClickHouse already."""
-        buckets = sorted({p.bucket for p in group})
+    def _held(self, group: list[Pending]) -> dict[int, set[str]]:
+        """For each of the group's batches some table holds: the tables whose markers of it are in
+        ClickHouse already. A marker in `rows` with `count` 0 was written before the rollups carried
+        markers (schema.py): its batch counts as whole."""
         keys = np.array([p.key for p in group], dtype=np.int64)
-        rows = self._conn.query(
-            f"SELECT DISTINCT batch FROM {self._layout.table('rows')} WHERE kind = {MARKER} "
-            f"AND bucket IN ({', '.join(map(str, buckets))}) AND batch IN wanted",
-            ids={"wanted": keys},
-            settings=self._read,
-        )
-        return {int(r[0]) for r in rows}
+        parts = [
+            f"SELECT 'rows', batch, count FROM {self._layout.table('rows')} WHERE kind = {MARKER} "
+            f"AND bucket IN ({', '.join(map(str, sorted({p.bucket for p in group})))}) AND batch IN wanted"
+        ]
+        for name, width in ROLLUPS:
+            buckets = sorted({p.bucket // width * width for p in group})
+            parts.append(
+                f"SELECT '{name}', sid, count FROM {self._layout.table(name)} WHERE kind = {MARKER} "
+                f"AND bucket IN ({', '.join(map(str, buckets))}) AND sid IN wanted"
+            )
+        found = self._conn.query(" UNION ALL ".join(parts), ids={"wanted": keys}, settings=self._read)
+        held: dict[int, set[str]] = {}
+        for table, key, count in found:
+            where = held.setdefault(int(key), set())
+            where.add(table)
+            if table == "rows" and count == 0:
+                where.update(_WHOLE)
+        return held
+
+    @staticmethod
+    def _rollup_of(rows: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+        """Columns of `rows` as its view writes them into the rollup of `width` seconds (schema.py)."""
+        out = {k: v for k, v in rows.items() if k != "batch"}
+        out["bucket"] = rows["bucket"] // width * width
+        out["sid"] = np.where(rows["kind"] == MARKER, rows["batch"], rows["sid"])
+        return out
 
     def _insert_retrying(self, table: str, columns: dict) -> None:
         """Insert, trying again while a shard's previous quorum insert is still replicating (ClickHouse
@@ -375,7 +419,7 @@ class GroupWriter:
                     lid_s = ids[lset] = self._ids.labels_id(lset)
                 extra.append((SYSCALL, lid_s, name, 0, agg.count, agg.timed, agg.timed_ns))
                 extra.extend((HIST, lid_s, name, i, v, 0, 0) for i, v in enumerate(agg.hist) if v)
-            extra.append((MARKER, 0, "", 0, 0, 0, 0))
+            extra.append((MARKER, 0, "", 0, 1, 0, 0))  # count 1: the rollups' merges keep it (schema.py)
             m = len(extra)
             cols = list(zip(*extra, strict=True))
             kind.append(np.array(cols[0], np.uint8))
