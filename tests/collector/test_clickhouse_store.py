@@ -491,6 +491,50 @@ def test_a_batch_in_rows_but_not_in_a_rollup_is_completed_once_when_resent(
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_a_rollup_copy_that_appears_while_the_writer_completes_it_is_taken_back(
+    kind: str, server: ClickHouse, chdb: object
+) -> None:
+    """A rollup's part of a batch whose quorum timed out becomes visible when a replica fetches it, and
+    that can fall between the writer's read (the batch missing there) and its own insert of the batch's
+    rollup rows (the cluster test's run once read rows_10m one batch over). The writer reads the markers
+    again after and takes the copy too many back with a negated one. Here the copy appears at that very
+    moment: the connection inserts the block once more just before the writer's insert into rows_10m."""
+    now = 1_900_000_000.0
+    database = f"fp{next(_names)}"
+    opts = dict(clock=Clock(now), background=False, retention_s=7 * 86400.0)
+    first = _open(kind, server, chdb, database, **opts)
+    first._conn.query(f"DROP TABLE {database}.rows_10m_rollup")
+    lb = (("comm", "w"), ("node", "n1"), ("pid", "7"))
+    rows = ProfileRows.from_rows(
+        now - 1510, now - 1500, 19, [(lb, (FrameKey("main", "app"), FrameKey("f", "app")), 9)],
+        [(lb, "read", SyscallAgg(3, 1, 500, [1]))], ids=first.ids,
+    )  # fmt: skip
+    assert first.write_logged("agent-a", 1, b"", rows) is True
+    first.close()
+    second = _open(kind, server, chdb, database, **opts)
+    conn, insert = second._conn, second._conn.insert
+    appeared = []
+
+    def insert_and_appear(table: str, columns: dict, settings: dict | None = None) -> None:
+        if table == f"{database}.rows_10m" and not appeared:
+            appeared.append(table)
+            insert(table, columns, settings)  # the part that waited for its quorum, visible now
+        insert(table, columns, settings)
+
+    conn.insert = insert_and_appear  # type: ignore[method-assign]
+    try:
+        assert second.write_logged("agent-a", 1, b"", rows) is True
+        assert appeared and second.stats()["rollup_copies_taken_back"] == 1
+        every = parse_selector("{}")
+        for start, end in ((now - 7200, now), (now - 1510, now - 1490)):  # rows_10m's bucket; 10 s rows
+            assert second.select(every, start, end).total == 9, (start, end)
+            got = second.syscalls(every, start, end, ["syscall"])
+            assert {k: (v.count, v.timed, v.timed_ns) for k, v in got.items()} == {("read",): (3, 1, 500)}
+    finally:
+        second.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_a_database_whose_views_left_the_markers_out_is_brought_up_to_date(
     kind: str, server: ClickHouse, chdb: object
 ) -> None:

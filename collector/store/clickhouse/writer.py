@@ -10,7 +10,7 @@ Rules this file keeps:
   collector stored already (its ack was lost with that collector) is reported as a duplicate and not
   inserted again. A batch in `rows` whose rollups lack it (an insert that failed after its part was
   written: a quorum that timed out, a view's table refusing a second quorum insert) has its rollup rows
-  inserted alone, never its rows again.
+  inserted alone, never its rows again (and a copy of them that appeared meanwhile taken back).
 - Definitions (frames, stacks, label sets) go in before the rows that use them, so a row never refers to
   a definition ClickHouse lacks; they are idempotent (by content id), so a failed group may leave some
   behind harmlessly.
@@ -119,6 +119,7 @@ class GroupWriter:
             "quorum_retries": 0,
             "resends_skipped": 0,
             "rollups_completed": 0,  # batches in `rows` whose rollup rows went in alone, per rollup
+            "rollup_copies_taken_back": 0,  # ... of which had appeared meanwhile: a negated copy went in
         }
         self._thread = threading.Thread(target=self._run, name="clickhouse-writer", daemon=True)
         self._thread.start()
@@ -176,7 +177,7 @@ class GroupWriter:
     # -- one group ------------------------------------------------------------------------------------
     def _write(self, group: list[Pending]) -> None:
         self.counters["groups"] += 1
-        held = self._held(group)
+        held = {k: set(sums) for k, sums in self._marker_sums(group).items()}
         # Stored before: whole, or with no rows left to complete the rollups from (`rows` is dropped by
         # retention hours before the rollups; no agent resends a batch that old).
         stored = {k for k, where in held.items() if where >= _WHOLE or "rows" not in where}
@@ -207,6 +208,7 @@ class GroupWriter:
         the batches it lacks on the next try."""
         deadline = time.monotonic() + self._quorum_retry_s
         pause = 0.02
+        completed: dict[int, Pending] = {}  # batches whose rollup rows went in alone: checked for doubles
         while True:
             try:
                 fresh = [p for p in group if not held.get(p.key)]
@@ -217,11 +219,15 @@ class GroupWriter:
                 for name, width in ROLLUPS:
                     lacking = [p for p in group if name not in held[p.key]]
                     if lacking:
-                        rows = self._rollup_of(self._rows_of(lacking), width)
-                        self._conn.insert(self._layout.table(name), rows, settings=self._insert)
+                        self._conn.insert(
+                            self._layout.table(name), self._rollup_of(lacking, width), settings=self._insert
+                        )
                         self.counters["rollups_completed"] += len(lacking)
                         for p in lacking:
                             held[p.key].add(name)
+                        completed.update((p.key, p) for p in lacking)
+                if completed:
+                    self._take_back_doubles(list(completed.values()))
                 return
             except ClickHouseError as err:
                 if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
@@ -229,35 +235,56 @@ class GroupWriter:
             self.counters["quorum_retries"] += 1
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
-            held = self._held(group)  # what this very insert landed: stored, not duplicates
+            held = {k: set(sums) for k, sums in self._marker_sums(group).items()}  # what landed meanwhile
 
-    def _held(self, group: list[Pending]) -> dict[int, set[str]]:
-        """For each of the group's batches some table holds: the tables whose markers of it are in
-        ClickHouse already. A marker in `rows` with `count` 0 was written before the rollups carried
-        markers (schema.py): its batch counts as whole."""
+    def _take_back_doubles(self, group: list[Pending]) -> None:
+        """A rollup's part of a batch that waited for its quorum (an insert that timed out) appears once a
+        replica fetches it, and that can fall between the read that found the batch missing there and the
+        insert that completed it: read the markers again, and take back each copy too many with a negated
+        one (the rollups sum). Not before: 18.16 takes no quorum insert while one waits on the table and
+        shard, so once this batch's insert went in, any part of it that waited is visible."""
+        sums = self._marker_sums(group)
+        for name, width in ROLLUPS:
+            extra = {p.key: sums.get(p.key, {}).get(name, 1) - 1 for p in group}
+            negated = []
+            for p in (p for p in group if extra[p.key] > 0):
+                rows = self._rollup_of([p], width)
+                for column in ("count", "timed", "timed_ns"):
+                    rows[column] = rows[column] * -extra[p.key]
+                negated.append(rows)
+                self.counters["rollup_copies_taken_back"] += extra[p.key]
+            if negated:
+                columns = {c: np.concatenate([rows[c] for rows in negated]) for c in negated[0]}
+                self._conn.insert(self._layout.table(name), columns, settings=self._insert)
+
+    def _marker_sums(self, group: list[Pending]) -> dict[int, dict[str, int]]:
+        """For each of the group's batches some table holds: per table, the sum of its markers' counts (1
+        a copy). A marker in `rows` with `count` 0 was written before the rollups carried markers
+        (schema.py): its batch counts as whole, once in each table."""
         keys = np.array([p.key for p in group], dtype=np.int64)
         parts = [
-            f"SELECT 'rows', batch, count FROM {self._layout.table('rows')} WHERE kind = {MARKER} "
-            f"AND bucket IN ({', '.join(map(str, sorted({p.bucket for p in group})))}) AND batch IN wanted"
+            f"SELECT 'rows', batch, sum(count) FROM {self._layout.table('rows')} WHERE kind = {MARKER} "
+            f"AND bucket IN ({', '.join(map(str, sorted({p.bucket for p in group})))}) AND batch IN wanted "
+            "GROUP BY batch"
         ]
         for name, width in ROLLUPS:
             buckets = sorted({p.bucket // width * width for p in group})
             parts.append(
-                f"SELECT '{name}', sid, count FROM {self._layout.table(name)} WHERE kind = {MARKER} "
-                f"AND bucket IN ({', '.join(map(str, buckets))}) AND sid IN wanted"
+                f"SELECT '{name}', sid, sum(count) FROM {self._layout.table(name)} WHERE kind = {MARKER} "
+                f"AND bucket IN ({', '.join(map(str, buckets))}) AND sid IN wanted GROUP BY sid"
             )
         found = self._conn.query(" UNION ALL ".join(parts), ids={"wanted": keys}, settings=self._read)
-        held: dict[int, set[str]] = {}
-        for table, key, count in found:
-            where = held.setdefault(int(key), set())
-            where.add(table)
-            if table == "rows" and count == 0:
-                where.update(_WHOLE)
-        return held
+        sums: dict[int, dict[str, int]] = {}
+        for table, key, total in found:
+            per_table = sums.setdefault(int(key), {})
+            per_table[table] = int(total)
+            if table == "rows" and total == 0:
+                per_table.update({t: 1 for t in _WHOLE})
+        return sums
 
-    @staticmethod
-    def _rollup_of(rows: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
-        """Columns of `rows` as its view writes them into the rollup of `width` seconds (schema.py)."""
+    def _rollup_of(self, group: list[Pending], width: int) -> dict[str, np.ndarray]:
+        """The group's rows as its views write them into the rollup of `width` seconds (schema.py)."""
+        rows = self._rows_of(group)
         out = {k: v for k, v in rows.items() if k != "batch"}
         out["bucket"] = rows["bucket"] // width * width
         out["sid"] = np.where(rows["kind"] == MARKER, rows["batch"], rows["sid"])
