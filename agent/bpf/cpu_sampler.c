@@ -290,6 +290,7 @@ static __always_inline void notify(u32 tgid, u32 kind) {
 // ~n^2/2^65: for a million stacks, one chance in 36 million.
 static __always_inline u64 hash_stack(struct stack_trace *st, u64 seed) {
     u64 h = seed ^ (st->len * 0x9E3779B97F4A7C15ULL);
+#pragma clang loop unroll(disable)
     for (int i = 0; i < MAX_DEPTH; i++) {
         if (i >= st->len)
             break;
