@@ -37,6 +37,7 @@ from fleetprof.agent.offcpu import (
     DEFAULT_OFFCPU_SAMPLE_EVERY,
 )
 from fleetprof.agent.process.rootfs import FileErrors
+from fleetprof.agent.process.scope import CgroupScope
 from fleetprof.agent.process.table import ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import GpuSources, Resolver
@@ -65,6 +66,7 @@ class AgentConfig:
     interval_s: float = 10.0
     node: str = ""
     include_idle: bool = False
+    scope: CgroupScope | None = None  # --cgroup: profile only this cgroup's tasks (agent/process/scope.py)
     queue_batches: int = 64
     kubernetes: bool = True  # ask the API server for pod metadata when one is configured
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
@@ -429,6 +431,7 @@ class Agent:
                 frequency_hz=cfg.frequency_hz,
                 interval_s=cfg.interval_s,
                 include_idle=cfg.include_idle,
+                scope=cfg.scope,
                 python=cfg.python,
                 gpu_slot_s=cfg.gpu_interval_s,
                 off_cpu=cfg.off_cpu,
@@ -499,7 +502,7 @@ class Agent:
             overrides["latency_sample_every"] = cfg.syscall_latency_sample_every
         if cfg.syscall_latency_duty is not None:
             overrides["latency_duty"] = cfg.syscall_latency_duty
-        config = SyscallConfig(**overrides)
+        config = SyscallConfig(scope=cfg.scope, **overrides)
         try:
             tracer = SyscallTracer(config, on_process_event=self._on_syscall_process_event)
         except BpfUnavailable as err:

@@ -41,6 +41,7 @@ from fleetprof.agent.offcpu import (
     StolenTime,
     idle_threads,
 )
+from fleetprof.agent.process.scope import CgroupScope
 from fleetprof.agent.python.offsets import PyProc
 from fleetprof.agent.unwind.kernel_maps import UnwindMaps
 
@@ -165,6 +166,7 @@ class SamplerConfig:
     frequency_hz: int = 19
     interval_s: float = 10.0
     include_idle: bool = False
+    scope: CgroupScope | None = None  # --cgroup: only its tasks are sampled and their waits recorded
     seen_size: int = 65536
     python: bool = True  # walk CPython frames of processes that user space registers (set_python_process)
     python_procs: int = 4096  # CPython processes walked at once
@@ -452,6 +454,7 @@ class CpuSampler:
             *config.offcpu_flags(os.cpu_count() or 1),
             *config.unwind_flags(),
             *config.cuda_flags(),
+            *(config.scope.cflags() if config.scope else []),
             f"-I{BPF_SOURCE.parent}",
         ]
         try:

@@ -21,6 +21,7 @@ from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.model import ProcessEvent, SyscallDrain, SyscallStat
+from fleetprof.agent.process.scope import CgroupScope
 from fleetprof.agent.syscall_names import syscall_name
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"
@@ -95,6 +96,7 @@ class SyscallConfig:
     # and locks onto periodic call patterns; kept so that bench/syscalls.py can show the difference.
     sample_by: str = "random"
     known_processes: int = 32768  # processes the events speak of at once (LRU: more are told again)
+    scope: CgroupScope | None = None  # --cgroup: only its tasks' calls are counted and timed
 
 
 def parse_sample_fraction(text: str) -> int:
@@ -183,7 +185,8 @@ class SyscallTracer:
             f"-DSAMPLE_BY_COUNTER={1 if config.sample_by == 'counter' else 0}",
             f"-DPROCESS_EVENTS={1 if on_process_event is not None else 0}",
             f"-DKNOWN_SIZE={config.known_processes}",
-            f"-I{BPF_SOURCE.parent}",  # process_event.h, log2.h
+            f"-I{BPF_SOURCE.parent}",  # process_event.h, log2.h, scope.h
+            *(config.scope.cflags() if config.scope else []),
         ]
         try:
             self._bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)

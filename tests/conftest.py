@@ -27,6 +27,7 @@ import pytest
 
 from fleetprof.collector.main import Collector, CollectorConfig
 from fleetprof.collector.render.tree import parse_folded
+from tests.support import worker_cgroup
 from tests.support.browser import Chromium, Page
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +46,20 @@ if CPU_LOG:
         yield
         with open(CPU_LOG, "a") as log:
             log.write(f"{sum(os.times()[:4]) - before:.2f}\t{item.nodeid}\n")
+
+
+# This process's own cgroup (tests/support/worker_cgroup.py): the agents start_agent starts profile it only.
+_ENTERED: tuple[Path, Path] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _ENTERED
+    _ENTERED = worker_cgroup.enter()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _ENTERED is not None:
+        worker_cgroup.leave(_ENTERED)
 
 
 def shared_dir() -> Path | None:
@@ -243,9 +258,12 @@ AGENT_NICE = ("nice", "-n", "-10")  # nice execs the agent: proc.pid is the agen
 
 
 def start_agent(
-    collector_target: str, frequency: int = 99, interval: float = 1.0, *extra: str
+    collector_target: str, frequency: int = 99, interval: float = 1.0, *extra: str, node_wide: bool = False
 ) -> RunningAgent:
+    """An agent profiling this pytest process's cgroup (every process the tests start), or with
+    `node_wide` every process of the node (for workloads moved into cgroups of their own)."""
     require_bpf()
+    scope = () if node_wide or _ENTERED is None else ("--cgroup", str(_ENTERED[0]))
     port = free_port()
     log = open(os.environ.get("FLEETPROF_AGENT_LOG", os.devnull), "ab")  # lives with the process
     proc = subprocess.Popen(
@@ -269,6 +287,7 @@ def start_agent(
             str(interval),
             "--node",
             "test-node",
+            *scope,
             *extra,
         ],
         stdout=log,

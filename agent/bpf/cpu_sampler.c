@@ -36,6 +36,7 @@
 
 #include "process_event.h"   // struct process_event, EVENT_*: here for sampled processes
 #include "python_stack.h"
+#include "scope.h"   // in_scope(): --cgroup
 
 // A stored stack: `len` return addresses, leaf first (as the kernel unwinds them).
 struct stack_trace {
@@ -1044,6 +1045,8 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
         count_stat(STAT_IDLE_SKIPPED);
         return 0;
     }
+    if (!in_scope())   // outside --cgroup: not sampled, so never described, walked or announced
+        return 0;
     count_stat(STAT_SAMPLES);
 
     u32 zero = 0;
@@ -1330,7 +1333,7 @@ TRACEPOINT_PROBE(sched, sched_switch) {
     if (next != 0)   // the idle task (pid 0, one per CPU) is never recorded
         offcpu_wake(next, set);
     u32 prev = args->prev_pid;
-    if (prev != 0) {
+    if (prev != 0 && in_scope()) {   // current is still prev here: a wait starts only inside --cgroup
         count_stat(STAT_OFFCPU_SWITCHES);
         offcpu_leave(args, prev, args->prev_state, set, since);
     }

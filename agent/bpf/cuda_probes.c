@@ -148,6 +148,8 @@ int unwind_step_kp(struct pt_regs *ctx) {
 
 // A launch of `handle` through `api` in the current thread: count it; if sampled, walk its stacks.
 static __always_inline int cuda_launch(struct pt_regs *ctx, u32 api, u64 handle, int driver) {
+    if (!in_scope())   // outside --cgroup
+        return 0;
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
     u64 ra = entry_return_address(ctx);
@@ -243,6 +245,8 @@ int cuda_marker(struct pt_regs *ctx) {
 #include "log2.h"   // log2_u64, as syscalls.c buckets its latencies
 
 static __always_inline int cuda_call_enter(u32 call) {
+    if (!in_scope())   // outside --cgroup (and so its return finds no open call)
+        return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
     struct cuda_open_calls zero = {};
     struct cuda_open_calls *o = cuda_open.lookup_or_try_init(&tid, &zero);
@@ -313,6 +317,8 @@ CUDA_CALL_ENTRY(35) CUDA_CALL_ENTRY(36) CUDA_CALL_ENTRY(37) CUDA_CALL_ENTRY(38) 
 
 // -- kernel names of the driver API --------------------------------------------------------------------------
 int cuda_name_enter(struct pt_regs *ctx) {
+    if (!in_scope())   // outside --cgroup
+        return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
     struct cuda_name_args a = {PT_REGS_PARM1(ctx), PT_REGS_PARM3(ctx)};
     cuda_name_args.update(&tid, &a);

@@ -22,6 +22,7 @@
 
 #include <uapi/asm-generic/errno-base.h>   // EEXIST (a stable uapi number, not a kernel struct)
 #include "log2.h"                          // log2_u64: the latency histograms' bucket
+#include "scope.h"                         // in_scope(): --cgroup
 
 // What the aggregates are keyed by. `nr` is the syscall number of the task's ABI, which the raw sys_enter
 // tracepoint passes as args[1] on every architecture: the node's 64-bit table (x86-64's, or arm64's, which
@@ -206,6 +207,8 @@ int on_sys_enter(struct bpf_raw_tracepoint_args *ctx) {
         count_stat(STAT_IDLE_SKIPPED);
         return 0;
     }
+    if (!in_scope())   // outside --cgroup (and so never timed: sys_exit finds no start)
+        return 0;
     u32 zero = 0;
     u32 *active = control.lookup(&zero);
     if (!active)

@@ -127,6 +127,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         interval_s=args.interval,
         node=args.node,
         include_idle=args.include_idle,
+        scope=args.cgroup,
         kubeconfig=args.kubeconfig,
         kubernetes=not args.no_kubernetes,
         pod_labels=tuple(args.pod_label),

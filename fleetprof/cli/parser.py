@@ -79,6 +79,15 @@ def _frequency(text: str) -> int:
     return v
 
 
+def _cgroup_scope(text: str) -> object:
+    from fleetprof.agent.process.scope import ScopeError, cgroup_scope
+
+    try:
+        return cgroup_scope(text)
+    except ScopeError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--cgroup {text}: ")) from None
+
+
 def _seconds(text: str) -> float:
     try:
         v = float(text)
@@ -520,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--node", default="", metavar="NAME", help="node name (default $NODE_NAME or the hostname)"
     )
     a.add_argument("--include-idle", action="store_true", help="also sample the idle task")
+    a.add_argument(
+        "--cgroup",
+        type=_cgroup_scope,
+        default=None,
+        metavar="PATH",
+        help="profile only the tasks of this cgroup (v2) and its descendants, e.g. a systemd slice "
+        "(default: every task of the node)",
+    )
     # On by default: counting costs about what bcc syscount costs, and latency is timed only inside
     # duty-cycled windows (measured in bench/syscalls.py; see agent/syscalls.py).
     a.add_argument(

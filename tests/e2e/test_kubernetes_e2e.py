@@ -62,8 +62,14 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory, *agent_args: str) -> 
             "contexts:\n- name: test\n  context:\n    cluster: fake\n    user: agent\n"
         )
         col = start_collector()
-        agent = start_agent(
-            f"127.0.0.1:{col.grpc_port}", 99, 1.0, "--kubeconfig", str(kubeconfig), *agent_args
+        agent = start_agent(  # node-wide: the pods' workloads run in cgroups of their own
+            f"127.0.0.1:{col.grpc_port}",
+            99,
+            1.0,
+            "--kubeconfig",
+            str(kubeconfig),
+            *agent_args,
+            node_wide=True,
         )
         try:
             wait_until(lambda: api.watches(), 30, "the agent to list and watch pods")
