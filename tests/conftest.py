@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetprof.agent.scope import CgroupScope, cgroup_scope
 from fleetprof.collector.main import Collector, CollectorConfig
 from fleetprof.collector.render.tree import parse_folded
 from tests.support import worker_cgroup
@@ -50,6 +51,21 @@ if CPU_LOG:
 
 # This process's own cgroup (tests/support/worker_cgroup.py): the agents start_agent starts profile it only.
 _ENTERED: tuple[Path, Path] | None = None
+
+
+def own_scope() -> CgroupScope | None:
+    """This pytest process's cgroup as a sampler's scope (`--cgroup`): for samplers made in the test's own
+    process, which then sample what this process starts only, not the busy node's other work (whose files'
+    tables and symbols they would build and resolve too). None: node-wide."""
+    return cgroup_scope(str(_ENTERED[0])) if _ENTERED is not None else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files that hold `slow` tests first, in their order: xdist hands files out in this order (make
+    test runs each phase a file at a time), so the longest (the arm64 guest's: minutes) does not start
+    last and leave one CPU idle at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each kind kept
 
 
 def pytest_configure(config: pytest.Config) -> None:

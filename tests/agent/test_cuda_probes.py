@@ -27,7 +27,7 @@ from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.elf import ElfFile
 from fleetprof.agent.symbols.symbolizer import Symbolizer
-from tests.conftest import require_bpf
+from tests.conftest import own_scope, require_bpf
 from tests.cuda_standin import CudaStandins, build_standins, real_libcudart
 
 pytestmark = [pytest.mark.bpf]
@@ -113,7 +113,7 @@ def cuda(tmp_path_factory: pytest.TempPathFactory) -> CudaStandins:
 
 @pytest.fixture(scope="module")
 def every_launch() -> Iterator[Pipeline]:
-    p = Pipeline(SamplerConfig(interval_s=1.0, cuda=True, cuda_launch_sample_every=1))
+    p = Pipeline(SamplerConfig(interval_s=1.0, cuda=True, cuda_launch_sample_every=1, scope=own_scope()))
     yield p
     p.close()
 
@@ -220,7 +220,7 @@ def test_probes_are_detached_with_the_last_process_that_maps_the_library(
 
 
 def test_one_launch_in_n_is_walked_and_counts_are_scaled_back(cuda: CudaStandins) -> None:
-    p = Pipeline(SamplerConfig(interval_s=1.0, cuda=True, cuda_launch_sample_every=4))
+    p = Pipeline(SamplerConfig(interval_s=1.0, cuda=True, cuda_launch_sample_every=4, scope=own_scope()))
     try:
         run = p.run([str(cuda.probed), "loop", "1"], cuda.env(inject=False))
     finally:

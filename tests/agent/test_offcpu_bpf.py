@@ -19,7 +19,7 @@ from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
-from tests.conftest import maps_libc, require_bpf, wait_until
+from tests.conftest import maps_libc, own_scope, require_bpf, wait_until
 from tests.support.cpu_time import favoured
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -98,7 +98,9 @@ def every_switch() -> Iterator[Pipeline]:
     of threads once filled the default 4,096 count entries (the losses assert_lossless counts are
     node-wide)."""
     p = Pipeline(
-        SamplerConfig(interval_s=1.0, offcpu_sample_every=1, offcpu_counts=65536, offcpu_tasks=65536)
+        SamplerConfig(
+            interval_s=1.0, offcpu_sample_every=1, offcpu_counts=65536, offcpu_tasks=65536, scope=own_scope()
+        )
     )
     yield p
     p.close()
@@ -107,7 +109,9 @@ def every_switch() -> Iterator[Pipeline]:
 @pytest.fixture(scope="module")
 def one_in_four() -> Iterator[Pipeline]:
     p = Pipeline(
-        SamplerConfig(interval_s=1.0, offcpu_sample_every=4, offcpu_counts=65536, offcpu_tasks=65536)
+        SamplerConfig(
+            interval_s=1.0, offcpu_sample_every=4, offcpu_counts=65536, offcpu_tasks=65536, scope=own_scope()
+        )
     )
     yield p
     p.close()

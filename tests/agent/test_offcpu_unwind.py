@@ -23,7 +23,7 @@ from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.unwind.unwinder import Unwinder
 from fleetprof.collector.model.profile import FrameKey
 from fleetprof.collector.query.waits import wait_reason
-from tests.conftest import maps_libc, require_bpf, wait_until
+from tests.conftest import maps_libc, own_scope, require_bpf, wait_until
 from tests.support.cpu_time import favoured
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -119,7 +119,11 @@ def glibc_bin(workload_bin: Callable[[str], Path]) -> Path:
 def every_wait() -> Iterator[Pipeline]:
     """Every switch-out recorded (1/1), user stacks by the tables."""
     # Every switch-out of the node lands in the count table: room for a busy shared machine's window.
-    p = Pipeline(SamplerConfig(frequency_hz=19, interval_s=1.0, offcpu_sample_every=1, offcpu_counts=1 << 16))
+    p = Pipeline(
+        SamplerConfig(
+            frequency_hz=19, interval_s=1.0, offcpu_sample_every=1, offcpu_counts=1 << 16, scope=own_scope()
+        )
+    )
     yield p
     p.close()
 
@@ -167,7 +171,9 @@ def test_a_wait_through_glibc_keeps_the_wrappers_caller_and_a_whole_root(
 
 def test_by_frame_pointer_the_same_wait_loses_the_wrappers_caller(glibc_bin: Path) -> None:
     """The control: the frame-pointer walk of the same workload skips loon_wait (why item 2 exists)."""
-    p = Pipeline(SamplerConfig(frequency_hz=19, interval_s=1.0, offcpu_sample_every=1, unwind="fp"))
+    p = Pipeline(
+        SamplerConfig(frequency_hz=19, interval_s=1.0, offcpu_sample_every=1, unwind="fp", scope=own_scope())
+    )
     try:
         run = p.run([str(glibc_bin), "read", "1"])
     finally:
@@ -184,7 +190,7 @@ def test_by_frame_pointer_the_same_wait_loses_the_wrappers_caller(glibc_bin: Pat
 @pytest.fixture(scope="module")
 def one_in_eight() -> Iterator[Pipeline]:
     """The agent's defaults: 1 switch-out in 8 sampled, waits of 10 ms and more recorded exactly."""
-    p = Pipeline(SamplerConfig(frequency_hz=19, interval_s=1.0))
+    p = Pipeline(SamplerConfig(frequency_hz=19, interval_s=1.0, scope=own_scope()))
     yield p
     p.close()
 

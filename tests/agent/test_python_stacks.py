@@ -24,6 +24,7 @@ from tests.conftest import (
     WORKLOADS,
     RunningAgent,
     RunningCollector,
+    own_scope,
     require_bpf,
     samples_of,
     settled_profile,
@@ -258,7 +259,7 @@ class Pipeline:
         self.python = PythonStacks()
         self.table = ProcessTable(on_capture=self.python.on_capture, on_forget=self.python.forget)
         # 199 Hz: ~400 samples per thread-second, so the counts below sit >= 10 sigma above their bounds.
-        self.sampler = CpuSampler(SamplerConfig(frequency_hz=199, interval_s=1.0))
+        self.sampler = CpuSampler(SamplerConfig(frequency_hz=199, interval_s=1.0, scope=own_scope()))
         self.python.attach(self.sampler)
         self.resolver = Resolver(self.table, Symbolizer(), python=self.python)
 

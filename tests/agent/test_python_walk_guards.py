@@ -19,7 +19,7 @@ import pytest
 from fleetprof.agent.model import STACK_NONE
 from fleetprof.agent.python.offsets import TABLE, to_bpf
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
-from tests.conftest import require_bpf
+from tests.conftest import own_scope, require_bpf
 
 pytestmark = [pytest.mark.bpf]
 
@@ -30,7 +30,9 @@ SECONDS = 2
 @pytest.fixture(scope="module")
 def sampler() -> Iterator[CpuSampler]:
     require_bpf()
-    s = CpuSampler(SamplerConfig(frequency_hz=FREQUENCY, interval_s=1.0, off_cpu=False, unwind="fp"))
+    s = CpuSampler(
+        SamplerConfig(frequency_hz=FREQUENCY, interval_s=1.0, off_cpu=False, unwind="fp", scope=own_scope())
+    )
     yield s
     s.close()
 

@@ -25,7 +25,7 @@ from fleetprof.agent.resolver import Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.unwind.unwinder import Unwinder
-from tests.conftest import maps_libc, require_bpf, wait_until
+from tests.conftest import maps_libc, own_scope, require_bpf, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -65,7 +65,9 @@ class Pipeline:
     def __init__(self, unwind: str):
         require_bpf()
         self.sampler = CpuSampler(
-            SamplerConfig(frequency_hz=FREQUENCY, interval_s=1.0, unwind=unwind, off_cpu=False)
+            SamplerConfig(
+                frequency_hz=FREQUENCY, interval_s=1.0, unwind=unwind, off_cpu=False, scope=own_scope()
+            )
         )
         maps = self.sampler.unwind_maps()
         self.unwinder = Unwinder(maps) if maps is not None else None

@@ -26,7 +26,7 @@ from fleetprof.agent.symbols.symbolizer import Symbolizer
 from fleetprof.agent.symbols.vdso import read_own_vdso
 from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MAP, PROC
 from fleetprof.agent.unwind.unwinder import Unwinder
-from tests.conftest import maps_libc, require_bpf, wait_until
+from tests.conftest import maps_libc, own_scope, require_bpf, wait_until
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -79,7 +79,8 @@ class Pipeline:
         self.vdso = read_own_vdso()
         assert self.vdso is not None, "this machine's vDSO could not be read"
         self.sampler = CpuSampler(
-            SamplerConfig(frequency_hz=FREQUENCY, interval_s=1.0, off_cpu=False), on_process_event=self._event
+            SamplerConfig(frequency_hz=FREQUENCY, interval_s=1.0, off_cpu=False, scope=own_scope()),
+            on_process_event=self._event,
         )
         maps = self.sampler.unwind_maps()
         assert maps is not None
