@@ -7,7 +7,8 @@ demo: setup            ## install what is missing, then run collector + agent on
 
 # The whole suite, as two pytest runs side by side and one after (tests/conftest.py says which test goes where):
 #   1. every test that loads no BPF program and needs nothing alone (most of the count), one pytest-xdist
-#      worker per CPU;
+#      worker per CPU, a file at a time (a module's fixtures are made once: split over both workers, the
+#      arm64 guest booted twice, 819 s of CPU instead of ~400), the files with `slow` tests first;
 #   2. meanwhile, the tests that load BPF programs (`bpf`), two files at a time (FLEETPROF_TEST_PHASE=bpf).
 #      Each judges its samples against its own workload's clock (the CPU time it measured of itself), finds
 #      its own samples by pid and sizes its tables for a busy node, so neither phase 1 nor the other BPF
@@ -27,7 +28,7 @@ test: setup-test       ## install what is missing (incl. test tools), then run t
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
 	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n 2 --dist loadfile \
 		>.venv/test-bpf.log 2>&1 & bpf=$$!; \
-	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" || status=$$?; \
+	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" --dist loadfile || status=$$?; \
 	wait $$bpf || status=$$?; \
 	echo "== the BPF tests, run alongside (.venv/test-bpf.log):"; cat .venv/test-bpf.log; \
 	wait $$images || true; \
