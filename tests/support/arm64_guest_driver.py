@@ -3,8 +3,8 @@ venv, then for each phase starts a collector and an agent beside it, runs the wo
 collector answered about them to OUT as JSON. The host judges it (tests/e2e/test_arm64_guest.py).
 
 Standard library only (it runs before the wheel is installed). usage: python3 arm64_guest_driver.py OUT
-with config.json beside this file: {"phases": [{"name", "agent_args"}], "frequency", "interval",
-"seconds", "share", "getppid_calls"}.
+with config.json beside this file: {"phases": [{"name", "agent_args", "workloads"}], "frequency",
+"interval", "seconds", "share", "getppid_calls"} (a phase's "workloads": the names of workloads() it runs).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def workloads(cfg: dict, seconds: float | None = None) -> dict[str, list[str]]:
         "python": ["/usr/bin/python3", "-c", HOLD, str(HERE / "py_story.py"), s, share],
         "getppid": [str(HERE / "getppid_n"), str(cfg["getppid_calls"]), "1"],
         # clock_gettime of a CPU-time clock: the arm64 vDSO makes the syscall itself (svc in the vDSO)
-        "vdso_clock": [str(HERE / "vdso_clock"), "clock", "0", str(seconds / 2)],
+        "vdso_clock": [str(HERE / "vdso_clock"), "clock", "0", s],
     }
 
 
@@ -191,6 +191,8 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
         log(name, "warmed up after", result["warm_up_s"], "s")
         runs = {}
         for wname, argv in workloads(cfg).items():
+            if wname not in phase["workloads"]:
+                continue
             runs[wname] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         held = []
         for wname, proc in runs.items():
@@ -211,9 +213,12 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
             result["workloads"]["python"]["rc"] = proc.returncode
         for w in result["workloads"].values():
             w["folded"] = profiles.get(w["pid"], "")
-        getppid = result["workloads"]["getppid"]
-        q = urllib.parse.urlencode({"query": f'{{pid="{getppid["pid"]}"}}', "since": "30m", "by": "syscall"})
-        getppid["syscalls"] = json.loads(get(f"http://{HTTP}/api/v1/syscalls?{q}"))
+        getppid = result["workloads"].get("getppid")
+        if getppid is not None:
+            q = urllib.parse.urlencode(
+                {"query": f'{{pid="{getppid["pid"]}"}}', "since": "30m", "by": "syscall"}
+            )
+            getppid["syscalls"] = json.loads(get(f"http://{HTTP}/api/v1/syscalls?{q}"))
         result["agent_metrics"] = get(f"http://{AGENT_HTTP}/metrics").decode()
         result["phase_s"] = round(time.monotonic() - t0, 1)
         return result
