@@ -37,11 +37,11 @@ from fleetprof.agent.offcpu import (
     DEFAULT_OFFCPU_SAMPLE_EVERY,
 )
 from fleetprof.agent.process.rootfs import FileErrors
-from fleetprof.agent.process.scope import CgroupScope
 from fleetprof.agent.process.table import ProcessTable, read_process
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import GpuSources, Resolver
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
+from fleetprof.agent.scope import CgroupScope
 from fleetprof.agent.shipper import Shipper
 from fleetprof.agent.symbols.debuginfod import Debuginfod, DebuginfodConfig
 from fleetprof.agent.symbols.modules import ModuleWatch
@@ -66,7 +66,7 @@ class AgentConfig:
     interval_s: float = 10.0
     node: str = ""
     include_idle: bool = False
-    scope: CgroupScope | None = None  # --cgroup: profile only this cgroup's tasks (agent/process/scope.py)
+    scope: CgroupScope | None = None  # --cgroup: profile only this cgroup's tasks (agent/scope.py)
     queue_batches: int = 64
     kubernetes: bool = True  # ask the API server for pod metadata when one is configured
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config

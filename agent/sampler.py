@@ -41,8 +41,8 @@ from fleetprof.agent.offcpu import (
     StolenTime,
     idle_threads,
 )
-from fleetprof.agent.process.scope import CgroupScope
 from fleetprof.agent.python.offsets import PyProc
+from fleetprof.agent.scope import CgroupScope
 from fleetprof.agent.unwind.kernel_maps import UnwindMaps
 
 log = logging.getLogger(__name__)

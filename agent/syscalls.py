@@ -21,7 +21,7 @@ from fleetprof.agent.bpfmaps import CounterDeltas, DoubleBuffer, drain_map_bytes
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.model import ProcessEvent, SyscallDrain, SyscallStat
-from fleetprof.agent.process.scope import CgroupScope
+from fleetprof.agent.scope import CgroupScope
 from fleetprof.agent.syscall_names import syscall_name
 
 BPF_SOURCE = Path(__file__).parent / "bpf" / "syscalls.c"

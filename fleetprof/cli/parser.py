@@ -80,7 +80,7 @@ def _frequency(text: str) -> int:
 
 
 def _cgroup_scope(text: str) -> object:
-    from fleetprof.agent.process.scope import ScopeError, cgroup_scope
+    from fleetprof.agent.scope import ScopeError, cgroup_scope
 
     try:
         return cgroup_scope(text)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.agent.process.scope import CgroupScope, ScopeError, cgroup2_root, cgroup_scope
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
+from fleetprof.agent.scope import CgroupScope, ScopeError, cgroup2_root, cgroup_scope
 from fleetprof.agent.syscalls import SyscallConfig, SyscallTracer
 from tests.conftest import REPO, require_bpf
 

@@ -59,6 +59,7 @@ AGENT_STAGES = (
             "syscall_table",
             "syscall_names",
             "cuda_api",
+            "scope",
         ),
     ),
     # load the BPF programs and drain their maps (the CUDA uprobes are the sampler's: one BPF object)

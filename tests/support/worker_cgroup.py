@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fleetprof.agent.process.scope import cgroup2_root
+from fleetprof.agent.scope import cgroup2_root
 
 PREFIX = "fleetprof-test-"
 
