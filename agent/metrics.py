@@ -20,6 +20,7 @@ class AgentCounters:
         "user_stack_errors",
         "kernel_stack_errors",
         "stack_table_full",
+        "stack_insert_failed",  # not full: the map's allocator or bucket could not serve in the moment
         "count_table_full",
         "unknown_process",
         "events_lost",

@@ -111,6 +111,7 @@ STAT_NAMES = (
     "cuda_nested",  # driver launches made by the runtime: not counted again
     "cuda_calls",  # timed CUDA calls that returned
     "cuda_table_full",  # launches or calls not recorded: a map full
+    "stack_insert_failed",  # new stacks a stack map could not take in the moment (not full: see the C side)
 )
 # Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
 # set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.

@@ -118,7 +118,9 @@ struct sample_key {
 #define STAT_CUDA_NESTED         44   // driver launches made by the runtime: not counted again
 #define STAT_CUDA_CALLS          45   // timed calls that returned
 #define STAT_CUDA_TABLE_FULL     46   // a launch or call not recorded: its map was full
-#define NSTATS                   47
+#define STAT_STACK_INSERT_FAILED 47   // a new stack the map could not take in the moment, not full: its
+                                     // allocator's per-CPU cache empty (by-need maps) or its bucket busy
+#define NSTATS                   48
 
 // Stack ids below STACK_RESERVED name no stored stack: 0 none, 1 lost (table full), 2 not taken (a long
 // wait recorded exactly without its stack), STACK_SYSCALL + nr: the wait was in syscall nr (the kernel
@@ -320,7 +322,7 @@ static __always_inline u64 store_stack(u32 set, struct stack_trace *st, u64 seed
     }
     if (err == 0 || err == -EEXIST)
         return h;
-    count_stat(STAT_STACK_TABLE_FULL);
+    count_stat(err == -E2BIG ? STAT_STACK_TABLE_FULL : STAT_STACK_INSERT_FAILED);
     return STACK_LOST;
 }
 
@@ -1135,7 +1137,7 @@ static __always_inline void carry_stack(u32 set, u64 id) {
     if (err == 0 || err == -EEXIST)
         count_stat(STAT_OFFCPU_CARRIED);
     else
-        count_stat(STAT_STACK_TABLE_FULL);
+        count_stat(err == -E2BIG ? STAT_STACK_TABLE_FULL : STAT_STACK_INSERT_FAILED);
 }
 
 static __always_inline void carry_python_stack(u32 set, u64 id) {

@@ -132,6 +132,10 @@ def assert_lossless(run: Run) -> None:
     lost = {k: run.stats[k] for k in reasons}
     assert not any(lost.values()), lost
     assert run.stats["offcpu_stacks_unresolved"] == 0, run.stats
+    # No table filled. A new stack the by-need map's allocator could not serve in the moment (its per-CPU
+    # cache empty in a burst) is counted apart: 1 of ~5,000 sampled switch-outs twice, beside the rest of
+    # the suite; more than 1 in 1,000 would be a defect, not a burst.
+    assert run.stats["stack_insert_failed"] <= run.stats["offcpu_sampled"] / 1000, run.stats
 
 
 def test_blocked_time_is_under_the_blocking_function_and_matches_the_workloads_clock(
