@@ -167,13 +167,15 @@ def test_idle_task_is_excluded_by_default(agent: RunningAgent, module_collector:
 
 def test_process_in_its_own_mount_namespace_is_symbolized_after_it_exits(workload_bin) -> None:
     """Like a container: its binary exists only in a private tmpfs of its own mount namespace, which is
-    gone when the process exits. With a 5 s interval and a 1 s run, every sample is drained after that."""
+    gone when the process exits. With a 5 s interval and a 2 s run, every sample is drained after that.
+    (A 1 s run read 0 of its samples symbolized once, in a fresh-clone run: the agent re-described the
+    process after its exec, from the shell that copied the binary, only once it had gone.)"""
     col = start_collector()
     agent = start_agent(f"127.0.0.1:{col.grpc_port}", 99, 5.0)
     try:
         script = (
             "set -e; mount -t tmpfs fp-ctr /mnt; "
-            f"cp {workload_bin('two_funcs')} /mnt/ctr_two_funcs; exec /mnt/ctr_two_funcs 1 75"
+            f"cp {workload_bin('two_funcs')} /mnt/ctr_two_funcs; exec /mnt/ctr_two_funcs 2 75"
         )
         proc = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE
@@ -184,8 +186,8 @@ def test_process_in_its_own_mount_namespace_is_symbolized_after_it_exits(workloa
         # unshare exec()s sh, which exec()s the workload: the pid is the workload's.
         running = RunningCollector(col)
         stacks = settled_profile(running, f'{{pid="{proc.pid}"}}', agent)
-        # 1 s of CPU x 99 Hz = ~99 samples at a true share of 0.75: sigma = sqrt(0.75 x 0.25 / 99) = 0.044,
-        # so 0.5 is 5.7 sigma below. Frames left unsymbolized once the namespace is gone read 0.
+        # 2 s of CPU x 99 Hz = ~198 samples at a true share of 0.75: sigma = sqrt(0.75 x 0.25 / 198) = 0.031,
+        # so 0.5 is 8 sigma below. Frames left unsymbolized once the namespace is gone read 0.
         print(f"fp_hot_alpha in {share_with(stacks, 'fp_hot_alpha'):.3f} of {samples_of(stacks)} samples")
         assert share_with(stacks, "fp_hot_alpha") > 0.5, stacks
         top = running.json("/api/v1/top", query=f'{{pid="{proc.pid}"}}', since="10m", limit="3")
