@@ -177,7 +177,7 @@ class GroupWriter:
     # -- one group ------------------------------------------------------------------------------------
     def _write(self, group: list[Pending]) -> None:
         self.counters["groups"] += 1
-        held = {k: set(sums) for k, sums in self._marker_sums(group).items()}
+        held = self._held(group)
         # Stored before: whole, or with no rows left to complete the rollups from (`rows` is dropped by
         # retention hours before the rollups; no agent resends a batch that old).
         stored = {k for k, where in held.items() if where >= _WHOLE or "rows" not in where}
@@ -235,7 +235,7 @@ class GroupWriter:
             self.counters["quorum_retries"] += 1
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
-            held = {k: set(sums) for k, sums in self._marker_sums(group).items()}  # what landed meanwhile
+            held = self._held(group)  # what landed meanwhile
 
     def _take_back_doubles(self, group: list[Pending]) -> None:
         """A rollup's part of a batch that waited for its quorum (an insert that timed out) appears once a
@@ -256,6 +256,10 @@ class GroupWriter:
             if negated:
                 columns = {c: np.concatenate([rows[c] for rows in negated]) for c in negated[0]}
                 self._conn.insert(self._layout.table(name), columns, settings=self._insert)
+
+    def _held(self, group: list[Pending]) -> dict[int, set[str]]:
+        """For each of the group's batches some table holds: the tables that hold it."""
+        return {k: set(sums) for k, sums in self._marker_sums(group).items()}
 
     def _marker_sums(self, group: list[Pending]) -> dict[int, dict[str, int]]:
         """For each of the group's batches some table holds: per table, the sum of its markers' counts (1
