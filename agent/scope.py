@@ -34,6 +34,14 @@ def _cgroup2_mounts(mountinfo: str) -> list[tuple[str, str]]:
     return out
 
 
+def _mountinfo(text: str | None) -> str:
+    """`text`, or this process's /proc/self/mountinfo when None."""
+    if text is not None:
+        return text
+    with open("/proc/self/mountinfo") as f:
+        return f.read()
+
+
 def _depth(path: str) -> int:
     return len([p for p in path.split("/") if p and p != "."])
 
@@ -42,13 +50,10 @@ def cgroup_scope(path: str, mountinfo: str | None = None) -> CgroupScope:
     """The scope of the cgroup directory `path` (mountinfo: /proc/self/mountinfo's text, read if None).
     Raises ScopeError for a path that is not a cgroup v2 directory. The agent's cgroup namespace must be
     the node's (as the DaemonSet's is): the level counts from the hierarchy's true root."""
-    if mountinfo is None:
-        with open("/proc/self/mountinfo") as f:
-            mountinfo = f.read()
     real = os.path.realpath(path)
     if not os.path.isdir(real):
         raise ScopeError(f"--cgroup {path}: no such directory")
-    mounts = _cgroup2_mounts(mountinfo)
+    mounts = _cgroup2_mounts(_mountinfo(mountinfo))
     under = [
         (point, root) for point, root in mounts if real == point or real.startswith(point.rstrip("/") + "/")
     ]
@@ -63,7 +68,4 @@ def cgroup_scope(path: str, mountinfo: str | None = None) -> CgroupScope:
 def cgroup2_root(mountinfo: str | None = None) -> str | None:
     """Where the cgroup v2 hierarchy's root is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified beside
     v1's controllers); None without one."""
-    if mountinfo is None:
-        with open("/proc/self/mountinfo") as f:
-            mountinfo = f.read()
-    return next((point for point, root in _cgroup2_mounts(mountinfo) if root == "/"), None)
+    return next((point for point, root in _cgroup2_mounts(_mountinfo(mountinfo)) if root == "/"), None)

@@ -17,7 +17,7 @@ import pytest
 from fleetprof.agent.sampler import CpuSampler, SamplerConfig
 from fleetprof.agent.scope import CgroupScope, ScopeError, cgroup2_root, cgroup_scope
 from fleetprof.agent.syscalls import SyscallConfig, SyscallTracer
-from tests.conftest import REPO, require_bpf
+from tests.conftest import REPO, own_scope, require_bpf
 
 HYBRID = (
     "25 1 0:23 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755\n"
@@ -55,11 +55,10 @@ def test_the_flag_refuses_what_is_not_a_cgroup(tmp_path: Path) -> None:
 def scope() -> Iterator[CgroupScope]:
     """A cgroup of its own under this process's (tests/support/worker_cgroup.py), removed after."""
     require_bpf()
-    root = cgroup2_root()
-    if root is None:
-        pytest.skip("no cgroup v2 hierarchy on this machine")
-    own = Path(root) / Path("/proc/self/cgroup").read_text().split("0::", 1)[1].split("\n", 1)[0].lstrip("/")
-    path = own / f"scope-test-{os.getpid()}-{time.monotonic_ns()}"
+    own = own_scope()
+    if own is None:
+        pytest.skip("no writable cgroup v2 hierarchy on this machine")
+    path = Path(own.path) / f"scope-test-{os.getpid()}-{time.monotonic_ns()}"
     path.mkdir()
     try:
         yield cgroup_scope(str(path))
