@@ -35,6 +35,7 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.shipper import Shipper
 from fleetprof.collector.model.profile import FrameKey, SyscallAgg
 from fleetprof.collector.model.rows import ProfileRows
+from fleetprof.collector.query.selector import parse_selector
 from fleetprof.collector.store.base import StoreUnavailable
 from fleetprof.collector.store.clickhouse import open_clickhouse
 from fleetprof.collector.store.clickhouse.config import parse_url
@@ -132,10 +133,10 @@ def _shard_of(conn: NativeConnection, node: str) -> int:
     return conn.query(f"SELECT sipHash64('{node}') % 2")[0][0]
 
 
-def _local_samples(server: ClickHouse) -> dict[str, int]:
-    conn = NativeConnection(parse_url(f"{server.url}/{DATABASE}"), size=1)
+def _local_samples(server: ClickHouse, database: str = DATABASE) -> dict[str, int]:
+    conn = NativeConnection(parse_url(f"{server.url}/{database}"), size=1)
     try:
-        rows = conn.query(f"SELECT node, sum(count) FROM {DATABASE}.rows_local WHERE kind = 1 GROUP BY node")
+        rows = conn.query(f"SELECT node, sum(count) FROM {database}.rows_local WHERE kind = 1 GROUP BY node")
         return {node: n for node, n in rows}
     finally:
         conn.close()
@@ -295,6 +296,80 @@ def test_a_batch_a_rollup_missed_is_completed_once_when_resent(cluster: Cluster)
     try:
         for seq, rows in enumerate(batches):
             assert again.write_logged("agent-h", seq, b"", rows) is False
+    finally:
+        again.close()
+        lagging.close()
+        reader.close()
+
+
+def test_a_batch_whose_quorum_timed_out_is_once_in_every_table_when_resent(cluster: Cluster) -> None:
+    """The window the test above leaves, in `rows` itself: the second replica of a shard fetches no parts of
+    rows_local, so a batch's insert times out on its quorum with its part written and held back from reads
+    (and no view run). The batch is refused, and resent once fetches resume; the replica's fetch lands
+    between the writer's lookup (the batch missing) and its insert, as it can in production: the connection
+    resumes the fetches at that moment and waits until the part is readable. `rows` then holds the batch
+    twice and the rollups once; the writer reads the markers again and takes the copy back. Each table,
+    read through its Distributed table, holds every sample once, and a fresh collector finds it stored."""
+    servers = cluster.all  # s1r1, s1r2, s2r1, s2r2: inserts reach s1r1 first (load_balancing in_order)
+    database = "fp_limbo"
+    hosts = ",".join(f"127.0.0.1:{s.tcp_port}" for s in servers)
+    url = parse_url(f"clickhouse://{hosts}/{database}?cluster=fleet")
+    store = open_clickhouse(url, retention_s=86400.0, background=False)
+    lagging = NativeConnection(parse_url(f"{servers[1].url}/{database}"), size=1)
+    reader = NativeConnection(parse_url(f"{servers[0].url}/{database}"), size=1)
+    node = next(n for n in (f"node-{i}" for i in range(40)) if _shard_of(lagging, n) == 0)
+    now = time.time()
+    lb = (("comm", "w"), ("node", node), ("pid", "7"))
+    stack = (FrameKey("main", "app"), FrameKey("step", "app"))
+    rows = ProfileRows.from_rows(now - 20, now - 10, 19, [(lb, stack, 11)],
+                                 [(lb, "read", SyscallAgg(3, 0, 0, []))], ids=store.ids)  # fmt: skip
+    readable = {
+        "load_balancing": "in_order",
+        "prefer_localhost_replica": 0,
+        "select_sequential_consistency": 1,
+    }
+
+    def held() -> dict[str, int]:
+        return {
+            table: reader.query(
+                f"SELECT sum(count) FROM {database}.{table} WHERE kind = 1", settings=readable
+            )[0][0]
+            for table in ("rows", "rows_1m", "rows_10m")
+        }
+
+    lagging.query(f"SYSTEM STOP FETCHES {database}.rows_local")
+    try:
+        with pytest.raises(StoreUnavailable):
+            store.write_logged("agent-l", 0, b"", rows)
+        assert held() == {"rows": 0, "rows_1m": 0, "rows_10m": 0}  # written, not readable, no view ran
+    except BaseException:
+        lagging.query(f"SYSTEM START FETCHES {database}.rows_local")
+        raise
+    conn, insert = store._conn, store._conn.insert
+    appeared = []
+
+    def fetched_then_insert(table: str, columns: dict, settings: dict | None = None) -> None:
+        if table == f"{database}.rows" and not appeared:
+            appeared.append(table)
+            lagging.query(f"SYSTEM START FETCHES {database}.rows_local")
+            wait_until(lambda: held()["rows"] == 11, 60, "the replica to fetch the part that waited")
+        insert(table, columns, settings)
+
+    conn.insert = fetched_then_insert  # type: ignore[method-assign]
+    try:
+        assert store.write_logged("agent-l", 0, b"", rows) is True
+        assert appeared and store.stats()["copies_taken_back"] == 1
+        assert held() == {"rows": 11, "rows_1m": 11, "rows_10m": 11}
+        for server in servers[:2]:  # both replicas of the shard hold the same
+            assert _local_samples(server, database) == {node: 11}, server.url
+    finally:
+        if not appeared:
+            lagging.query(f"SYSTEM START FETCHES {database}.rows_local")
+        store.close()
+    again = open_clickhouse(url, retention_s=86400.0, background=False)
+    try:
+        assert again.write_logged("agent-l", 0, b"", rows) is False
+        assert again.select(parse_selector(f'{{node="{node}"}}'), now - 3600, now).total == 11
     finally:
         again.close()
         lagging.close()

@@ -536,7 +536,7 @@ def test_a_rollup_copy_that_appears_while_the_writer_completes_it_is_taken_back(
     conn.insert = insert_and_appear  # type: ignore[method-assign]
     try:
         assert second.write_logged("agent-a", 0, b"", rows) is True
-        assert appeared and second.stats()["rollup_copies_taken_back"] == 1
+        assert appeared and second.stats()["copies_taken_back"] == 1
         every = parse_selector("{}")
         for start, end in ((now - 7200, now), (now - 1510, now - 1490)):  # rows_10m's bucket; 10 s rows
             assert second.select(every, start, end).total == 9, (start, end)

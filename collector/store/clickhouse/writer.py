@@ -10,7 +10,10 @@ Rules this file keeps:
   collector stored already (its ack was lost with that collector) is reported as a duplicate and not
   inserted again. A batch in `rows` whose rollups lack it (an insert that failed after its part was
   written: a quorum that timed out, a view's table refusing a second quorum insert) has its rollup rows
-  inserted alone, never its rows again (and a copy of them that appeared meanwhile taken back).
+  inserted alone, never its rows again.
+- After inserting, with a quorum, the markers are read again: a part that waited for its quorum can
+  appear between that lookup and the insert, and a copy too many is taken back with a negated one
+  (_settle). A resend finds a batch stored only once it is in every table once.
 - Definitions (frames, stacks, label sets) go in before the rows that use them, so a row never refers to
   a definition ClickHouse lacks; they are idempotent (by content id), so a failed group may leave some
   behind harmlessly.
@@ -66,6 +69,11 @@ class Pending:
         return int((p.start + p.end) / 2 // BUCKET_S * BUCKET_S)
 
 
+def _once(per_table: dict[str, int]) -> bool:
+    """A batch's marker sums (_marker_sums) say it is in every table once."""
+    return all(per_table.get(t) == 1 for t in _WHOLE)
+
+
 class _Known:
     """Definitions known to be in ClickHouse, per day partition (a definition is written again on each new
     day it is used, so that retention can drop a day of definitions with that day's rows)."""
@@ -119,7 +127,7 @@ class GroupWriter:
             "quorum_retries": 0,
             "resends_skipped": 0,
             "rollups_completed": 0,  # batches in `rows` whose rollup rows went in alone, per rollup
-            "rollup_copies_taken_back": 0,  # ... of which had appeared meanwhile: a negated copy went in
+            "copies_taken_back": 0,  # a batch's copies too many in a table (_settle), per table
         }
         self._thread = threading.Thread(target=self._run, name="clickhouse-writer", daemon=True)
         self._thread.start()
@@ -177,10 +185,13 @@ class GroupWriter:
     # -- one group ------------------------------------------------------------------------------------
     def _write(self, group: list[Pending]) -> None:
         self.counters["groups"] += 1
-        held = self._held(group)
-        # Stored before: whole, or with no rows left to complete the rollups from (`rows` is dropped by
-        # retention hours before the rollups; no agent resends a batch that old).
-        stored = {k for k, where in held.items() if where >= _WHOLE or "rows" not in where}
+        sums = self._marker_sums(group)
+        held = self._held(sums)
+        # Stored before: once in every table, or with no rows left to complete the rollups from (`rows`
+        # is dropped by retention hours before the rollups; no agent resends a batch that old). A batch
+        # in every table but twice in one (a try that failed while settling it) is settled now.
+        stored = {k for k, where in held.items() if "rows" not in where or _once(sums[k])}
+        unsettled = [p for p in group if held.get(p.key, set()) >= _WHOLE and p.key not in stored]
         if stored:
             self.counters["resends_skipped"] += len(stored)
             for p in group:
@@ -192,23 +203,24 @@ class GroupWriter:
         for table, columns, commit in self._definitions(group):
             self._insert_retrying(table, columns)  # definitions are idempotent: a second copy is harmless
             commit()
-        self._insert_rows(group, held)
+        self._insert_rows(group, held, unsettled)
         self._on_stored(group)
         for p in group:
             p.stored = True
             p.done.set()
 
-    def _insert_rows(self, group: list[Pending], held: dict[int, set[str]]) -> None:
+    def _insert_rows(self, group: list[Pending], held: dict[int, set[str]], unsettled: list[Pending]) -> None:
         """The group's rows, each batch once in each table: `rows` (and through its views the rollups) for
         the batches no table holds, each rollup alone for those `rows` holds and it lacks. An insert into
         several shards can land on some and fail on another, and one into `rows` can land there and fail in
         a view's table (ClickHouse before 21.x takes one quorum insert per table and shard at a time, and
         refuses the next while the last replicates): trying it again whole would store the landed batches
         twice. So after such a refusal the group's markers are looked up again, and each table gets only
-        the batches it lacks on the next try."""
+        the batches it lacks on the next try. Then the batches that went in are settled (_settle)."""
         deadline = time.monotonic() + self._quorum_retry_s
         pause = 0.02
-        completed: dict[int, Pending] = {}  # batches whose rollup rows went in alone: checked for doubles
+        # Batches some insert of this group put in, and those found in a table twice: settled at the end.
+        inserted: dict[int, Pending] = {p.key: p for p in unsettled}
         while True:
             try:
                 fresh = [p for p in group if not held.get(p.key)]
@@ -216,6 +228,8 @@ class GroupWriter:
                     self._conn.insert(self._layout.table("rows"), self._rows_of(fresh), settings=self._insert)
                     for p in fresh:
                         held[p.key] = set(_WHOLE)  # the views wrote the rollups in the same insert
+                    if self._insert.get("insert_quorum", 0) > 1:
+                        inserted.update((p.key, p) for p in fresh)
                 for name, width in ROLLUPS:
                     lacking = [p for p in group if name not in held[p.key]]
                     if lacking:
@@ -225,9 +239,9 @@ class GroupWriter:
                         self.counters["rollups_completed"] += len(lacking)
                         for p in lacking:
                             held[p.key].add(name)
-                        completed.update((p.key, p) for p in lacking)
-                if completed:
-                    self._take_back_doubles(list(completed.values()))
+                        inserted.update((p.key, p) for p in lacking)
+                if inserted:
+                    self._settle(list(inserted.values()))
                 return
             except ClickHouseError as err:
                 if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
@@ -235,31 +249,60 @@ class GroupWriter:
             self.counters["quorum_retries"] += 1
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
-            held = self._held(group)  # what landed meanwhile
+            held = self._held(self._marker_sums(group))  # what landed meanwhile
 
-    def _take_back_doubles(self, group: list[Pending]) -> None:
-        """A rollup's part of a batch that waited for its quorum (an insert that timed out) appears once a
-        replica fetches it, and that can fall between the read that found the batch missing there and the
-        insert that completed it: read the markers again, and take back each copy too many with a negated
-        one (the rollups sum). Not before: 18.16 takes no quorum insert while one waits on the table and
-        shard, so once this batch's insert went in, any part of it that waited is visible."""
-        sums = self._marker_sums(group)
-        for name, width in ROLLUPS:
-            extra = {p.key: sums.get(p.key, {}).get(name, 1) - 1 for p in group}
-            negated = []
-            for p in (p for p in group if extra[p.key] > 0):
-                rows = self._rollup_of([p], width)
-                for column in ("count", "timed", "timed_ns"):
-                    rows[column] = rows[column] * -extra[p.key]
-                negated.append(rows)
-                self.counters["rollup_copies_taken_back"] += extra[p.key]
-            if negated:
-                columns = {c: np.concatenate([rows[c] for rows in negated]) for c in negated[0]}
-                self._conn.insert(self._layout.table(name), columns, settings=self._insert)
+    def _settle(self, group: list[Pending]) -> None:
+        """Each of `group`'s batches exactly once in each table, by its markers read again after the
+        writer's inserts. A part of a batch whose quorum timed out (written, held back from reads until a
+        replica fetches it) can appear between the read that found the batch missing from a table and the
+        insert that put it there: that table then holds it twice. Not later: 18.16 takes no quorum insert
+        while one waits on the table and shard, so once this batch's insert went in, any part of it that
+        waited is visible.
+        - `rows` twice: a negated copy of the batch goes into `rows` (tables sum). Its views carry the
+          negation into the rollups, which the part that waited never reached (a timed-out insert runs no
+          view), and the next round puts the batch back into them alone.
+        - A rollup twice, or not at all: a negated copy, or the batch's rollup rows, into it alone.
+        Without quorum inserts only the rollups completed alone are checked: nothing else can wait."""
+        for _ in range(4):  # a round each for `rows` and the rollups, and the read that finds them whole
+            sums = self._marker_sums(group)
+            scale = {p.key: min(0, 1 - sums.get(p.key, {}).get("rows", 1)) for p in group}
+            if any(scale.values()):
+                self._insert_scaled("rows", [p for p in group if scale[p.key]], scale, self._rows_of)
+                self.counters["copies_taken_back"] -= sum(scale.values())
+                continue
+            settled = True
+            for name, width in ROLLUPS:
+                scale = {p.key: 1 - sums.get(p.key, {}).get(name, 0) for p in group}
+                off = [p for p in group if scale[p.key]]
+                if off:
+                    settled = False
+                    self._insert_scaled(name, off, scale, lambda ps, w=width: self._rollup_of(ps, w))
+                    self.counters["copies_taken_back"] -= sum(v for v in scale.values() if v < 0)
+            if settled:
+                return
+        log.warning("ClickHouse: %d batches still not once in every table after settling", len(group))
 
-    def _held(self, group: list[Pending]) -> dict[int, set[str]]:
-        """For each of the group's batches some table holds: the tables that hold it."""
-        return {k: set(sums) for k, sums in self._marker_sums(group).items()}
+    def _insert_scaled(
+        self,
+        table: str,
+        group: list[Pending],
+        scale: dict[int, int],
+        rows_of: Callable[[list[Pending]], dict[str, np.ndarray]],
+    ) -> None:
+        """`rows_of` each batch of `group`, its sums multiplied by scale[batch key], into `table`."""
+        parts = []
+        for p in group:
+            rows = rows_of([p])
+            for column in ("count", "timed", "timed_ns"):
+                rows[column] = rows[column] * scale[p.key]
+            parts.append(rows)
+        columns = {c: np.concatenate([rows[c] for rows in parts]) for c in parts[0]}
+        self._insert_retrying(self._layout.table(table), columns)
+
+    @staticmethod
+    def _held(sums: dict[int, dict[str, int]]) -> dict[int, set[str]]:
+        """For each batch some table holds (by _marker_sums): the tables that hold it."""
+        return {k: {t for t, n in per_table.items() if n > 0} for k, per_table in sums.items()}
 
     def _marker_sums(self, group: list[Pending]) -> dict[int, dict[str, int]]:
         """For each of the group's batches some table holds: per table, the sum of its markers' counts (1
@@ -280,9 +323,9 @@ class GroupWriter:
         found = self._conn.query(" UNION ALL ".join(parts), ids={"wanted": keys}, settings=self._read)
         sums: dict[int, dict[str, int]] = {}
         for table, key, total in found:
-            per_table = sums.setdefault(int(key), {})
-            per_table[table] = int(total)
-            if table == "rows" and total == 0:
+            sums.setdefault(int(key), {})[table] = int(total)
+        for per_table in sums.values():
+            if per_table.get("rows") == 0:
                 per_table.update({t: 1 for t in _WHOLE})
         return sums
 
