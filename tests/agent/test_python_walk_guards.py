@@ -71,7 +71,7 @@ def test_a_whole_chain_is_walked(sampler: CpuSampler, workload_bin: Callable[[st
     stacks, stats, codes = walk(sampler, workload_bin("fake_cpython"), "ok")
     total = sum(stacks.values())
     print(stacks.most_common(2), {k: v for k, v in stats.items() if k.startswith("python")})
-    # ~SECONDS x 499 samples of the spinning thread (fewer on a busy machine); each walks the 3 frames.
+    # ~SECONDS x 499 samples of the spinning thread (SECONDS of its own CPU time); each walks the 3 frames.
     assert total > 100 and stacks[tuple(codes)] >= 0.95 * total, (stacks, codes)
     assert stats["python_cycle"] == stats["python_stale"] == 0
 

@@ -5,7 +5,7 @@
  *
  *   fake_cpython ok|cycle|stale|bad_owner SECONDS
  * Prints one JSON line (the addresses of the fake _PyRuntime and PyCode_Type, the code objects in chain
- * order), then spins for SECONDS of wall time in the sampled thread whose tid the fake thread state holds.
+ * order), then spins for SECONDS of its own CPU time in the sampled thread whose tid the fake thread state holds.
  *
  *   ok         frames A -> B -> C, then the end of the chain
  *   cycle      A -> B -> C -> B -> C ...: C's previous frame is B again
@@ -63,13 +63,17 @@ int main(int argc, char **argv)
 	       (unsigned long long)(uintptr_t)codes[0], (unsigned long long)(uintptr_t)codes[1],
 	       (unsigned long long)(uintptr_t)codes[2]);
 	fflush(stdout);
-	struct timespec now, end;
-	clock_gettime(CLOCK_MONOTONIC, &end);
-	end.tv_sec += atoi(argv[2]);
+	/* SECONDS of this thread's own CPU time, not of the wall: the test's sample counts follow the CPU it got,
+	 * and a busy machine gives it less per second (58 samples in 2 s of wall once, beside two CPU burners).
+	 * The wall bounds it at 30x, so a starved run ends (with too few samples, and the test says so). */
+	struct timespec now, cpu;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	double want = atof(argv[2]), wall_end = now.tv_sec + now.tv_nsec / 1e9 + 30 * want;
 	do {
 		for (int i = 0; i < 100000; i++)
 			sink += i ^ (sink >> 3);
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
 		clock_gettime(CLOCK_MONOTONIC, &now);
-	} while (now.tv_sec < end.tv_sec || (now.tv_sec == end.tv_sec && now.tv_nsec < end.tv_nsec));
+	} while (cpu.tv_sec + cpu.tv_nsec / 1e9 < want && now.tv_sec + now.tv_nsec / 1e9 < wall_end);
 	return 0;
 }
