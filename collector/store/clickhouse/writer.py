@@ -262,24 +262,38 @@ class GroupWriter:
           negation into the rollups, which the part that waited never reached (a timed-out insert runs no
           view), and the next round puts the batch back into them alone.
         - A rollup twice, or not at all: a negated copy, or the batch's rollup rows, into it alone.
-        Without quorum inserts only the rollups completed alone are checked: nothing else can wait."""
-        for _ in range(4):  # a round each for `rows` and the rollups, and the read that finds them whole
-            sums = self._marker_sums(group)
-            scale = {p.key: min(0, 1 - sums.get(p.key, {}).get("rows", 1)) for p in group}
-            if any(scale.values()):
-                self._insert_scaled("rows", [p for p in group if scale[p.key]], scale, self._rows_of)
-                self.counters["copies_taken_back"] -= sum(scale.values())
-                continue
-            settled = True
-            for name, width in ROLLUPS:
-                scale = {p.key: 1 - sums.get(p.key, {}).get(name, 0) for p in group}
-                off = [p for p in group if scale[p.key]]
-                if off:
-                    settled = False
-                    self._insert_scaled(name, off, scale, lambda ps, w=width: self._rollup_of(ps, w))
-                    self.counters["copies_taken_back"] -= sum(v for v in scale.values() if v < 0)
-            if settled:
-                return
+        Every round reads the markers first, also after a refused insert: a copy of its own that waited
+        would otherwise be taken back twice. Without quorum inserts only the rollups completed alone are
+        checked: nothing else can wait."""
+        deadline = time.monotonic() + self._quorum_retry_s
+        pause = 0.02
+        rounds = 0  # a round each for `rows` and the rollups, and the read that finds them whole
+        while rounds < 4:
+            rounds += 1
+            try:
+                sums = self._marker_sums(group)
+                scale = {p.key: min(0, 1 - sums.get(p.key, {}).get("rows", 1)) for p in group}
+                if any(scale.values()):
+                    self._insert_scaled("rows", [p for p in group if scale[p.key]], scale, self._rows_of)
+                    self.counters["copies_taken_back"] -= sum(scale.values())
+                    continue
+                settled = True
+                for name, width in ROLLUPS:
+                    scale = {p.key: 1 - sums.get(p.key, {}).get(name, 0) for p in group}
+                    off = [p for p in group if scale[p.key]]
+                    if off:
+                        settled = False
+                        self._insert_scaled(name, off, scale, lambda ps, w=width: self._rollup_of(ps, w))
+                        self.counters["copies_taken_back"] -= sum(v for v in scale.values() if v < 0)
+                if settled:
+                    return
+            except ClickHouseError as err:
+                if err.code != UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE or time.monotonic() > deadline:
+                    raise
+                rounds -= 1  # refused: nothing went in
+                self.counters["quorum_retries"] += 1
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
         log.warning("ClickHouse: %d batches still not once in every table after settling", len(group))
 
     def _insert_scaled(
@@ -297,7 +311,7 @@ class GroupWriter:
                 rows[column] = rows[column] * scale[p.key]
             parts.append(rows)
         columns = {c: np.concatenate([rows[c] for rows in parts]) for c in parts[0]}
-        self._insert_retrying(self._layout.table(table), columns)
+        self._conn.insert(self._layout.table(table), columns, settings=self._insert)
 
     @staticmethod
     def _held(sums: dict[int, dict[str, int]]) -> dict[int, set[str]]:
