@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import tempfile
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,34 @@ def cuda_wheels() -> Path:
 def real_libcudart() -> Path:
     """NVIDIA's libcudart.so.13 from the nvidia-cuda-runtime wheel."""
     return cuda_wheels() / "lib" / "libcudart.so.13"
+
+
+# NVIDIA's runtime for aarch64 (Grace hosts), for the arm64 guest's probes: the newest 13.x this machine's
+# package index holds for aarch64 (13.0.96, the x86-64 pin, has no aarch64 wheel there).
+AARCH64_RUNTIME = "nvidia-cuda-runtime==13.5.37"
+
+
+def real_libcudart_aarch64() -> Path:
+    """NVIDIA's aarch64 libcudart.so.13 from the nvidia-cuda-runtime wheel, fetched once beside the
+    x86-64 wheels' cache."""
+    cache = cuda_wheels().parent / ("aarch64-" + AARCH64_RUNTIME.split("==")[1])
+    lib = cache / "libcudart.so.13"
+    if lib.exists():
+        return lib
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+             "--only-binary=:all:", "--platform", "manylinux_2_17_aarch64", "-d", tmp, AARCH64_RUNTIME],
+            check=True, timeout=600,
+        )  # fmt: skip
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            (member,) = [n for n in z.namelist() if n.endswith("/lib/libcudart.so.13")]
+            cache.mkdir(parents=True, exist_ok=True)
+            part = cache / "libcudart.so.13.part"
+            part.write_bytes(z.read(member))
+            part.rename(lib)  # whole or not at all: a later run trusts what it finds
+    return lib
 
 
 def real_libcupti() -> Path:

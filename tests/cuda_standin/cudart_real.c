@@ -1,8 +1,13 @@
 // Calls NVIDIA's real libcudart (tests only): dlopen()s the file given, then calls cudaLaunchKernel N times
 // from launch_from_here() with the host stub fleetprof_test_kernel_stub. Without a GPU driver every call
 // fails at once ("no driver"), but each is made: what the agent's uprobes on cudaLaunchKernel need to see.
-// Prints {"calls":N,"error":E,"error_name":"..."} and, with HOLD=1, waits for a line on stdin first.
+// Prints {"calls":N,"error":E,"error_name":"..."} and, with HOLD=1, waits for a line on stdin first. With
+// SPIN=1 as well it keeps calling into libcudart while it waits (cudaGetErrorName): a real agent described
+// the process at its exec, before the dlopen(), and learns of the library when a sample's walk lands in it
+// (a trainer's do, in its launches): then it reads the mappings again and attaches the probes (the arm64
+// guest's test, tests/support/arm64_guest_driver.py).
 #include <dlfcn.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -40,6 +45,12 @@ int main(int argc, char **argv) {
     if (getenv("HOLD")) {
         printf("{\"holding\":true}\n");
         fflush(stdout);
+        if (getenv("SPIN")) {
+            struct pollfd in = {0, POLLIN, 0};
+            volatile unsigned long x = 0;
+            while (poll(&in, 1, 0) == 0)
+                for (int i = 0; i < 1000000; i++) x += (unsigned long)name((cudaError_t)(i & 63));
+        }
         char line[16];
         if (fgets(line, sizeof line, stdin) == NULL) { /* EOF: go on */ }
     }

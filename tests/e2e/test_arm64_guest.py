@@ -38,10 +38,11 @@ INTERVAL = 2.0
 SECONDS = 6
 SHARE = 75  # % of two_funcs' time in fp_hot_alpha, of py_story's in outer()
 GETPPID_CALLS = 20000
-EVERY_WORKLOAD = ["two_funcs_fp", "two_funcs_nofp", "python", "getppid", "vdso_clock"]
+EVERY_WORKLOAD = ["two_funcs_fp", "two_funcs_nofp", "python", "getppid", "vdso_clock", "cudart"]
 PHASES = [
-    # as shipped: user stacks by call-frame information
-    {"name": "eh_frame", "agent_args": [], "workloads": EVERY_WORKLOAD},
+    # as shipped: user stacks by call-frame information; every CUDA launch walked (1 in 8 by default), so
+    # that the launches under their stack are exactly the workload's
+    {"name": "eh_frame", "agent_args": ["--cuda-launch-sample", "1"], "workloads": EVERY_WORKLOAD},
     # the kernel's frame-record walk, on what it changes: the C stacks, and the Python frames merged into
     # them (the syscall names and the vDSO's table are the eh_frame phase's: no walk of theirs differs).
     # Without the programs it does not judge (syscalls, off-CPU, CUDA probes): its agent's emulated BCC
@@ -222,6 +223,30 @@ def test_eh_frame_vdso_samples_keep_their_callers(guest: dict) -> None:
     # that and far below both quiet measurements (n >= 100: sigma <= 0.05 at p = 0.5).
     assert total >= 100, total
     assert got >= 0.5 * total, (got, total)
+
+
+def test_eh_frame_cuda_launches_through_the_real_aarch64_libcudart(guest: dict) -> None:
+    """NVIDIA's aarch64 libcudart.so.13 (the nvidia-cuda-runtime wheel): the agent finds it among a sampled
+    process's mappings, attaches its uprobes (arm64's argument registers: the host stub is x0), and walks
+    each launch's stack. cudart_real makes 500 cudaLaunchKernel calls from launch_from_here (no driver, so
+    each fails at once, but is made); every one is in the cuda_launch profile, under its caller, with the
+    stub named as its kernel."""
+    w = phase(guest, "eh_frame")["workloads"]["cudart"]
+    assert w["rc"] == 0 and json.loads(w["stdout"])["calls"] == 500, w
+    stacks = parse_folded(w["launches"])
+    assert stacks, f"no launches of cudart_real (pid {w['pid']}) reached the collector: {w}"
+
+    def launched_here(stack: tuple) -> bool:
+        names = [f.split("@", 1)[0] for f in user_frames(stack)]
+        return (
+            names[-2:] == ["cudaLaunchKernel", "fleetprof_test_kernel_stub"] and "launch_from_here" in names
+        )
+
+    print(
+        f"cudart_real: probes attached after {w['probed_after_s']} s;",
+        sorted(stacks.items(), key=lambda kv: -kv[1])[:3],
+    )
+    assert count(stacks, launched_here) == 500 == sum(stacks.values()), stacks
 
 
 # -- frame pointers only (--unwind=fp) ---------------------------------------------------------------------

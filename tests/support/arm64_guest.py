@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, WORKLOADS
+from tests.cuda_standin import HERE as CUDA_STANDIN
+from tests.cuda_standin import cuda_wheels, real_libcudart_aarch64
 
 SCRIPT = REPO / "scripts" / "arm64_guest.sh"
 CROSS_GCC = "aarch64-linux-gnu-gcc"
@@ -48,12 +50,19 @@ def cross_compile(source: Path, exe: Path, flags: list[str]) -> Path:
 
 def prepare_workloads(dest: Path) -> None:
     """The aarch64 workloads into `dest`: two_funcs with and without frame pointers, getppid_n, vdso_clock
-    (its CPU in the vDSO), and the Python one (the guest's own python3 runs it)."""
+    (its CPU in the vDSO), the Python one (the guest's own python3 runs it), and cudart_real with NVIDIA's
+    aarch64 libcudart.so.13."""
     cross_compile(WORKLOADS / "two_funcs.c", dest / "two_funcs_fp", FP_FLAGS + PAC_FLAGS)
     cross_compile(WORKLOADS / "two_funcs.c", dest / "two_funcs_nofp", NO_FP_FLAGS + PAC_FLAGS)
     cross_compile(WORKLOADS / "getppid_n.c", dest / "getppid_n", ["-O2"])
     cross_compile(WORKLOADS / "vdso_clock.c", dest / "vdso_clock", NO_FP_FLAGS + PAC_FLAGS)  # its clock mode
     shutil.copy2(WORKLOADS / "py_story.py", dest / "py_story.py")
+    # NVIDIA's real aarch64 libcudart, called by our launcher (no driver: each launch fails, but is made)
+    include = cuda_wheels() / "include"
+    cross_compile(
+        CUDA_STANDIN / "cudart_real.c", dest / "cudart_real", FP_FLAGS + ["-I", str(include), "-ldl"]
+    )
+    shutil.copy2(real_libcudart_aarch64(), dest / "libcudart.so.13")
 
 
 def run_guest(inputs: Path, out: Path, limit_s: int) -> dict:

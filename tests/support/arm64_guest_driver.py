@@ -27,6 +27,7 @@ GRPC, HTTP, AGENT_HTTP = "127.0.0.1:7470", "127.0.0.1:7471", "127.0.0.1:7472"
 # two BPF programs compiled) takes minutes, not seconds.
 AGENT_START_S = 600
 COLLECTOR_START_S = 180
+CUDART_LAUNCHES = 500
 
 
 def log(*what: object) -> None:
@@ -75,8 +76,10 @@ def acked_batches() -> int:
     return 0
 
 
-def folded(pid: int) -> str:
-    q = urllib.parse.urlencode({"query": f'{{pid="{pid}"}}', "since": "30m", "format": "folded"})
+def folded(pid: int, kind: str = "cpu") -> str:
+    q = urllib.parse.urlencode(
+        {"query": f'{{pid="{pid}"}}', "since": "30m", "format": "folded", "type": kind}
+    )
     return get(f"http://{HTTP}/api/v1/profile?{q}").decode()
 
 
@@ -156,6 +159,39 @@ def workloads(cfg: dict, seconds: float | None = None) -> dict[str, list[str]]:
     }
 
 
+def launches_through_cudart(interval: float) -> dict:
+    """cudart_real with NVIDIA's aarch64 libcudart: it dlopen()s it and spins (the agent finds it by its
+    samples, with the library mapped, and attaches the probes), then, once the agent has a CUDA file
+    probed, makes its 500 launches."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [str(HERE / "cudart_real"), str(HERE / "libcudart.so.13"), str(CUDART_LAUNCHES)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "HOLD": "1", "SPIN": "1"},
+    )  # fmt: skip
+    first = proc.stdout.readline().strip()
+    deadline = time.monotonic() + 300  # a hang guard: the loop ends once a file is probed
+    while agent_metric("fleetprof_agent_cuda_probed_files") < 1 and time.monotonic() < deadline:
+        time.sleep(interval / 2)
+    probed_s = round(time.monotonic() - t0, 1)
+    stdout, _ = proc.communicate("\n", timeout=600)
+    return {"pid": proc.pid, "rc": proc.returncode, "stdout": stdout.strip(), "first": first,
+            "probed_after_s": probed_s}  # fmt: skip
+
+
+def settled_launches(pid: int, interval: float) -> str:
+    """The cuda_launch profile of `pid` once it answers the same twice in a row (a hang guard bounds it)."""
+    deadline = time.monotonic() + 30 * interval + 600
+    last = ""
+    while time.monotonic() < deadline:
+        now = folded(pid, "cuda_launch")
+        if now and now == last:
+            return now
+        last = now
+        time.sleep(interval)
+    return last
+
+
 def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
     name = phase["name"]
     result: dict = {"name": name, "agent_args": phase["agent_args"]}
@@ -204,6 +240,8 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
             result.setdefault("workloads", {})[wname] = {
                 "pid": proc.pid, "rc": proc.returncode, "stdout": stdout.strip(),
             }  # fmt: skip
+        if "cudart" in phase["workloads"]:
+            result["workloads"]["cudart"] = launches_through_cudart(cfg["interval"])
         log(name, "workloads done")
         pids = [w["pid"] for w in result["workloads"].values()]
         profiles = settled(pids, cfg["interval"])
@@ -213,6 +251,9 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
             result["workloads"]["python"]["rc"] = proc.returncode
         for w in result["workloads"].values():
             w["folded"] = profiles.get(w["pid"], "")
+        cudart = result["workloads"].get("cudart")
+        if cudart is not None:
+            cudart["launches"] = settled_launches(cudart["pid"], cfg["interval"])
         getppid = result["workloads"].get("getppid")
         if getppid is not None:
             q = urllib.parse.urlencode(
