@@ -180,8 +180,10 @@ def launches_through_cudart(interval: float) -> dict:
 
 
 def settled_launches(pid: int, interval: float) -> str:
-    """The cuda_launch profile of `pid` once it answers the same twice in a row (a hang guard bounds it)."""
-    deadline = time.monotonic() + 30 * interval + 600
+    """The cuda_launch profile of `pid` once it answers the same twice in a row. Called after settled(),
+    which waited for the windows up to then: a hang guard bounds it, short, so that a run whose probes
+    never attached (nothing to wait for) costs minutes, not ten."""
+    deadline = time.monotonic() + 10 * interval + 60
     last = ""
     while time.monotonic() < deadline:
         now = folded(pid, "cuda_launch")
