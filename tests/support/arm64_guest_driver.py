@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -35,8 +36,18 @@ def log(*what: object) -> None:
 
 
 def get(url: str, timeout: float = 10) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read()
+    """The body at `url`. A 503 is asked again (5 times, 5 s apart): the agent's HTTP server answers 503 to a
+    request its handler did not finish within its budget, and under emulation, with the host loaded, its
+    drains held the agent's CPU that long (a fresh-clone run beside two CPU burners)."""
+    for attempt in range(6):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == 5:
+                raise
+        time.sleep(5)
+    raise AssertionError("unreachable")
 
 
 def answers(url: str) -> bool:
