@@ -142,6 +142,22 @@ def _local_samples(server: ClickHouse, database: str = DATABASE) -> dict[str, in
         conn.close()
 
 
+def _held_samples(reader: NativeConnection, database: str) -> dict[str, int]:
+    """CPU samples in each of `rows`, `rows_1m`, `rows_10m`, read through its Distributed table from
+    replicas that have them (a part still waiting for its quorum is not read)."""
+    settings = {
+        "load_balancing": "in_order",
+        "prefer_localhost_replica": 0,
+        "select_sequential_consistency": 1,
+    }
+    return {
+        table: reader.query(f"SELECT sum(count) FROM {database}.{table} WHERE kind = 1", settings=settings)[
+            0
+        ][0]
+        for table in ("rows", "rows_1m", "rows_10m")
+    }
+
+
 def test_kill_a_collector_and_a_replica_mid_stream_and_count_exactly(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -264,18 +280,7 @@ def test_a_batch_a_rollup_missed_is_completed_once_when_resent(cluster: Cluster)
     reader = NativeConnection(parse_url(f"{servers[0].url}/{database}"), size=1)
 
     def held() -> dict[str, int]:
-        """Samples in each table, read through its Distributed table from replicas that have them."""
-        settings = {
-            "load_balancing": "in_order",
-            "prefer_localhost_replica": 0,
-            "select_sequential_consistency": 1,
-        }
-        return {
-            table: reader.query(
-                f"SELECT sum(count) FROM {database}.{table} WHERE kind = 1", settings=settings
-            )[0][0]
-            for table in ("rows", "rows_1m", "rows_10m")
-        }
+        return _held_samples(reader, database)
 
     lagging.query(f"SYSTEM STOP FETCHES {database}.rows_10m_local")
     try:
@@ -323,19 +328,9 @@ def test_a_batch_whose_quorum_timed_out_is_once_in_every_table_when_resent(clust
     stack = (FrameKey("main", "app"), FrameKey("step", "app"))
     rows = ProfileRows.from_rows(now - 20, now - 10, 19, [(lb, stack, 11)],
                                  [(lb, "read", SyscallAgg(3, 0, 0, []))], ids=store.ids)  # fmt: skip
-    readable = {
-        "load_balancing": "in_order",
-        "prefer_localhost_replica": 0,
-        "select_sequential_consistency": 1,
-    }
 
     def held() -> dict[str, int]:
-        return {
-            table: reader.query(
-                f"SELECT sum(count) FROM {database}.{table} WHERE kind = 1", settings=readable
-            )[0][0]
-            for table in ("rows", "rows_1m", "rows_10m")
-        }
+        return _held_samples(reader, database)
 
     lagging.query(f"SYSTEM STOP FETCHES {database}.rows_local")
     try:
