@@ -32,7 +32,21 @@
 //    neither (a uprobe program can be preempted: measured PREEMPT_RCU kernels), so theirs is the task's
 //    own (task storage, struct task_walk).
 #include <uapi/linux/ptrace.h>
-#include <uapi/linux/bpf_perf_event.h>
+
+// A perf_event program's context (uapi/linux/bpf_perf_event.h, a fixed ABI): the interrupted registers as the
+// architecture's bpf_user_pt_regs_t, then the period and address. Declared here, not included: that header
+// drags in the kernel's whole asm/ptrace.h tree, ~0.85 s of BCC's ~2.3 s compile of this file on x86-64
+// (bench/bpf_compile.py), paid at every agent start, and 10-25x that in an emulated arm64 guest.
+#if ARCH_ARM64
+typedef struct user_pt_regs sample_regs_t;
+#else
+typedef struct pt_regs sample_regs_t;
+#endif
+struct bpf_perf_event_data {
+    sample_regs_t regs;
+    u64 sample_period;
+    u64 addr;
+};
 
 #include "process_event.h"   // struct process_event, EVENT_*: here for sampled processes
 #include "python_stack.h"
