@@ -4,8 +4,9 @@ qemu-system-aarch64 TCG with pointer authentication on).
 One boot runs it all (tests/support/arm64_guest_driver.py inside): fleetprof installed from its wheel, a
 collector beside it, and per phase an agent with aarch64 workloads: two_funcs (fp_hot_alpha 3 : fp_cold_beta
 1, its own CPU clock the truth) built with frame pointers and without, py_story.py (outer 3 : decoy 1) on
-Debian's arm64 python3.11, and getppid_n (an exact count of one syscall). Phases: the agent as shipped
-(--unwind=eh_frame) and with --unwind=fp.
+Debian's arm64 python3.11, and getppid_n (an exact count of one syscall), in a cgroup of their own that the
+agent profiles (--cgroup, as the host's test agents do). Phases: the agent as shipped (--unwind=eh_frame)
+and with --unwind=fp.
 
 Both phases hold the same bars: the table walk (AArch64 CFI, x30 for a leaf, PAC signatures stripped)
 gives whole stacks of code without frame pointers, which the frame-pointer walk cannot.
