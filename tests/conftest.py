@@ -36,20 +36,23 @@ WORKLOADS = Path(__file__).parent / "workloads"
 
 
 # Where the suite's CPU goes: with FLEETPROF_TEST_CPU_LOG=FILE each test appends "seconds<TAB>node id<TAB>wall
-# seconds<TAB>phase", the CPU its worker spent on it plus what its waited-for subprocesses spent (module
-# fixtures count in their first test). Wall durations mislead when the phases share two CPUs; CPU is what the
-# 10-minute budget spends, and wall, per phase, says which files a phase's end waits for.
+# seconds<TAB>phase<TAB>start (Unix time)<TAB>xdist worker", the CPU its worker spent on it plus what its
+# waited-for subprocesses spent (module fixtures count in their first test). Wall durations mislead when the
+# phases share two CPUs; CPU is what the 10-minute budget spends, and wall, per phase, with the start and the
+# worker, says which files a phase's end waits for.
 CPU_LOG = os.environ.get("FLEETPROF_TEST_CPU_LOG")
 if CPU_LOG:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-        before, wall = sum(os.times()[:4]), time.monotonic()
+        before, wall, start = sum(os.times()[:4]), time.monotonic(), time.time()
         yield
         phase = os.environ.get("FLEETPROF_TEST_PHASE", "main")
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "-")
         with open(CPU_LOG, "a") as log:
             log.write(
-                f"{sum(os.times()[:4]) - before:.2f}\t{item.nodeid}\t{time.monotonic() - wall:.2f}\t{phase}\n"
+                f"{sum(os.times()[:4]) - before:.2f}\t{item.nodeid}\t{time.monotonic() - wall:.2f}\t{phase}"
+                f"\t{start:.1f}\t{worker}\n"
             )
 
 
