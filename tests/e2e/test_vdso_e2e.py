@@ -41,38 +41,65 @@ def names(stack: tuple) -> list[str]:
     return [f.function.split("@", 1)[0] for f in stack]
 
 
-def run(argv: list[str]) -> int:
-    proc = subprocess.Popen(argv)
-    assert proc.wait(timeout=120) == 0, argv
-    return proc.pid
+def pyenv(version: str) -> str:
+    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python{version}"))
+    if not found:
+        pytest.fail(f"CPython {version} is not installed here (pyenv)")
+    return found[-1]
 
 
-def warmed(collector: RunningCollector, agent: RunningAgent, argv: list[str]) -> None:
-    """Show the agent a short run of the same program first and wait until it is drained: an always-on agent
-    has long since built the tables of the files every process maps (libc, the interpreter). A fresh one
-    builds them in the first seconds (large ones, such as libpython, only after the drain that follows the
-    first walk through them: up to 10 s here), and walks them by frame pointer meanwhile."""
-    settled_profile(collector, f'{{pid="{run(argv)}"}}', agent)
+def run_together(argvs: dict[str, list[str]]) -> dict[str, int]:
+    """Run the commands at once; name -> pid once all have exited (each checked for success)."""
+    procs = {name: subprocess.Popen(argv) for name, argv in argvs.items()}
+    for name, proc in procs.items():
+        assert proc.wait(timeout=120) == 0, argvs[name]
+    return {name: proc.pid for name, proc in procs.items()}
 
 
-def profile(collector: RunningCollector, pid: int, agent: RunningAgent) -> dict[tuple[str, ...], int]:
-    """The process's CPU profile once settled, as root-first frame names -> samples."""
-    got = settled_profile(collector, f'{{pid="{pid}"}}', agent)
-    return {tuple(names(st)): n for st, n in got.items()}
+def settled_profiles(collector: RunningCollector, agent: RunningAgent, pids: dict[str, int]) -> dict:
+    """name -> that pid's CPU profile as root-first frame names -> samples, once the profile of all of them
+    together has settled (one wait on the agent's batches for all: two at a 10 s interval cost 20 s each)."""
+    settled_profile(collector, f'{{pid=~"{"|".join(str(p) for p in pids.values())}"}}', agent)
+    out = {}
+    for name, pid in pids.items():
+        got = collector.folded(f'{{pid="{pid}"}}')
+        out[name] = {tuple(names(st)): n for st, n in got.items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def profiles(
+    agent: RunningAgent, module_collector: RunningCollector, no_fp_bin: Callable[[str], Path]
+) -> dict[str, dict[tuple[str, ...], int]]:
+    """Both workloads under each agent, at once: a short run of each first, drained (an always-on agent has
+    long since built the tables of the files every process maps: libc, the interpreter; a fresh one builds
+    them in its first seconds, large ones such as libpython only after the drain that follows the first
+    walk through them, up to 10 s here, and walks them by frame pointer meanwhile), then the measured runs.
+    Each runs for its own CPU time, so running them side by side changes no count they are judged by.
+      - "clock": a C workload built without frame pointers (only call-frame information leads out of the
+        vDSO and glibc): warm_up, then clock_burn reads clock_gettime(CLOCK_THREAD_CPUTIME_ID) for CPU_S of
+        its CPU;
+      - "python": CPython 3.12 (pyenv; libpython has symbols): warm_up, then poll_cpu_clock calls
+        time.thread_time() for CPU_S of its CPU."""
+    clock, python = (
+        [str(no_fp_bin("vdso_clock")), "clock"],
+        [pyenv("3.12"), str(WORKLOADS / "py_thread_time.py")],
+    )
+    warm = run_together({"clock": [*clock, "0.2", "0.2"], "python": [*python, "0.3", "0.3"]})
+    settled_profiles(module_collector, agent, warm)
+    measured = run_together(
+        {"clock": [*clock, str(WARM_S), str(CPU_S)], "python": [*python, str(WARM_S), str(CPU_S)]}
+    )
+    return settled_profiles(module_collector, agent, measured)
 
 
 def top(stacks: dict, n: int) -> list:
     return sorted(stacks.items(), key=lambda kv: -kv[1])[:n]
 
 
-def test_samples_in_a_cpu_time_clock_carry_their_caller(
-    agent: RunningAgent, module_collector: RunningCollector, no_fp_bin: Callable[[str], Path]
-) -> None:
-    """A C workload built without frame pointers (only call-frame information leads out of the vDSO and
-    glibc): warm_up, then clock_burn reads clock_gettime(CLOCK_THREAD_CPUTIME_ID) for CPU_S of its CPU."""
-    warmed(module_collector, agent, [str(no_fp_bin("vdso_clock")), "clock", "0.2", "0.2"])
-    pid = run([str(no_fp_bin("vdso_clock")), "clock", str(WARM_S), str(CPU_S)])
-    stacks = profile(module_collector, pid, agent)
+def test_samples_in_a_cpu_time_clock_carry_their_caller(agent: RunningAgent, profiles: dict) -> None:
+    """The C workload ("clock" of `profiles`): clock_burn's samples carry it above the named vDSO."""
+    stacks = profiles["clock"]
     total = sum(stacks.values())
     warm = sum(n for st, n in stacks.items() if "warm_up" in st)
     burn = sum(n for st, n in stacks.items() if "clock_burn" in st)
@@ -99,24 +126,12 @@ def test_samples_in_a_cpu_time_clock_carry_their_caller(
     assert named >= 0.8 * burn and unnamed == 0, (named, burn, unnamed)
 
 
-def pyenv(version: str) -> str:
-    found = sorted(glob.glob(f"/root/.pyenv/versions/{version}.*/bin/python{version}"))
-    if not found:
-        pytest.fail(f"CPython {version} is not installed here (pyenv)")
-    return found[-1]
-
-
-def test_python_in_time_thread_time_keeps_its_python_caller(
-    agent: RunningAgent, module_collector: RunningCollector
-) -> None:
-    """CPython 3.12 (pyenv; libpython has symbols): warm_up, then poll_cpu_clock calls time.thread_time()
-    for CPU_S of its CPU. Its samples in the vDSO carry the whole way down from the Python function: the
-    function, thread_time's C frame in the interpreter, glibc's clock_gettime, `__vdso_clock_gettime`.
-    (The Python frames alone come from the CPython walker whatever the native walk does; the native frames
-    between them and the vDSO come only from walking out of the vDSO.)"""
-    warmed(module_collector, agent, [pyenv("3.12"), str(WORKLOADS / "py_thread_time.py"), "0.3", "0.3"])
-    pid = run([pyenv("3.12"), str(WORKLOADS / "py_thread_time.py"), str(WARM_S), str(CPU_S)])
-    stacks = profile(module_collector, pid, agent)
+def test_python_in_time_thread_time_keeps_its_python_caller(profiles: dict) -> None:
+    """The Python workload ("python" of `profiles`): its samples in the vDSO carry the whole way down from
+    the Python function: the function, thread_time's C frame in the interpreter, glibc's clock_gettime,
+    `__vdso_clock_gettime`. (The Python frames alone come from the CPython walker whatever the native walk
+    does; the native frames between them and the vDSO come only from walking out of the vDSO.)"""
+    stacks = profiles["python"]
     poll = "poll_cpu_clock (py_thread_time.py:"
     in_vdso = {st: n for st, n in stacks.items() if "__vdso_clock_gettime" in st}
     polled = sum(n for st, n in stacks.items() if any(s.startswith(poll) for s in st))
