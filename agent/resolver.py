@@ -125,6 +125,21 @@ class _Lru(OrderedDict):
             self.popitem(last=False)
 
 
+class _Described(_Lru):
+    """An _Lru of answers read against one description of a process: each is kept with the mappings it
+    was read against and holds only while the process has those. A process described again keeps its pid
+    and start time (an exec, a dlopen), and its next stack with a known id must be read against the new
+    mappings: an answer kept across an exec gave "[unseen mapping]" for a program's own vDSO for the rest
+    of its life. ProcessTable keeps the mappings object while they do not change."""
+
+    def lookup(self, key, mappings):
+        hit = self.get(key)
+        return hit[1] if hit is not None and hit[0] is mappings else None
+
+    def keep(self, key, mappings, value) -> None:
+        self.put(key, (mappings, value))
+
+
 class Resolver:
     """Symbolizes each distinct stack once; caches per (process, stack id) across drains (bounded).
 
@@ -162,10 +177,10 @@ class Resolver:
         self._attributor = attributor or Attributor()
         self._gpu = gpu
         # (pid, start, stack id) -> (frames, cut at an unmapped address, runs of a file's unsymbolized code)
-        self._user_cache = _Lru(cache_size)
+        self._user_cache = _Described(cache_size)
         self._kernel_cache = _Lru(cache_size)
         self._py_named = _Lru(cache_size // 2)
-        self._py_merged = _Lru(cache_size)
+        self._py_merged = _Described(cache_size)
         self._cut = 0  # samples of this window whose user stack was cut at an unmapped address
         self._unsymbolized = 0  # ... and whose user stack holds code of a file that no symbol covers
         self._symbol_generation = symbolizer.generation
@@ -318,11 +333,11 @@ class Resolver:
         the name it was looked up under."""
         if lc.api == CUDA_API_RUNTIME and proc.mappings:
             key = (proc.pid, proc.start_ticks, -lc.handle - 1)  # apart from stack ids in the same cache
-            cached = self._user_cache.get(key)
+            cached = self._user_cache.lookup(key, proc.mappings)
             if cached is None:
                 f = self._symbolizer.user_frames(proc.pid, proc.mappings, (lc.handle,))[0]
                 cached = Frame(f.function, f.module)
-                self._user_cache.put(key, cached)
+                self._user_cache.keep(key, proc.mappings, cached)
             return cached
         if lc.api == CUDA_API_DRIVER:
             name = names.get((lc.row.tgid, lc.handle))
@@ -405,7 +420,7 @@ class Resolver:
         if stack_id == STACK_UNTAKEN:
             return (UNTAKEN_STACK,), False, ()
         key = (proc.pid, proc.start_ticks, stack_id)
-        cached = self._user_cache.get(key)
+        cached = self._user_cache.lookup(key, proc.mappings)
         if cached is not None:
             return cached
         addrs = stacks.get(stack_id)
@@ -413,15 +428,17 @@ class Resolver:
             return (LOST_USER_STACK,), False, ()
         if not proc.mappings:
             result = ((NOT_DESCRIBED,), False, ())
-            self._user_cache.put(key, result)
+            self._user_cache.keep(key, proc.mappings, result)
             return result
-        frames = self._symbolizer.user_frames(proc.pid, proc.mappings, addrs, return_addresses=True)
-        if any(f.module == UNMAPPED for f in frames) and proc.pid not in remapped and proc.mappings:
+        mappings = proc.mappings
+        frames = self._symbolizer.user_frames(proc.pid, mappings, addrs, return_addresses=True)
+        if any(f.module == UNMAPPED for f in frames) and proc.pid not in remapped:
             # An address outside the captured mappings: the process mapped something new (dlopen).
             remapped.add(proc.pid)
             fresh = self._processes.remap(proc.pid)
-            if fresh is not None and fresh.mappings != proc.mappings:
-                frames = self._symbolizer.user_frames(proc.pid, fresh.mappings, addrs, return_addresses=True)
+            if fresh is not None and fresh.mappings is not mappings:
+                mappings = fresh.mappings
+                frames = self._symbolizer.user_frames(proc.pid, mappings, addrs, return_addresses=True)
         # A return address outside every executable mapping, even now, is no caller: a frame-pointer walk
         # (the kernel's, for processes not walked by tables) read it from a frame of code that keeps no frame
         # pointer. The stack ends below it. The leaf is where the CPU was, and stays.
@@ -432,7 +449,7 @@ class Resolver:
         kept.reverse()
         runs = module_runs(kept)
         result = (by_module(kept) if self._by_module else tuple(kept), cut < len(frames), runs)
-        self._user_cache.put(key, result)
+        self._user_cache.keep(key, mappings, result)
         return result
 
     def _kernel(self, stack_id: int, stacks: dict[int, tuple[int, ...]]) -> tuple[Frame, ...]:
@@ -478,7 +495,7 @@ class _PythonWindow:
     kept. Without this, every window re-read every sampled code object and re-decoded its line table:
     ~1% of a core for a handful of Python processes, most of the agent's CPU."""
 
-    def __init__(self, python: PythonStacks, named: _Lru, merged: _Lru):
+    def __init__(self, python: PythonStacks, named: _Lru, merged: _Described):
         self._python = python
         self._detected = python.begin_window()
         self._named = named
@@ -513,11 +530,11 @@ class _PythonWindow:
             if not _unnamed(named):
                 self._named.put(key, named)
         mkey = (*key, native_id)
-        merged = self._merged.get(mkey)
+        merged = self._merged.lookup(mkey, proc.mappings)
         if merged is None:
             merged = self._python.merged(native, named)
             if not _unnamed(named):
-                self._merged.put(mkey, merged)
+                self._merged.keep(mkey, proc.mappings, merged)
         self.merged_samples += count
         return merged
 

@@ -94,6 +94,11 @@ class ProcessTable:
             old = self._procs.get(pid)
             if old is not None and old.mapped and not mappings:
                 evicted.append(pid)  # its image changed (exec): what was detected from its maps is stale
+            if old is not None and old.start_ticks == info.start_ticks and old.mappings == info.mappings:
+                # The same mappings object, not an equal copy: the resolver's caches know which mappings a
+                # stack was read against by identity (agent/resolver.py _Described), and a read that found
+                # nothing new must not make them read every stack of the process again.
+                info = replace(info, mappings=old.mappings)
             self._procs[pid] = info
             self._procs.move_to_end(pid)
             self._exited.pop(pid, None)

@@ -196,6 +196,9 @@ def test_one_in_four_sampling_scales_back_to_the_total(one_in_four: Pipeline, bl
     assert under >= 0.9 * run.ns(tid), (under, run.ns(tid), run.ns())
 
 
+NANOSLEEP_FRAMES = {"do_nanosleep", "hrtimer_nanosleep", "__x64_sys_clock_nanosleep"}
+
+
 def test_a_wait_across_drains_keeps_its_stacks_and_takes_the_wake_up_gpu_slot(
     every_switch: Pipeline, blocks_bin: Path
 ) -> None:
@@ -207,13 +210,15 @@ def test_a_wait_across_drains_keeps_its_stacks_and_takes_the_wake_up_gpu_slot(
     truth, tid = run.truth, run.truth["tid"]
     rows = [r for r in run.rows if r.tid == tid and any(f.function == "fp_block_here" for f in r.frames)]
     print(f"rows: {[(r.count, r.gpu_slot, [f.function for f in r.frames]) for r in rows]}")
-    assert len(rows) == 1, rows
-    row = rows[0]
+    # The sleep's own row, by its kernel frames. On a busy machine the thread may also wait for a CPU on its
+    # way back to user mode (exit_to_user_mode_loop, schedule: a preemption, 12 us in one loaded run): a
+    # wait of its own, recorded as one.
+    sleeps = [r for r in rows if {f.function for f in r.frames if f.kernel} & NANOSLEEP_FRAMES]
+    assert len(sleeps) == 1, rows
+    row = sleeps[0]
     assert_lossless(run)
     names = [f.function for f in row.frames]
     assert names[names.index("fp_block_here") - 1] == "run_once", names  # its caller, root first
-    kernel = {f.function for f in row.frames if f.kernel}
-    assert kernel & {"do_nanosleep", "hrtimer_nanosleep", "__x64_sys_clock_nanosleep"}, names
     waited = truth["after_ns"] - truth["before_ns"]
     assert 0.95 * waited <= row.count <= waited, (row.count, waited)
     # GPU_SLOT_NS is 1 s: the wait starts two or three slots before it ends. The workload reads the clock
