@@ -129,8 +129,9 @@ class _Described(_Lru):
     """An _Lru of answers read against one description of a process: each is kept with the mappings it
     was read against and holds only while the process has those. A process described again keeps its pid
     and start time (an exec, a dlopen), and its next stack with a known id must be read against the new
-    mappings: an answer kept across an exec gave "[unseen mapping]" for a program's own vDSO for the rest
-    of its life. ProcessTable keeps the mappings object while they do not change."""
+    mappings: kept by (pid, start time, stack id) alone, a stack first read before a dlopen mapped its
+    library stayed "[unseen mapping]" for the rest of the process's life. ProcessTable keeps the mappings
+    object while a re-read finds them unchanged."""
 
     def lookup(self, key, mappings):
         hit = self.get(key)

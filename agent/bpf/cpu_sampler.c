@@ -34,9 +34,9 @@
 #include <uapi/linux/ptrace.h>
 
 // A perf_event program's context (uapi/linux/bpf_perf_event.h, a fixed ABI): the interrupted registers as the
-// architecture's bpf_user_pt_regs_t, then the period and address. Declared here, not included: that header
-// drags in the kernel's whole asm/ptrace.h tree, ~0.85 s of BCC's ~2.3 s compile of this file on x86-64
-// (bench/bpf_compile.py), paid at every agent start, and 10-25x that in an emulated arm64 guest.
+// architecture's bpf_user_pt_regs_t, then the period and address. Declared here, not included: on x86-64
+// that header drags in the kernel's whole asm/ptrace.h tree, ~1 s of BCC's compile of this file at every
+// agent start (2.2 s against 1.1 s for CPU samples alone: bench/bpf_compile.py). On arm64 it is light.
 #if ARCH_ARM64
 typedef struct user_pt_regs sample_regs_t;
 #else
