@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Its figures in bench/README.md were taken on two CPUs (the test's guest has one): the same here, unless
+# Its figures in bench/README.md were taken on two CPUs, the guest's default: the same here, unless
 # ARM64_GUEST_SMP says otherwise.
 SMP = os.environ.get("ARM64_GUEST_SMP", "2")
 REPO = Path(__file__).resolve().parent.parent

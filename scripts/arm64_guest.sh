@@ -6,7 +6,7 @@
 #   scripts/arm64_guest.sh run IN OUT [S] boot it: IN/run.sh runs inside (as `sh run.sh OUTDIR`, in IN), what it
 #                                         writes to OUTDIR comes back into OUT, with OUT/console.log (the
 #                                         serial console); S: seconds before the guest is killed (600);
-#                                         $ARM64_GUEST_SMP: its CPUs (1)
+#                                         $ARM64_GUEST_SMP: its CPUs (2)
 #
 # The guest is a root filesystem made by mmdebstrap (Debian's cloud arm64 kernel 6.1 and its headers, BCC,
 # Python 3.11 with a venv /opt/fleetprof holding fleetprof's dependencies as aarch64 wheels from PyPI) and an
@@ -232,11 +232,11 @@ run() {
   # -nic none: with a network card qemu wants a boot ROM (efi-virtio.rom) Debian's qemu-system-arm lacks.
   # -cpu max with pauth-impdef: pointer authentication on (return addresses are signed), with QEMU's
   # cheap hash instead of QARMA, which is slow to emulate. snapshot=on: the cached image is never written.
-  # One CPU ($ARM64_GUEST_SMP to change it): with two, qemu's two threads took 10% more host CPU for the
-  # same test (240 s against 216, 2026-11-28), and the agent's single-threaded start was slower (88 s
-  # against 64): the guest kernel's cross-CPU work (RCU, IPIs) costs real time under emulation.
+  # Two CPUs ($ARM64_GUEST_SMP to change it). One took 10% less host CPU alone (216 s against 240 for the
+  # test, 2026-11-28), but on a host loaded beyond its CPUs qemu's one thread got one share of them, and
+  # the workloads starved the agent inside: it described and tabled them late (fresh-clone run 28).
   TMPDIR=$tmp timeout -k 10 "$limit" qemu-system-aarch64 -M virt -cpu max,pauth-impdef=on -m 4096 \
-    -smp "${ARM64_GUEST_SMP:-1}" \
+    -smp "${ARM64_GUEST_SMP:-2}" \
     -nographic -nic none -no-reboot \
     -kernel "$dir/vmlinuz" -initrd "$dir/initrd.img" \
     -append 'root=/dev/vda rw console=ttyAMA0 init=/sbin/fleetprof-guest-init panic=-1 quiet' \

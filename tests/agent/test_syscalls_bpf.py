@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,17 +66,23 @@ def timing_tracer() -> Iterator[SyscallTracer]:
     tracer.close()
 
 
-def drain_while_running(tracer: SyscallTracer, argv: list[str]) -> tuple[int, list[SyscallDrain]]:
+def drain_while_running(
+    tracer: SyscallTracer, argv: list[str], out: list[str] | None = None
+) -> tuple[int, list[SyscallDrain]]:
     """Start `argv` in a fresh window, drain every DRAIN_EVERY_S until it exits, then once more;
-    returns its pid and the drains."""
+    returns its pid and the drains (and its stdout's lines into `out`, where given)."""
     tracer.drain()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    drains = []
-    while proc.poll() is None:
-        time.sleep(DRAIN_EVERY_S)
+    with tempfile.TemporaryFile("w+") as stdout:
+        proc = subprocess.Popen(argv, stdout=stdout)
+        drains = []
+        while proc.poll() is None:
+            time.sleep(DRAIN_EVERY_S)
+            drains.append(tracer.drain())
+        assert proc.returncode == 0, f"{argv} failed with {proc.returncode}"
         drains.append(tracer.drain())
-    assert proc.returncode == 0, f"{argv} failed with {proc.returncode}"
-    drains.append(tracer.drain())
+        if out is not None:
+            stdout.seek(0)
+            out.extend(stdout.read().split())
     return proc.pid, drains
 
 
@@ -129,7 +136,8 @@ def test_nanosleep_p50_lands_in_the_5ms_log2_bucket(
     timing_tracer: SyscallTracer, workload_bin: Callable[[str], Path]
 ) -> None:
     k, ms = 20, 5
-    pid, drains = drain_while_running(timing_tracer, [str(workload_bin("sleep_loop")), str(k), str(ms)])
+    took: list[str] = []
+    pid, drains = drain_while_running(timing_tracer, [str(workload_bin("sleep_loop")), str(k), str(ms)], took)
     count, timed, timed_ns, hist = totals(drains, pid, "clock_nanosleep")
     assert count == k and timed == k, (count, timed)
     cumulative, p50 = 0, None
@@ -138,12 +146,17 @@ def test_nanosleep_p50_lands_in_the_5ms_log2_bucket(
         if cumulative * 2 >= timed:
             p50 = i
             break
-    # A 5 ms sleep leaves this bucket only if its wake-up waits > 3.39 ms for a CPU: with both CPUs busy
-    # (two spinning processes) 6 of 100 sleeps did. The median leaves it only if 10 of the 20 do:
-    # P = C(20,10) x 0.06^10 x 0.94^10 = 6e-8 (a 4-sigma margin would be 3e-5).
+    # Each call's time in the tracer lies within the workload's own (its clock read just before and after
+    # the call), and no sleep ends early (the kernel's promise): the median's bucket lies between that of
+    # 5 ms, [4.19, 8.39) ms, and that of the workload's own median. On a quiet machine both are 22; beside
+    # the rest of make test and two CPU burners the wake-ups came late and the own median was 12 ms (23).
+    # Nanoseconds counted as microseconds read bucket 12, a wrong clock or a missed exit anything.
+    own = sorted(int(ns) for ns in took)
+    assert len(own) == k, took
     buckets = {i: n for i, n in enumerate(hist) if n}
-    print(f"clock_nanosleep: {buckets} (log2 ns bucket: calls), {timed_ns} ns in all")
-    assert p50 == bucket_of(ms * 1_000_000) == 22  # [4.19, 8.39) ms
+    median = own[(k + 1) // 2 - 1]  # the call p50 counts up to: the 10th shortest of 20
+    print(f"clock_nanosleep: {buckets} (log2 ns bucket: calls), {timed_ns} ns in all; own median {median}")
+    assert bucket_of(ms * 1_000_000) == 22 <= p50 <= bucket_of(median), (p50, own)
     # The sum of the timed durations lies within the edges of the buckets they were counted in: exact,
     # however late the wake-ups. (The mean was held under 8.39 ms, which a few late wake-ups break: with
     # both CPUs busy one sleep took > 16.8 ms and the mean reached 6.2 ms.) No sleep ends early: the
@@ -275,7 +288,8 @@ def test_duty_cycle_times_calls_only_inside_its_windows(workload_bin: Callable[[
     try:
         k, ms = 600, 5  # ~3.3 s of 5 ms sleeps: three or four windows
         t0 = time.monotonic()
-        pid, drains = drain_while_running(tracer, [str(workload_bin("sleep_loop")), str(k), str(ms)])
+        took: list[str] = []
+        pid, drains = drain_while_running(tracer, [str(workload_bin("sleep_loop")), str(k), str(ms)], took)
         elapsed = time.monotonic() - t0
     finally:
         tracer.close()
@@ -291,7 +305,11 @@ def test_duty_cycle_times_calls_only_inside_its_windows(workload_bin: Callable[[
     # Every timed call is a ~5 ms sleep: no start left over from a closed window was timed across the
     # gap to the next one (that would be >= 0.5 s, bucket 28+).
     assert sum(hist) == timed and max(i for i, n in enumerate(hist) if n) < 26
-    assert bucket_of(timed_ns // timed) == bucket_of(ms * 1_000_000)
+    # The timed calls' mean: at least 5 ms (the kernel's promise), at most the workload's own longest call
+    # (each timed call lies within its own); both bucket 22 on a quiet machine.
+    longest = max(int(ns) for ns in took)
+    mean = timed_ns // timed
+    assert bucket_of(ms * 1_000_000) <= bucket_of(mean) <= bucket_of(longest), (mean, longest)
 
 
 def test_a_call_that_outlives_its_timing_window_is_dropped_not_timed(
@@ -302,7 +320,7 @@ def test_a_call_that_outlives_its_timing_window_is_dropped_not_timed(
     tracer = SyscallTracer(SyscallConfig(latency_sample_every=1, latency_duty=LatencyDuty(60.0, 120.0)))
     try:
         tracer.drain()
-        proc = subprocess.Popen([str(workload_bin("sleep_loop")), "1", "1200"])
+        proc = subprocess.Popen([str(workload_bin("sleep_loop")), "1", "1200"], stdout=subprocess.DEVNULL)
         time.sleep(0.4)  # the sleep started in window 1
         tracer.open_timing_window()  # window 2: the sleep's start is now stale
         assert proc.wait(timeout=10) == 0
