@@ -196,6 +196,7 @@ def test_eh_frame_syscalls_carry_arm64_names(guest: dict) -> None:
     syscall_named(phase(guest, "eh_frame"))
 
 
+@LOADED_HOST_LAG  # 57/389 (one emulated CPU) and 163/341 (two) beside two CPU burners, fresh-clone runs 28-29
 def test_eh_frame_vdso_samples_keep_their_callers(guest: dict) -> None:
     """vdso_clock reads clock_gettime(CLOCK_THREAD_CPUTIME_ID): glibc calls the vDSO, which makes the
     syscall (arm64's vDSO has no fast path for it), so its samples have their user pc in the vDSO. That vDSO

@@ -88,10 +88,13 @@ def test_wall_split_matches_the_workloads_clock_and_idle_pools_stay_out(
     assert abs(blocked - b) <= 4.5 * math.sqrt(var_block) + 0.05 * b, (blocked, b)
 
     # The pool: 4 threads x 6 s asleep. Idle (they run ~10 us a 50 ms nap), so the wall view leaves their
-    # waits out; the off-CPU view and the wall view with threads=all keep them.
+    # waits out; the off-CPU view and the wall view with threads=all keep them. What may stay is their time
+    # past each nap, woken and waiting for a CPU (a wait of a thread about to run, which the wall view
+    # keeps): the workload measures it, with the timers' slack, as pool_late_ns (~60 ms alone; beside two
+    # CPU burners the pool's share reached 1.0% of the total). Keeping their naps would read ~24 s.
     total = sum(wall.values())
     pooled = through(wall, "fp_pool_wait")
-    assert pooled < 0.01 * total, (pooled, total)
+    assert pooled < 0.01 * total + truth["pool_late_ns"], (pooled, total, truth["pool_late_ns"])
     offcpu = settled_profile(module_collector, query, agent, type="offcpu")
     everything = settled_profile(module_collector, query, agent, type="wall", threads="all")
     pool_s = POOL * 6

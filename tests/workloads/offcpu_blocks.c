@@ -13,7 +13,8 @@
  *       fp_block_here as `random` does, until SECONDS pass; it measures the wall time of each with
  *       CLOCK_MONOTONIC (a burn's includes any time it waited for a CPU). POOL more threads sleep meanwhile
  *       in fp_pool_wait, 50 ms at a time, as an idle thread pool does. Prints JSON: the main thread's tid,
- *       its blocks, their total and sum of squares, its burns' wall time, the pool's tids.
+ *       its blocks, their total and sum of squares, its burns' wall time, the pool's tids and the pool's
+ *       time past its naps (timer slack, and waiting for a CPU once woken).
  *
  * fp_block_here issues clock_nanosleep with its own `syscall` instruction: the user stack the kernel
  * records at the switch-out starts in fp_block_here. Through glibc's wrapper (no frame pointer) the frame
@@ -76,22 +77,28 @@ __attribute__((noinline)) void fp_burn_cpu(int64_t ns)
 
 static volatile int pool_stop;
 static long pool_tids[64];
+static int64_t pool_late[64]; /* per thread: its naps' time beyond 50 ms (woken, then waiting for a CPU) */
 
 /* nanosleep with its own `syscall` instruction, as fp_block_here. */
-__attribute__((noinline)) void fp_pool_wait(void)
+__attribute__((noinline)) int64_t fp_pool_wait(void)
 {
 	struct timespec nap = {0, 50 * 1000 * 1000};
+	int64_t late = 0;
 	while (!pool_stop) {
 		long ret;
+		int64_t t0 = clock_ns(CLOCK_MONOTONIC);
 		__asm__ volatile("syscall" : "=a"(ret) : "a"((long)SYS_nanosleep), "D"(&nap), "S"(0L)
 				 : "rcx", "r11", "memory");
+		int64_t took = clock_ns(CLOCK_MONOTONIC) - t0 - nap.tv_nsec;
+		late += took > 0 ? took : 0;
 	}
+	return late;
 }
 
 static void *pool_thread(void *arg)
 {
 	pool_tids[(long)arg] = syscall(SYS_gettid);
-	fp_pool_wait();
+	pool_late[(long)arg] = fp_pool_wait();
 	return NULL;
 }
 
@@ -156,11 +163,15 @@ static int run_mixed(double seconds, long min_us, long max_us, long burn_us, lon
 		blocks++;
 	}
 	pool_stop = 1;
-	for (long i = 0; i < pool; i++)
+	int64_t pool_late_ns = 0;
+	for (long i = 0; i < pool; i++) {
 		pthread_join(threads[i], NULL);
+		pool_late_ns += pool_late[i];
+	}
 	printf("{\"tid\": %ld, \"blocks\": %ld, \"blocked_ns\": %lld, \"blocked_sq_ns2\": %.17g, \"burned_ns\": %lld, "
-	       "\"pool_tids\": [",
-	       (long)syscall(SYS_gettid), blocks, (long long)blocked, squares, (long long)burned);
+	       "\"pool_late_ns\": %lld, \"pool_tids\": [",
+	       (long)syscall(SYS_gettid), blocks, (long long)blocked, squares, (long long)burned,
+	       (long long)pool_late_ns);
 	for (long i = 0; i < pool; i++)
 		printf("%s%ld", i ? ", " : "", pool_tids[i]);
 	printf("]}\n");
