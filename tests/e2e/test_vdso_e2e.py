@@ -56,10 +56,15 @@ def run_together(argvs: dict[str, list[str]]) -> dict[str, int]:
     return {name: proc.pid for name, proc in procs.items()}
 
 
-def settled_profiles(collector: RunningCollector, agent: RunningAgent, pids: dict[str, int]) -> dict:
-    """name -> that pid's CPU profile as root-first frame names -> samples, once the profile of all of them
-    together has settled (one wait on the agent's batches for all: two at a 10 s interval cost 20 s each)."""
+def settle_together(collector: RunningCollector, agent: RunningAgent, pids: dict[str, int]) -> None:
+    """Once the profile of all of `pids` together has settled: one wait on the agent's batches for all
+    (two at a 10 s interval cost 20 s each)."""
     settled_profile(collector, f'{{pid=~"{"|".join(str(p) for p in pids.values())}"}}', agent)
+
+
+def settled_profiles(collector: RunningCollector, agent: RunningAgent, pids: dict[str, int]) -> dict:
+    """name -> that pid's CPU profile as root-first frame names -> samples, once settled together."""
+    settle_together(collector, agent, pids)
     out = {}
     for name, pid in pids.items():
         got = collector.folded(f'{{pid="{pid}"}}')
@@ -86,7 +91,7 @@ def profiles(
         [pyenv("3.12"), str(WORKLOADS / "py_thread_time.py")],
     )
     warm = run_together({"clock": [*clock, "0.2", "0.2"], "python": [*python, "0.3", "0.3"]})
-    settled_profiles(module_collector, agent, warm)
+    settle_together(module_collector, agent, warm)  # drained: nothing of theirs is read
     measured = run_together(
         {"clock": [*clock, str(WARM_S), str(CPU_S)], "python": [*python, str(WARM_S), str(CPU_S)]}
     )
