@@ -36,8 +36,10 @@ APT_PKGS=(python3-bpfcc bpfcc-tools libbpfcc linux-perf gcc libc6-dev unzip)  # 
 # guest's root and the image's base are made (arch-test checks that it does); the cross compiler builds the
 # aarch64 workloads and the guest's initramfs /init, and its linux-libc-dev-arm64-cross has the arm64 syscall
 # table (scripts/gen_syscalls.py); ca-certificates' update-ca-certificates fills the guest's /etc/ssl/certs.
+# libc6-dev-arm64-cross is only a Recommends of the cross compiler, which --no-install-recommends leaves out
+# (a machine that had the compiler without it failed the guest's build: bits/wordsize.h missing).
 [ $WANT_TEST = 1 ] && APT_PKGS+=(qemu-system-arm qemu-user-static binfmt-support mmdebstrap arch-test
-  gcc-aarch64-linux-gnu ca-certificates)
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross linux-libc-dev-arm64-cross ca-certificates)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
