@@ -119,7 +119,8 @@ class StackCarry:
 
     def fill(self, rows: Iterable, stacks: dict, python_stacks: dict) -> int:
         """Add to this drain's stacks the carried bodies its off-CPU rows (with user_stack, kernel_stack and
-        python_stack ids) need; returns how many ids were found nowhere (0 unless a stack table was full)."""
+        python_stack ids) need; returns how many ids were found nowhere: none by design (a body BPF could
+        not copy over comes as STACK_LOST, counted apart), so any is a defect the metric shows."""
         missing = 0
         for row in rows:
             for sid, drained, carried in (

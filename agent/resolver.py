@@ -48,8 +48,8 @@ from fleetprof.agent.syscall_names import syscall_name
 
 log = logging.getLogger(__name__)
 
-LOST_USER_STACK = Frame("[user stack lost: stack table full]", "[fleetprof]")
-LOST_KERNEL_STACK = Frame("[kernel stack lost: stack table full]", "[fleetprof]", kernel=True)
+LOST_USER_STACK = Frame("[user stack lost: stack map full or busy]", "[fleetprof]")
+LOST_KERNEL_STACK = Frame("[kernel stack lost: stack map full or busy]", "[fleetprof]", kernel=True)
 NO_STACK = Frame("[no stack]", "[fleetprof]")
 # A wait at or above the exact threshold, recorded at its length, whose switch-out was not sampled and which
 # did not end in a return to the user context it left (preempted or faulted in user code): no stack.

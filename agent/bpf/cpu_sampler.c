@@ -1127,57 +1127,63 @@ int on_cpu_sample(struct bpf_perf_event_data *ctx) {
 // each body over while that set still holds it: user space reads the pending switch-outs (offcpu_starts)
 // after the flip's grace and before it drains, so a wait that ends after that read is one it has seen
 // and carries the bodies of itself (agent/offcpu.py StackCarry); one that ended before it finds them
-// here, not yet drained.
-static __always_inline void carry_stack(u32 set, u64 id) {
+// here, not yet drained. Returns the id the wait keeps: STACK_LOST when the copy could not be stored (the
+// map full, or busy in the moment), so the row says its stack was lost instead of naming a body that
+// no drain holds.
+static __always_inline u64 carry_stack(u32 set, u64 id) {
     if (id < STACK_RESERVED)
-        return;
+        return id;
     struct stack_trace *old;
     int err;
     if (set == 0) {
         if (stacks0.lookup(&id))
-            return;
+            return id;
         old = stacks1.lookup(&id);
         if (!old)
-            return;   // drained already: user space carries it
+            return id;   // drained already: user space carries it
         err = stacks0.update(&id, old);
     } else {
         if (stacks1.lookup(&id))
-            return;
+            return id;
         old = stacks0.lookup(&id);
         if (!old)
-            return;
+            return id;
         err = stacks1.update(&id, old);
     }
-    if (err == 0 || err == -EEXIST)
+    if (err == 0 || err == -EEXIST) {
         count_stat(STAT_OFFCPU_CARRIED);
-    else
-        count_stat(err == -E2BIG ? STAT_STACK_TABLE_FULL : STAT_STACK_INSERT_FAILED);
+        return id;
+    }
+    count_stat(err == -E2BIG ? STAT_STACK_TABLE_FULL : STAT_STACK_INSERT_FAILED);
+    return STACK_LOST;
 }
 
-static __always_inline void carry_python_stack(u32 set, u64 id) {
+static __always_inline u64 carry_python_stack(u32 set, u64 id) {
     if (id < STACK_RESERVED)
-        return;
+        return id;
     struct py_stack *old;
     int err;
     if (set == 0) {
         if (python_stacks0.lookup(&id))
-            return;
+            return id;
         old = python_stacks1.lookup(&id);
         if (!old)
-            return;
+            return id;
         err = python_stacks0.update(&id, old);
     } else {
         if (python_stacks1.lookup(&id))
-            return;
+            return id;
         old = python_stacks0.lookup(&id);
         if (!old)
-            return;
+            return id;
         err = python_stacks1.update(&id, old);
     }
-    if (err == 0 || err == -EEXIST)
+    if (err == 0 || err == -EEXIST) {
         count_stat(STAT_OFFCPU_CARRIED);
-    else
-        count_stat(STAT_PY_STACK_TABLE_FULL);
+        return id;
+    }
+    count_stat(STAT_PY_STACK_TABLE_FULL);
+    return STACK_LOST;
 }
 
 // `tid` runs again: record its wait if its switch-out was sampled. A wait at or above OFFCPU_EXACT_NS counts
@@ -1198,9 +1204,9 @@ static __always_inline void offcpu_wake(u32 tid, u32 set) {
         return;
     }
     if (from != set) {
-        carry_stack(set, key.user_stack);
-        carry_stack(set, key.kernel_stack);
-        carry_python_stack(set, key.python_stack);
+        key.user_stack = carry_stack(set, key.user_stack);
+        key.kernel_stack = carry_stack(set, key.kernel_stack);
+        key.python_stack = carry_python_stack(set, key.python_stack);
     }
     key.gpu_slot = gpu_slot_at(key.tgid, now);   // the wake-up's slot (see the top of this section)
     u64 weight = OFFCPU_SAMPLE_EVERY;

@@ -21,7 +21,7 @@ from fleetprof.agent.model import Frame
 
 log = logging.getLogger(__name__)
 
-LOST_PYTHON_STACK = Frame("[python stack lost: stack table full]", "[fleetprof]")
+LOST_PYTHON_STACK = Frame("[python stack lost: stack map full or busy]", "[fleetprof]")
 
 
 class WalkerMaps(Protocol):
