@@ -2,7 +2,8 @@
  * measures the true split itself (thread CPU time around each call), printed as JSON on exit. The calls
  * come in rounds of varying size: a fixed round could beat in step with the sampling clock and bias the
  * sampled split, while varying rounds leave each sample an independent draw (binomial error).
- * usage: two_funcs SECONDS SHARE_A_PERCENT */
+ * usage: two_funcs SECONDS SHARE_A_PERCENT (GATE=1: held back until a line on stdin, gate.h) */
+#include "gate.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s SECONDS SHARE_A_PERCENT\n", argv[0]);
         return 2;
     }
+    gate_if_asked();
     fp_driver(atof(argv[1]), atoi(argv[2]));
     return 0;
 }

@@ -15,10 +15,12 @@
  *       walk taken before that ends at the page's address, as it must for code nobody has described yet. "jit": the page's code keeps a frame pointer (push rbp; mov rbp, rsp); "jit-nofp":
  *       it keeps rbp but zeroed while it calls (as JIT code that uses rbp for itself), so no frame-pointer
  *       walk can get past it.
+ * With GATE=1 the measured part waits, after the warm-up, for a line on stdin (gate.h).
  * Prints nothing; exits 0. Built with -O2 -fomit-frame-pointer (tests/conftest.py no_fp_bin): only
  * call-frame information leads out of clock_burn, jit_callback and jit_run. The jit modes are x86-64 only
  * (their page holds x86-64 code); clock runs on arm64 too (tests/e2e/test_arm64_guest.py).
  */
+#include "gate.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +114,7 @@ int main(int argc, char **argv)
 	double warm = atof(argv[2]), cpu = atof(argv[3]);
 	if (strcmp(argv[1], "clock") == 0) {
 		warm_up(warm);
+		gate_if_asked();
 		clock_burn(cpu);
 		return 0;
 	}
@@ -120,6 +123,7 @@ int main(int argc, char **argv)
 		if (!jitted)
 			return 1;
 		warm_up(warm);
+		gate_if_asked();
 		int rc = jit_run(jitted, cpu);
 		sink++; /* after the call: main stays on the stack (no tail call) */
 		return rc;
