@@ -17,15 +17,18 @@ demo: setup            ## install what is missing, then run collector + agent on
 #      (.venv/test-bpf.log);
 #   3. the `serial` ones, alone (tests/e2e/test_offcpu_e2e.py; with none, pytest's 5, "no tests ran", is no
 #      failure).
-# All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile (a
-# first build debootstraps and downloads for minutes; later ones are podman's cache); scripts/images.sh
+# All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile, from
+# the moment the Debian packages are in, so that a first build (it debootstraps and downloads for minutes;
+# later ones are podman's cache) runs on the core the virtualenv's pip install (~25 s) leaves idle; scripts/images.sh
 # holds a lock, so the test's own call waits for that build and reports a failed one itself: both
 # architectures where the other one's base is there (`make images` made it once), else this one's.
 # FLEETPROF_TEST_SHARED is a directory the runs share (tests/conftest.py shared_dir), removed at the end.
-test: setup-test       ## install what is missing (incl. test tools), then run the whole suite
-	@status=0; \
-	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
+test:                  ## install what is missing (incl. test tools), then run the whole suite
+	@bash scripts/setup.sh --test --system
+	@status=0; mkdir -p .venv; \
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
+	bash scripts/setup.sh --test || { kill $$images; exit 1; }; \
+	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
 	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n 2 --dist loadfile \
 		>.venv/test-bpf.log 2>&1 & bpf=$$!; \
 	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" --dist loadfile || status=$$?; \

@@ -2,11 +2,20 @@
 # Installs what fleetprof needs on a fresh Debian machine; safe to run again (does only what is missing).
 #   scripts/setup.sh          runtime: BCC, kernel headers, the virtualenv with fleetprof in editable mode
 #   scripts/setup.sh --test   also what the test suite uses (dev Python deps, headless Chromium, podman)
+#   --system                  the machine's part only (Debian packages, kernel headers, tracefs, binfmt), not
+#                             the virtualenv: `make test` starts the images' build between the two
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WANT_TEST=0
-[ "${1:-}" = "--test" ] && WANT_TEST=1
+SYSTEM_ONLY=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) WANT_TEST=1 ;;
+    --system) SYSTEM_ONLY=1 ;;
+    *) printf 'setup: unknown option %s (--test, --system)\n' "$arg" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3}
 VENV=.venv
 say() { printf 'setup: %s\n' "$*"; }
@@ -92,6 +101,8 @@ if [ $WANT_TEST = 1 ] && ! arch-test arm64 >/dev/null 2>&1; then
   update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
   arch-test arm64 >/dev/null 2>&1 || say "arm64 binaries do not run here (binfmt_misc, qemu-user-static)"
 fi
+
+[ $SYSTEM_ONLY = 1 ] && exit 0
 
 # --- virtualenv ----------------------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
