@@ -84,8 +84,17 @@ def test_off_cpu_and_wall_tables_say_where_threads_blocked_and_why(
         ("cap_spin", "cap", "preempted", "14.29%"),
     ]
     # A click highlights the function in the flame graph, as the frame ranking's rows do.
-    page.click("#top-table tr.top-row[data-name='cap_reader'] td")
-    page.wait_for("document.getElementById('search-status').textContent !== ''")
+    x, y = page.click("#top-table tr.top-row[data-name='cap_reader'] td")
+    # One fresh-clone run (2026-11-28, phase 1 beside the BPF phase) waited the whole 90 s here: what the
+    # search box held and what lay under the click tell a lost click from a highlight that did not draw.
+    page.wait_for(
+        "document.getElementById('search-status').textContent !== ''",
+        explain=(
+            "JSON.stringify({search: document.getElementById('search').value,"
+            " rows: document.querySelectorAll('#top-table tr.top-row').length,"
+            f" under: (e => e && e.outerHTML.slice(0, 160))(document.elementFromPoint({x}, {y}))}})"
+        ),
+    )
     assert page.evaluate("document.getElementById('search-status').textContent") == "matched: 57.14%"
 
     # By frame: the old ranking, every wait's leaf the scheduler; kept in the URL.
