@@ -268,9 +268,8 @@ class Page:
             raise BrowserError(f"page threw evaluating {expression!r}: {text}")
         return result["result"].get("value")
 
-    def wait_for(self, expression: str, timeout_s: float | None = None, explain: str | None = None) -> Any:
-        """Poll until the expression is truthy and return its value. `explain`: an expression evaluated if
-        it never is, whose value the error carries (what the page looked like then)."""
+    def wait_for(self, expression: str, timeout_s: float | None = None) -> Any:
+        """Poll until the expression is truthy and return its value."""
         deadline = time.monotonic() + (timeout_s or self.browser.timeout_s)
         value = None
         while time.monotonic() < deadline:
@@ -278,8 +277,7 @@ class Page:
             if value:
                 return value
             time.sleep(0.05)
-        seen = f"; {self.evaluate(explain)}" if explain else ""
-        raise BrowserError(f"still falsy after waiting: {expression!r} (last value {value!r}){seen}")
+        raise BrowserError(f"still falsy after waiting: {expression!r} (last value {value!r})")
 
     def _centre(self, css: str) -> tuple[float, float]:
         box = self.evaluate(
@@ -297,16 +295,14 @@ class Page:
             raise BrowserError(f"{css!r} is not visible (size {box[2]}x{box[3]})")
         return box[0], box[1]
 
-    def click(self, css: str) -> tuple[float, float]:
-        """A real left click at the element's centre, as a user's mouse would deliver it; where it clicked
-        (viewport pixels: `document.elementFromPoint` tells what was there, when a click seems lost)."""
+    def click(self, css: str) -> None:
+        """A real left click at the element's centre, as a user's mouse would deliver it."""
         x, y = self._centre(css)
         self.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
         for kind in ("mousePressed", "mouseReleased"):
             self.call(
                 "Input.dispatchMouseEvent", {"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1}
             )
-        return x, y
 
     def drag(self, start: tuple[float, float], end: tuple[float, float], moves: int = 8) -> None:
         """A left-button drag from `start` to `end` (viewport pixels) through `moves` pointer moves, as a
