@@ -136,9 +136,10 @@ struct sample_key {
                                      // allocator's per-CPU cache empty (by-need maps) or its bucket busy
 #define NSTATS                   48
 
-// Stack ids below STACK_RESERVED name no stored stack: 0 none, 1 lost (table full), 2 not taken (a long
-// wait recorded exactly without its stack), STACK_SYSCALL + nr: the wait was in syscall nr (the kernel
-// stack of a long wait whose stack was taken at that syscall's return). Hashes are moved out of the range.
+// Stack ids below STACK_RESERVED name no stored stack: 0 none, 1 lost (not stored: its map full or busy),
+// 2 not taken (a long wait recorded exactly without its stack), STACK_SYSCALL + nr: the wait was in syscall
+// nr (the kernel stack of a long wait whose stack was taken at that syscall's return). Hashes are moved out
+// of the range.
 #define STACK_NONE     0
 #define STACK_LOST     1
 #define STACK_UNTAKEN  2
