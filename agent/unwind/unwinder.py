@@ -211,32 +211,47 @@ class Unwinder:
             self._unpublish(pid)
 
     def _publish(self, pid: int, entries: list[MapEntry], ids: list[int]) -> None:
-        self._unpublish(pid, still_mapped=set(ids))
+        """Point BPF at the process's new mappings. A process described again (a dlopen, a JIT's new page)
+        keeps its entry until the new one replaces it in one map update: deleting it first left a moment in
+        which its samples were walked by frame pointer, and a walk of code without frame pointers then
+        stored a made-up return address (a fresh-clone run caught one in test_vdso_jit)."""
         if not entries:
+            self._unpublish(pid)
             return
         self._reclaim()
         first = self._map_slots.alloc(len(entries))
         if first is None:
-            return  # unwind_maps full: this process is walked by frame pointer
+            self._unpublish(pid)  # unwind_maps full: this process is walked by frame pointer
+            return
         self._maps.write_maps(first, entries)
+        # After its rows: BPF never reads a range half written.
         self._maps.set_process(pid, first, len(entries))
+        self._release(self._procs.get(pid), pid, still_mapped=set(ids))
         self._procs[pid] = (first, len(entries), tuple(ids))
         self._stats.processes = len(self._procs)
 
-    def _unpublish(self, pid: int, still_mapped: set[int] = frozenset()) -> None:
-        """Take the process off BPF; files it no longer maps (all of them, unless `still_mapped` names file
-        ids its new mappings hold) lose it as a user."""
+    def _unpublish(self, pid: int) -> None:
+        """Take the process off BPF; the files it mapped lose it as a user."""
         old = self._procs.pop(pid, None)
         if old is None:
             return
-        first, n, ids = old
         self._maps.clear_process(pid)
+        self._release(old, pid)
+        self._stats.processes = len(self._procs)
+
+    def _release(
+        self, old: tuple[int, int, tuple[int, ...]] | None, pid: int, still_mapped: set[int] = frozenset()
+    ) -> None:
+        """An entry BPF no longer points at: its range retires (walks that read it may still run), and the
+        files it named but `still_mapped` does not lose the process as a user."""
+        if old is None:
+            return
+        first, n, ids = old
         self._retire(self._map_slots, first, n)
         for fid in ids:
             f = self._by_id.get(fid)
             if f is not None and fid not in still_mapped:
                 f.users.discard(pid)
-        self._stats.processes = len(self._procs)
 
     # -- files --------------------------------------------------------------------------------------
     def _file(self, key: FileKey, name: str) -> _File | None:

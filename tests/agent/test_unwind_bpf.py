@@ -5,6 +5,7 @@ the control; perf's own DWARF unwinder on the same run as the anchor."""
 from __future__ import annotations
 
 import collections
+import ctypes as ct
 import json
 import math
 import os
@@ -356,3 +357,67 @@ def test_file_ids_of_files_no_process_maps_are_reused() -> None:
     # 4 ids: the free one and two of the first three files' (least recently mapped first) go to the new
     # files; one of the first three keeps its table.
     assert second.files_tabled == 4 and second.evictions == 2
+
+
+def test_a_process_described_again_is_never_off_its_tables() -> None:
+    """A process described again (a dlopen, a JIT's new page) is walked by its tables throughout: while its
+    entry was deleted and written anew, its samples were walked by frame pointer, and one through code
+    without frame pointers stored a made-up return address (a fresh-clone run of test_vdso_jit). The real
+    maps, watched before and after every write the unwinder makes."""
+    require_bpf()
+    from fleetprof.agent.model import CgroupIdentity, Mapping, ProcessInfo
+    from fleetprof.agent.unwind.kernel_maps import MAP, PROC
+
+    sampler = CpuSampler(SamplerConfig(interval_s=1.0, off_cpu=False))
+    maps = sampler.unwind_maps()
+    assert maps is not None
+    me = os.getpid()  # its root holds the files; the pid only names the process
+    present: list[tuple[str, bool]] = []
+
+    def published() -> bytes | None:
+        try:
+            return bytes(maps._procs[ct.c_uint32(me)])
+        except KeyError:
+            return None
+
+    class Watched:
+        def __getattr__(self, name: str):
+            attr = getattr(maps, name)
+            if not callable(attr):
+                return attr
+
+            def call(*args, **kwargs):
+                present.append((name, published() is not None))
+                out = attr(*args, **kwargs)
+                present.append((name, published() is not None))
+                return out
+
+            return call
+
+    unwinder = Unwinder(Watched())  # type: ignore[arg-type]
+    libc = next(p for p in Path("/usr/lib/x86_64-linux-gnu").glob("libc.so.*") if not p.is_symlink())
+
+    def process(mappings: tuple[Mapping, ...]) -> ProcessInfo:
+        return ProcessInfo(me, 1, "fake", str(libc), CgroupIdentity(path=""), mappings)
+
+    code = Mapping(0x10000000, 0x10001000, 0, 0, 0, libc.stat().st_ino, str(libc), "r-xp")
+    try:
+        unwinder.describe(process((code,)))
+        assert published() is not None
+        present.clear()
+        for i in range(1, 6):  # each time a page more
+            pages = tuple(
+                Mapping(0x7F0000000000 + k * 0x1000, 0x7F0000001000 + k * 0x1000, 0, 0, 0, 0, "", "r-xp")
+                for k in range(i)
+            )
+            unwinder.describe(process((code, *pages)))
+            first, n = PROC.unpack(published())
+            starts = [MAP.unpack(bytes(maps._maps[ct.c_int(first + k)]))[0] for k in range(n)]
+            assert starts == [code.start, *(p.start for p in pages)], (i, starts)
+        writes = list(present)
+        unwinder.forget(me)
+        assert published() is None
+    finally:
+        unwinder.stop()
+        sampler.close()
+    assert writes and all(ok for _, ok in writes), writes
