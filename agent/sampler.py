@@ -189,7 +189,9 @@ class SamplerConfig:
     # User stacks: "eh_frame" walks them by the files' call-frame information where agent/unwind/ loaded
     # it (frame pointers elsewhere), "fp" by frame pointers only (the kernel's walk).
     unwind: str = "eh_frame"
-    unwind_rows: int = 1 << 21  # table rows of all files together (8 bytes each)
+    # Table words of all files together (4 bytes each: a row, or a 64 KB page's index entry): 16 MB, room for
+    # libtorch_cpu.so's 2.6 M rows and 1.5 M more (agent/bpf/unwind.h).
+    unwind_rows: int = 1 << 22
     unwind_files: int = 8192  # files with a table at once
     unwind_maps: int = 1 << 17  # executable mappings of all unwound processes (32 bytes each)
     unwind_procs: int = 16384  # processes unwound by tables at once
@@ -674,6 +676,7 @@ class CpuSampler:
         b = self._bpf
         return UnwindMaps(
             b["unwind_rows"],
+            b["unwind_rules"],
             b["unwind_files"],
             b["unwind_maps"],
             b["unwind_procs"],

@@ -661,10 +661,13 @@ static __always_inline long syscall_nr(struct pt_regs *regs) {
 
 #if UNWIND
 // -- User stacks by call-frame information (the design: unwind.h) ----------------------------------------
-// unwind_rows: every loaded file's rows, each file a contiguous range. Written by user space only (a range
-// is reused only after its file's entry was cleared and a grace period passed).
-BPF_ARRAY(unwind_rows, struct unwind_row, UNWIND_ROWS);
-// unwind_files: file id (an index handed out by user space) -> its rows.
+// unwind_rows: every loaded file's page index and rows (unwind.h), each file a contiguous range of words.
+// Written by user space only (a range is reused only after its file's entry was cleared and a grace period
+// passed).
+BPF_ARRAY(unwind_rows, u32, UNWIND_ROWS);
+// unwind_rules: rule id -> rule, for every file's rows; ids are handed out by user space, never taken back.
+BPF_ARRAY(unwind_rules, u32, UNWIND_RULE_IDS);
+// unwind_files: file id (an index handed out by user space) -> its table.
 BPF_ARRAY(unwind_files, struct unwind_file, UNWIND_FILES);
 // unwind_maps: every unwound process's executable mappings, each process a contiguous range.
 BPF_ARRAY(unwind_maps, struct unwind_map, UNWIND_MAPS);
@@ -714,28 +717,43 @@ static __always_inline struct unwind_map *unwind_find_map(struct unwind_proc *pr
     return m;
 }
 
-// The rule for file address `vaddr` in `file`'s rows; UNWIND_KIND_NO_INFO outside them.
+// The rule for file address `vaddr` in `file`'s table; UNWIND_KIND_NO_INFO outside it.
 static __always_inline u32 unwind_find_rule(struct unwind_file *file, u64 vaddr) {
     if (vaddr > 0xffffffffULL)
         return UNWIND_KIND_NO_INFO;
-    u32 lo = file->first, hi = file->first + file->n;
+    u32 page = (u32)vaddr >> UNWIND_PAGE_SHIFT;
+    if (page < file->page_base || page - file->page_base >= file->pages)
+        return UNWIND_KIND_NO_INFO;
+    u32 at = file->first + (page - file->page_base);
+    u32 *start = unwind_rows.lookup(&at);
+    at++;
+    u32 *end = unwind_rows.lookup(&at);
+    if (!start || !end)
+        return UNWIND_KIND_NO_INFO;
+    u32 rows = file->first + file->pages + 1;
+    u32 lo = rows + *start, hi = rows + *end;   // the page's rows; the first starts at offset 0
+    if (lo >= hi)
+        return UNWIND_KIND_NO_INFO;
+    u32 off = (u32)vaddr & 0xffff;
 #pragma clang loop unroll(disable)
-    for (int i = 0; i < 24; i++) {   // up to 16M rows a file
+    for (int i = 0; i < 16; i++) {   // up to 65,536 rows a page: one a byte
         if (hi - lo <= 1)
             break;
         u32 mid = lo + (hi - lo) / 2;
-        struct unwind_row *r = unwind_rows.lookup(&mid);
+        u32 *r = unwind_rows.lookup(&mid);
         if (!r)
             return UNWIND_KIND_NO_INFO;
-        if (r->pc <= (u32)vaddr)
+        if ((*r & 0xffff) <= off)
             lo = mid;
         else
             hi = mid;
     }
-    struct unwind_row *r = unwind_rows.lookup(&lo);
-    if (!r || r->pc > (u32)vaddr)
+    u32 *r = unwind_rows.lookup(&lo);
+    if (!r)
         return UNWIND_KIND_NO_INFO;
-    return r->rule;
+    u32 id = *r >> 16;
+    u32 *rule = unwind_rules.lookup(&id);
+    return rule ? *rule : UNWIND_KIND_NO_INFO;
 }
 
 // A frame by frame pointer: the saved rbp at [rbp], the return address above it (arm64's frame record is
@@ -843,17 +861,17 @@ static __always_inline void unwind_one(struct unwind_state *s, struct unwind_pro
     u32 fid = m->file;
     struct unwind_file *file = unwind_files.lookup(&fid);
     u32 rule = UNWIND_KIND_NO_INFO;
-    if (file && file->n)
+    if (file && file->pages)
         rule = unwind_find_rule(file, lookup - m->bias + file->delta);
     u32 kind = rule & 7;
-    if (!(file && file->n)) {
+    if (!(file && file->pages)) {
         u8 *wanted = unwind_wanted.lookup(&fid);
         if (wanted && !*wanted)
             *wanted = 1;
     }
     if (kind == UNWIND_KIND_NO_INFO) {
         if (!unwind_fp_step(s)) {
-            count_stat(file && file->n ? STAT_UNWIND_FP_FAILED : STAT_UNWIND_NO_TABLE);
+            count_stat(file && file->pages ? STAT_UNWIND_FP_FAILED : STAT_UNWIND_NO_TABLE);
             s->done = 1;
             return;
         }

@@ -9,8 +9,9 @@
 // allows 33 tail calls), state in the per-CPU unwind_state or the task's own task_walks (cpu_sampler.c says
 // which program types use which). Per frame:
 //   1. the mapping that holds ip: binary search of the process's range of unwind_maps (sorted by start);
-//   2. the row for ip's file address: binary search of its file's range of unwind_rows (the last row whose
-//      pc <= vaddr; for a return address, vaddr - 1: the call may be the last instruction of a function);
+//   2. the row for ip's file address (for a return address, vaddr - 1: the call may be the last instruction
+//      of a function): its 64 KB page's rows, found by the file's page index, then a binary search of them
+//      for the last row whose page offset <= vaddr's; the row names its rule in unwind_rules;
 //   3. CFA = rsp or rbp + offset; the return address is at CFA - 8 (x86-64); rbp is restored from CFA + off
 //      when the row says it was saved; the caller's rsp is the CFA. On arm64 (ARCH_ARM64): CFA = sp or x29
 //      + offset; the return address is read from its row's slot, or, in the interrupted frame only, taken
@@ -40,19 +41,27 @@
 // not one: it has a file id and a table like any file (agent/symbols/vdso.py).
 #define UNWIND_FILE_JIT 0xffffffff
 
-// One row of a file's table: from this file address until the next row's, recover the caller so.
-struct unwind_row {
-    u32 pc;
-    u32 rule;
-};
-
-// A file's rows: unwind_rows[first, first + n), sorted by pc; n = 0: no table loaded for it. `delta`: its
-// executable segment's p_vaddr - p_offset, so that file address = ip - unwind_map.bias + delta.
+// A file's table, in unwind_rows (u32 words) from `first`: its page index, then its rows.
+//   words [first, first + pages]: for each 64 KB page of the file's addresses from page `page_base` on,
+//     where its rows start, counted from the first row (first + pages + 1); one more word ends the last
+//     page's rows. Every page has a row at offset 0 (the rule in effect where it starts), so the last row
+//     at or before an address of the page is always in the page.
+//   a row: bits 0-15 the page offset where it starts (it applies up to the next row's), bits 16-31 its
+//     rule's id: unwind_rules[id] is the rule (agent/unwind/table.py encodes them), shared by every file.
+// 4 bytes a row: a node's ~1,400 distinct rules of libtorch_cpu.so's 2.6 M rows fit 16 bits, and a page's
+// search is 16 steps at most (8 bytes a row and 24 steps over the whole file before). pages = 0: no table
+// loaded for it. `delta`: its executable segment's p_vaddr - p_offset, so that file address =
+// ip - unwind_map.bias + delta.
 struct unwind_file {
     u32 first;
-    u32 n;
+    u32 pages;
+    u32 page_base;
+    u32 pad;
     s64 delta;
 };
+
+#define UNWIND_PAGE_SHIFT 16
+#define UNWIND_RULE_IDS   65536
 
 // One executable mapping of a process: addresses [start, end) hold file `file`'s bytes at file offset
 // ip - bias (bias = start - the mapping's file offset).

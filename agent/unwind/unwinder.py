@@ -1,22 +1,23 @@
 """Which processes BPF walks by tables, and the tables of the files they map (agent/bpf/unwind.h).
 
 `describe(process)` runs at each capture of a process's mappings (its first sample, an exec, a dlopen the
-resolver noticed): its executable mappings go to BPF, sorted, as one range of unwind_maps, and each file
-they map gets a small id. A file new to the node is opened at once, while the process lives (inside its
-mount namespace, or through map_files for a deleted file). Files up to EAGER_MAX_BYTES get their table
-built right away -- so a process that lives a second, or exits before the next drain, is still walked --
-on this module's own thread, smallest first, then written to unwind_rows. Larger files (libLLVM, PyTorch's
-libraries: millions of rows each) are built only once a walk needed them: BPF flags the file in
+resolver noticed): its executable mappings go to BPF, sorted, as one range of unwind_maps, and each file they
+map gets a small id. A file new to the node is opened at once, while the process lives (inside its mount
+namespace, or through map_files for a deleted file). Files up to EAGER_MAX_BYTES get their table built right
+away -- so a process that lives a second, or exits before the next drain, is still walked -- on this module's
+own thread, smallest first, then written to unwind_rows (paged: kernel_maps.paged). Larger files (libLLVM,
+PyTorch's libraries: millions of rows each) are built only once a walk needed them: BPF flags the file in
 unwind_wanted, and `collect_wanted()` (once a drain) queues it. Until a file has its table, BPF walks its
-frames by frame pointer. Files are keyed like the symbol tables, by (device, inode), so libc's table is
-built once for the whole node. The vDSO is one more file, the same for every process (agent/symbols/vdso.py:
-its table is built once from the agent's own image); other anonymous executable memory (JIT code) has no
-table, and BPF steps it by frame pointer. `forget(pid)` runs when a process leaves the process table.
+frames by frame pointer. Files are keyed like the symbol tables, by (device, inode), so libc's table is built
+once for the whole node. The vDSO is one more file, the same for every process (agent/symbols/vdso.py: its
+table is built once from the agent's own image); other anonymous executable memory (JIT code) has no table,
+and BPF steps it by frame pointer. `forget(pid)` runs when a process leaves the process table.
 
-Bounds: unwind_rows (SamplerConfig.unwind_rows, 8 bytes a row), unwind_files, unwind_maps and
-unwind_procs are fixed-size BPF maps. When rows run out, tables of files no live process maps are evicted,
-least recently mapped first; if that is not enough the new file stays untabled (counted). User-space memory
-holds ids and ranges only: a table leaves the agent's heap once written. A range given back is reused only
+Bounds: unwind_rows (SamplerConfig.unwind_rows, 4 bytes a row), unwind_rules (65,536 distinct rules),
+unwind_files, unwind_maps and unwind_procs are fixed-size BPF maps. When rows run out, tables of files no
+live process maps are evicted, least recently mapped first; if that is not enough the new file stays
+untabled (counted). User-space memory holds ids, ranges and the rules' ids only: a table leaves the
+agent's heap once written. A range given back is reused only
 after GRACE_S, so a BPF walk in flight never reads a range that is being rewritten.
 """
 
@@ -30,13 +31,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fleetprof.agent.model import ProcessInfo
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
 from fleetprof.agent.symbols.elf import ElfError
 from fleetprof.agent.symbols.vdso import Vdso
-from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MapEntry, UnwindMaps
+from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MapEntry, UnwindMaps, paged
 from fleetprof.agent.unwind.ranges import RangeAllocator
-from fleetprof.agent.unwind.table import UnwindTable
+from fleetprof.agent.unwind.table import NO_INFO, UnwindTable
 from fleetprof.agent.unwind.worker import TableWorker
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,7 @@ class _File:
     name: str
     openers: list[Callable[[], int]] = field(default_factory=list)  # through the latest process mapping it
     fd: int = -1  # open and queued until its table is built
-    rows: tuple[int, int] | None = None  # (first, n) in unwind_rows once built
+    rows: tuple[int, int] | None = None  # (first, n) words of unwind_rows once built
     lazy: bool = False  # too large to table before a walk needs it
     size: int = 0  # bytes, once opened: the queue's order among files alike
     urgent: bool = False  # queued again at the front, once a walk met it waiting (collect_wanted)
@@ -123,6 +126,11 @@ class Unwinder:
         self._queue: list[tuple[int, int, int, int]] = []
         self._seq = 0
         self._stats = UnwinderStats(rows_capacity=maps.row_capacity)
+        # rule -> its id in unwind_rules, for every file's rows; never taken back (a node's files share a
+        # few thousand distinct rules at most: libtorch_cpu.so's 2.6 M rows hold 1,391). Id 0 is NO_INFO's,
+        # the rule of a page's start below a file's first row.
+        self._rule_ids: dict[int, int] = {NO_INFO: 0}
+        maps.write_rules(0, [NO_INFO])
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -276,7 +284,7 @@ class Unwinder:
     def _drop_file(self, f: _File) -> None:
         """Let go of a file no live process maps: its table's rows (after their grace) and its id."""
         if f.rows is not None:
-            self._maps.set_file(f.id, 0, 0, 0)
+            self._maps.set_file(f.id, 0, 0, 0, 0)
             self._retire(self._rows, *f.rows)
             self._stats.files_tabled -= 1
             self._stats.evictions += 1
@@ -374,33 +382,51 @@ class Unwinder:
             self.file_errors.count(e)
             log.debug("no unwind table for %s: %s", f.name, e)
         spent = time.monotonic_ns() - t0
+        layout = self._layout(table) if table is not None and len(table) else None
         with self._lock:
             self._stats.tables_built += 1
             self._stats.build_ns += spent
-            if table is None or not len(table):
+            if layout is None:
                 f.failed = True
                 self._stats.files_failed += 1
+                self._stats.files_no_room += table is not None and len(table) > 0  # no rule ids left
                 return True
+            base, pages, words = layout
             self._reclaim()
-            first = self._rows.alloc(len(table))
-            evicted = first is None and self._evict_for(len(table))
+            first = self._rows.alloc(len(words))
+            evicted = first is None and self._evict_for(len(words))
         if evicted:
             time.sleep(GRACE_S)  # walks in flight finish with the evicted ranges
         with self._lock:
             if first is None:
                 self._reclaim(force=evicted)
-                first = self._rows.alloc(len(table))
+                first = self._rows.alloc(len(words))
             if first is None:
                 f.failed = True
                 self._stats.files_failed += 1
                 self._stats.files_no_room += 1
                 return True
-            self._maps.write_rows(first, table.pcs, table.rules)
-            self._maps.set_file(f.id, first, len(table), delta)
-            f.rows = (first, len(table))
+            self._maps.write_words(first, words)
+            self._maps.set_file(f.id, first, pages, base, delta)
+            f.rows = (first, len(words))
             self._stats.files_tabled += 1
             self._stats.rows_used = self._rows.used
         return True
+
+    def _layout(self, table: UnwindTable) -> tuple[int, int, np.ndarray] | None:
+        """The table in unwind_rows' layout (kernel_maps.paged), its rules given ids (those new to the node
+        written to unwind_rules first); None when the ids ran out."""
+        rules, inverse = np.unique(table.rules, return_inverse=True)
+        with self._lock:
+            new = [r for r in rules.tolist() if r not in self._rule_ids]
+            if len(self._rule_ids) + len(new) > self._maps.rule_capacity:
+                return None
+            if new:
+                first = len(self._rule_ids)
+                self._maps.write_rules(first, new)
+                self._rule_ids.update(zip(new, range(first, first + len(new)), strict=True))
+            ids = np.array([self._rule_ids[r] for r in rules.tolist()], dtype=np.int64)
+        return paged(table.pcs, ids[inverse], self._rule_ids[NO_INFO])
 
     def _evict_for(self, n: int) -> bool:
         """Let go of tables of files no live process maps (least recently mapped first) until n rows could
