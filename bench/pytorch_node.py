@@ -27,9 +27,11 @@ processes and builds their unwind tables), a window of --seconds is measured, wi
     named threads apart;
   * RSS, peak RSS (VmHWM: BCC's compile included), the table worker's RSS, unwind rows and files, and the
     kernel memory of the agent's BPF maps (fdinfo memlock);
-  * of the workload's samples (its processes, from the collector), the share whose native stack is whole
-    (the root frame is a process or thread entry: _start, __libc_start_main, start_thread, clone...) and
-    the share with Python frames;
+  * of the workload's samples (its processes, from the collector), the share whose stack is whole (the root
+    frame is a process or thread entry: _start, __libc_start_main, start_thread, clone...; or, where the
+    agent merged the CPython frames in, the outermost Python frame of a script or thread: `<module>`,
+    `Thread._bootstrap`, which take the interpreter's native frames' place), and the share with Python
+    frames; where the rest begin;
   * the top functions by self samples from fleetprof and from perf on the workload's processes, side by
     side, and how many of perf's top 10 are in fleetprof's top 10.
 """
@@ -129,6 +131,16 @@ if __name__ == "__main__":
 
 ENTRY_FUNCTIONS = {"_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3",
                    "__clone", "__clone3"}  # fmt: skip
+PYTHON_ROOTS = ("<module> (", "Thread._bootstrap (")  # a script's and a thread's outermost Python frame
+
+
+def is_root(name: str) -> bool:
+    """A stack that begins here is whole (module doc)."""
+    if name in ENTRY_FUNCTIONS:
+        return True
+    return name.startswith(PYTHON_ROOTS) and PYTHON_FRAME.search(name) is not None
+
+
 PYTHON_FRAME = re.compile(
     r"\(\S+\.py:\d+\)$"
 )  # agent/python/codes.py names a Python frame "qualname (file.py:N)"
@@ -179,6 +191,8 @@ class Result:
     workload_out: str = ""
     stacks_lost: int = 0  # samples whose native stack the stack maps could not take (full, or no memory)
     python_stacks_lost: int = 0  # ... whose CPython stack the CPython stack maps could not take
+    cut_roots: list = field(default_factory=list)  # (root frame, % of job samples) of the stacks not whole
+    files_no_room: int = 0  # files left without a table: unwind_rows full
 
 
 def thread_cpu_by_name(pid: int) -> dict[str, int]:
@@ -285,7 +299,11 @@ def one_run(python: Path, workload: Path, frequency: int, seconds: float, work: 
     grpc_ns = sum(c1.get(n, 0) - c0.get(n, 0) for n in GRPC_THREADS)
     bpf_all = u1.bpf_ns - u0.bpf_ns
     total = sum(stacks.values()) or 1
-    whole = sum(n for st, n in stacks.items() if st and st[0][0] in ENTRY_FUNCTIONS)
+    whole = sum(n for st, n in stacks.items() if st and is_root(st[0][0]))
+    roots: Counter = Counter()  # where the stacks that are not whole begin
+    for st, n in stacks.items():
+        if st and not is_root(st[0][0]):
+            roots[st[0][0]] += n
     py = sum(n for st, n in stacks.items() if any(PYTHON_FRAME.search(f[0]) for f in st))
     leaves: Counter = Counter()
     for st, n in stacks.items():
@@ -306,6 +324,8 @@ def one_run(python: Path, workload: Path, frequency: int, seconds: float, work: 
         top_fp, top_perf, sum(1 for name, _ in top_perf if name in ours), out.decode().strip(),
         int(gauges.get('fleetprof_agent_stack_outcomes_total{reason="stack_table_full"}', 0)),
         int(gauges.get('fleetprof_agent_stack_outcomes_total{reason="python_stack_table_full"}', 0)),
+        [(name, 100 * n / total) for name, n in roots.most_common(5)],
+        int(gauges.get("fleetprof_agent_unwind_files_no_room", 0)),
     )  # fmt: skip
 
 
@@ -329,9 +349,11 @@ def report(r: Result, version: str, ncpus: int) -> None:
         f"{r.unwind_rows:,} rows in {r.unwind_files} files; BPF maps {r.maps_mb:.1f} MB"
     )
     print(
-        f"  job samples {r.workload_samples}: whole native stacks {r.whole_native_pct:.1f}%, with Python "
+        f"  job samples {r.workload_samples}: whole stacks {r.whole_native_pct:.1f}%, with Python "
         f"frames {r.python_pct:.1f}%; perf's top 10 in fleetprof's top 10: {r.overlap}"
     )
+    roots = ", ".join(f"{name[:50]} {pct:.1f}%" for name, pct in r.cut_roots)
+    print(f"  the rest begin at: {roots or '-'}; files left untabled for want of room: {r.files_no_room}")
     print("  | # | fleetprof (self %) | perf --call-graph dwarf (self %) |\n  |---|---|---|")
     for i in range(10):
         a = r.top_fleetprof[i] if i < len(r.top_fleetprof) else ("", 0.0)

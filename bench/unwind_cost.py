@@ -134,9 +134,9 @@ def measure_tables(repeats: int = 3) -> list[TableCost]:
                 table = build_table(elf)
             spent.append(time.process_time() - t0)
             rows = len(table)
-        _, rules = np.unique(table.rules, return_inverse=True)  # ids in the order of first use: any will do
-        words = paged(table.pcs, rules, 0)[2]
-        out.append(TableCost(path, statistics.median(spent), rows, table.nbytes, words.nbytes))
+        _, rules = np.unique(table.rules, return_inverse=True)  # any ids will do for the size
+        words = len(paged(table.pcs, rules.astype(np.uint32), 0))
+        out.append(TableCost(path, statistics.median(spent), rows, table.nbytes, 4 * words))
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes as ct
 import struct
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,27 +29,46 @@ class MapEntry(tuple):
         return super().__new__(cls, (start, end, bias, file))
 
 
-def paged(pcs: np.ndarray, rule_ids: np.ndarray, no_info_id: int) -> tuple[int, int, np.ndarray]:
-    """A table (rows sorted by pc, each rule as its id) in unwind_rows' layout (agent/bpf/unwind.h): (the
-        first page, the number of pages, the words: the page index, then the rows). A page that has no row at its
-        start gets one there with the rule in effect (the last row before it, or `no_info_id` where there is
-        none: below the first row), so BPF searches one page's rows only. Past the last page BPF reads NO_INFO,
-    as a built table's last row says anyway (each FDE's end gets one: table.py)."""
-    pcs = np.asarray(pcs, dtype=np.int64)
-    ids = np.asarray(rule_ids, dtype=np.int64)
+class PagedTable(NamedTuple):
+    """A file's table in unwind_rows' layout (agent/bpf/unwind.h), as `paged` makes it."""
+
+    base: int  # the first page (file address >> PAGE_SHIFT)
+    index: np.ndarray  # u32, pages + 1: where each page's rows start among `rows`, and where the last ends
+    rows: np.ndarray  # u32: page offset | rule id << 16
+
+    @property
+    def pages(self) -> int:
+        return len(self.index) - 1
+
+    def __len__(self) -> int:
+        """Words of unwind_rows it takes."""
+        return len(self.index) + len(self.rows)
+
+
+def paged(pcs: np.ndarray, rule_ids: np.ndarray, no_info_id: int) -> PagedTable:
+    """A table (rows sorted by pc; each row's rule as its id, u32) in unwind_rows' layout. A page with no row
+    at its start gets one there with the rule in effect (the last row before it, or `no_info_id` below the
+    first row), so BPF searches one page's rows only. Past the last page BPF reads NO_INFO, as a built
+    table's last row says anyway (each FDE's end gets one: table.py). In u32 columns, one new array of rows
+    (libtorch_cpu.so's 2.6 M rows: ~10 MB each, and the agent's peak while it lays them out)."""
+    pcs = np.asarray(pcs, dtype=np.uint32)
+    n = len(pcs)
     base = int(pcs[0]) >> PAGE_SHIFT
     pages = (int(pcs[-1]) >> PAGE_SHIFT) - base + 1
     starts = (np.arange(pages, dtype=np.int64) + base) << PAGE_SHIFT
-    before = np.searchsorted(pcs, starts, side="right") - 1  # the row in effect at each page's start
-    lacking = (before < 0) | (pcs[np.maximum(before, 0)] != starts)
-    filler = np.where(before[lacking] < 0, no_info_id, ids[np.maximum(before[lacking], 0)])
-    all_pcs = np.concatenate((pcs, starts[lacking]))
-    all_ids = np.concatenate((ids, filler))
-    order = np.argsort(all_pcs, kind="stable")
-    all_pcs, all_ids = all_pcs[order], all_ids[order]
-    index = np.searchsorted(all_pcs, np.append(starts, starts[-1] + (1 << PAGE_SHIFT)))
-    rows = (all_pcs & ((1 << PAGE_SHIFT) - 1)) | (all_ids << 16)
-    return base, pages, np.concatenate((index, rows)).astype(np.uint32)
+    at = np.searchsorted(pcs, starts)  # each page's first row, or n
+    lacking = (at == n) | (pcs[np.minimum(at, n - 1)] != starts)  # no row at the page's start
+    before = at[lacking] - 1  # the row in effect there, or -1
+    ids = np.asarray(rule_ids, dtype=np.uint32)
+    filler = np.where(before < 0, no_info_id, ids[np.maximum(before, 0)]).astype(np.uint32) << 16
+    rows = np.bitwise_and(pcs, (1 << PAGE_SHIFT) - 1)
+    rows |= ids << 16
+    rows = np.insert(rows, at[lacking], filler)  # each before the row it precedes, in page order
+    # A page's first row moves up by the rows put in before it: one for each lacking page before it.
+    index = np.empty(pages + 1, dtype=np.uint32)
+    index[:-1] = at + np.concatenate(([0], np.cumsum(lacking)[:-1]))
+    index[-1] = len(rows)
+    return PagedTable(base, index, rows)
 
 
 class UnwindMaps:
@@ -64,9 +84,10 @@ class UnwindMaps:
         self.map_capacity = maps.max_entries
         self.proc_capacity = procs.max_entries
 
-    def write_words(self, first: int, words: np.ndarray) -> None:
-        """A file's table as `paged` lays it out, at unwind_rows[first, first + len(words))."""
-        write_array(self._rows, first, np.asarray(words, dtype="<u4").tobytes(), 4)
+    def write_table(self, first: int, table: PagedTable) -> None:
+        """A file's table at unwind_rows[first, first + len(table)): its page index, then its rows."""
+        write_array(self._rows, first, table.index.astype("<u4").tobytes(), 4)
+        write_array(self._rows, first + len(table.index), table.rows.astype("<u4", copy=False).tobytes(), 4)
 
     def write_rules(self, first_id: int, rules: Sequence[int]) -> None:
         """Rules new to the node under ids first_id, first_id + 1, ... (before any row names them)."""

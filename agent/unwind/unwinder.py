@@ -37,7 +37,7 @@ from fleetprof.agent.model import ProcessInfo
 from fleetprof.agent.process.rootfs import FileErrors, UnsafeFile, mapped_file_openers
 from fleetprof.agent.symbols.elf import ElfError
 from fleetprof.agent.symbols.vdso import Vdso
-from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MapEntry, UnwindMaps, paged
+from fleetprof.agent.unwind.kernel_maps import FILE_JIT, MapEntry, PagedTable, UnwindMaps, paged
 from fleetprof.agent.unwind.ranges import RangeAllocator
 from fleetprof.agent.unwind.table import NO_INFO, UnwindTable
 from fleetprof.agent.unwind.worker import TableWorker
@@ -391,32 +391,32 @@ class Unwinder:
                 self._stats.files_failed += 1
                 self._stats.files_no_room += table is not None and len(table) > 0  # no rule ids left
                 return True
-            base, pages, words = layout
             self._reclaim()
-            first = self._rows.alloc(len(words))
-            evicted = first is None and self._evict_for(len(words))
+            first = self._rows.alloc(len(layout))
+            evicted = first is None and self._evict_for(len(layout))
         if evicted:
             time.sleep(GRACE_S)  # walks in flight finish with the evicted ranges
         with self._lock:
             if first is None:
                 self._reclaim(force=evicted)
-                first = self._rows.alloc(len(words))
+                first = self._rows.alloc(len(layout))
             if first is None:
                 f.failed = True
                 self._stats.files_failed += 1
                 self._stats.files_no_room += 1
                 return True
-            self._maps.write_words(first, words)
-            self._maps.set_file(f.id, first, pages, base, delta)
-            f.rows = (first, len(words))
+            self._maps.write_table(first, layout)
+            self._maps.set_file(f.id, first, layout.pages, layout.base, delta)
+            f.rows = (first, len(layout))
             self._stats.files_tabled += 1
             self._stats.rows_used = self._rows.used
         return True
 
-    def _layout(self, table: UnwindTable) -> tuple[int, int, np.ndarray] | None:
+    def _layout(self, table: UnwindTable) -> PagedTable | None:
         """The table in unwind_rows' layout (kernel_maps.paged), its rules given ids (those new to the node
-        written to unwind_rules first); None when the ids ran out."""
-        rules, inverse = np.unique(table.rules, return_inverse=True)
+        written to unwind_rules first); None when the ids ran out. Each rule's id is found a slice at a time
+        (np.unique's inverse would be 8 bytes a row: 20 MB for libtorch_cpu.so)."""
+        rules = np.unique(table.rules)
         with self._lock:
             new = [r for r in rules.tolist() if r not in self._rule_ids]
             if len(self._rule_ids) + len(new) > self._maps.rule_capacity:
@@ -425,8 +425,11 @@ class Unwinder:
                 first = len(self._rule_ids)
                 self._maps.write_rules(first, new)
                 self._rule_ids.update(zip(new, range(first, first + len(new)), strict=True))
-            ids = np.array([self._rule_ids[r] for r in rules.tolist()], dtype=np.int64)
-        return paged(table.pcs, ids[inverse], self._rule_ids[NO_INFO])
+            id_of = np.array([self._rule_ids[r] for r in rules.tolist()], dtype=np.uint32)
+        ids = np.empty(len(table), dtype=np.uint32)
+        for i in range(0, len(table), 1 << 18):
+            ids[i : i + (1 << 18)] = id_of[np.searchsorted(rules, table.rules[i : i + (1 << 18)])]
+        return paged(table.pcs, ids, self._rule_ids[NO_INFO])
 
     def _evict_for(self, n: int) -> bool:
         """Let go of tables of files no live process maps (least recently mapped first) until n rows could

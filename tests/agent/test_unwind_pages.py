@@ -42,12 +42,14 @@ def find_rule(words: np.ndarray, base: int, pages: int, rules: list[int], vaddr:
 
 
 def as_paged(table: UnwindTable) -> tuple[int, int, np.ndarray, list[int]]:
-    """The table paged with rule ids as the unwinder hands them out (NO_INFO's is 0)."""
+    """The table paged with rule ids as the unwinder hands them out (NO_INFO's is 0): (first page, pages,
+    the words as unwind_rows holds them, rule by id)."""
     distinct = [NO_INFO, *sorted(set(table.rules.tolist()) - {NO_INFO})]
     id_of = {r: i for i, r in enumerate(distinct)}
-    ids = np.array([id_of[r] for r in table.rules.tolist()], dtype=np.int64)
-    base, pages, words = paged(table.pcs, ids, NO_INFO_ID)
-    return base, pages, words, distinct
+    ids = np.array([id_of[r] for r in table.rules.tolist()], dtype=np.uint32)
+    t = paged(table.pcs, ids, NO_INFO_ID)
+    assert t.index.dtype == np.uint32 and t.rows.dtype == np.uint32
+    return t.base, t.pages, np.concatenate((t.index, t.rows)), distinct
 
 
 def expected(table: UnwindTable, vaddr: int) -> int:
