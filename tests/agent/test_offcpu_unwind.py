@@ -215,11 +215,21 @@ LONG = ["main", "loon_long"]
 def long_waits(run: Run) -> list[int]:
     """Per drain that has any, the off-CPU ns of the main thread under main -> loon_long, root whole (the
     blocks end seconds apart, and a drain runs every 0.5 s: at most one ends in a drain)."""
+    return _long_waits(run)[0]
+
+
+def _long_waits(run: Run) -> tuple[list[int], list[list[str]]]:
+    """long_waits(), and per drain counted, each of the thread's rows: its ns, its reason and its kernel
+    frames (what a failed check prints)."""
     tid = run.truth["tid"]
-    found = []
+    found, seen = [], []
     for rows in run.windows:
         ns = 0
+        told = []
         for r in rows:
+            if r.tid == tid:
+                kernel = [_base(f.function) for f in r.frames[r.kernel_start :]]
+                told.append(f"{r.count} ns {wait_reason(_keys(r))}: {kernel}")
             stack = tuple(_base(f.function) for f in r.frames[: r.kernel_start])
             if r.tid == tid and "loon_long" in stack:
                 if wait_reason(_keys(r)) != "clock_nanosleep":
@@ -232,23 +242,25 @@ def long_waits(run: Run) -> list[int]:
                 ns += r.count
         if ns:
             found.append(ns)
-    return found
+            seen.append(told)
+    return found, seen
 
 
 def _keys(r: ResolvedSample) -> tuple[FrameKey, ...]:
     return tuple(FrameKey(f.function, f.module, i >= r.kernel_start) for i, f in enumerate(r.frames))
 
 
-def assert_exact(found: list[int], truth: dict) -> None:
+def assert_exact(run: Run) -> None:
     """Each block is there once, at its length. From above: the wait (switch-out to switch-in) lies inside the
     workload's two CLOCK_MONOTONIC reads around nanosleep(), and bpf_ktime_get_ns() is that clock. From below:
     the kernel arms the timer for the requested length just before the switch-out (microseconds; 1 ms is
     the margin). A wait counted 8x (sampled and scaled) or twice would be far above; one missed, absent."""
-    requested = truth["ms"] * 1_000_000
-    blocks = truth["blocks"]
-    assert len(found) == len(blocks), (found, blocks)
-    for ns, (t0, t1) in zip(found, blocks, strict=True):
-        assert requested - 1_000_000 <= ns <= t1 - t0, (ns, requested, t1 - t0)
+    found, rows = _long_waits(run)
+    requested = run.truth["ms"] * 1_000_000
+    blocks = run.truth["blocks"]
+    assert len(found) == len(blocks), (found, blocks, rows)
+    for ns, (t0, t1), told in zip(found, blocks, rows, strict=True):
+        assert requested - 1_000_000 <= ns <= t1 - t0, (ns, requested, t1 - t0, told)
 
 
 def test_every_long_wait_is_recorded_once_at_its_length_under_its_function(
@@ -257,7 +269,7 @@ def test_every_long_wait_is_recorded_once_at_its_length_under_its_function(
     # Three 3 s waits, 50 ms of 1 ms sleeps around each. Without the exact path each would be kept with
     # probability 1/8 (all three: 1/512) and then count 8x.
     run = one_in_eight.run([str(glibc_bin), "long", "3000", "3"])
-    assert_exact(long_waits(run), run.truth)
+    assert_exact(run)
     assert run.stats["offcpu_exact"] >= 3
 
 
@@ -265,7 +277,7 @@ def test_a_single_long_wait_is_there_in_every_run(one_in_eight: Pipeline, glibc_
     # Eight runs of one 300 ms wait each: each run must have it (1/8 chance each without the exact path).
     for _ in range(8):
         run = one_in_eight.run([str(glibc_bin), "long", "300", "1"])
-        assert_exact(long_waits(run), run.truth)
+        assert_exact(run)
 
 
 PY_UPSTREAM = """
