@@ -14,7 +14,6 @@ from fleetprof.agent.bpfmaps import drain_map_bytes, read_map_bytes, write_array
 
 FILE = struct.Struct("=IIIIq")  # struct unwind_file: first, pages, page_base, pad, delta
 PAGE_SHIFT = 16  # UNWIND_PAGE_SHIFT: a file's rows are indexed by 64 KB page
-RULE_IDS = 1 << 16  # UNWIND_RULE_IDS: distinct rules of all files together (a row holds its rule's id)
 MAP = struct.Struct("=QQQII")  # struct unwind_map: start, end, bias, file, pad
 PROC = struct.Struct("=II")  # struct unwind_proc: first, n
 FILE_JIT = 0xFFFFFFFF  # unwind_map.file of anonymous executable memory (UNWIND_FILE_JIT)
@@ -86,7 +85,7 @@ class UnwindMaps:
 
     def write_table(self, first: int, table: PagedTable) -> None:
         """A file's table at unwind_rows[first, first + len(table)): its page index, then its rows."""
-        write_array(self._rows, first, table.index.astype("<u4").tobytes(), 4)
+        write_array(self._rows, first, table.index.astype("<u4", copy=False).tobytes(), 4)
         write_array(self._rows, first + len(table.index), table.rows.astype("<u4", copy=False).tobytes(), 4)
 
     def write_rules(self, first_id: int, rules: Sequence[int]) -> None:
