@@ -1,6 +1,7 @@
 """Ingest's CPU per batch in process, without gRPC: where the durable collector's time goes at N% new stacks.
 
     .venv/bin/python bench/ingest_cpu.py [--batches 500] [--new-stacks 0.05] [--flush-every 250] [--memory]
+        [--profile FILE]
 
 An IngestService over a DurableStore (or, with --memory, a MemoryStore) in this process, fed collector.py's
 batches as bytes: each of 8 agents sends the 6 templates once (the store's first flush then writes their
@@ -13,6 +14,7 @@ hand-offs and no gRPC: compare it with collector.py's rows of the same store to 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import random
 import shutil
 import sys
@@ -38,6 +40,7 @@ def main() -> int:
     ap.add_argument("--new-stacks", type=float, default=0.05)
     ap.add_argument("--flush-every", type=int, default=250)
     ap.add_argument("--memory", action="store_true", help="the in-memory store instead of --data-dir's")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the measured batches into FILE")
     args = ap.parse_args()
     templates = make_templates(6, 3000, 300)
     rng = random.Random(5)
@@ -71,6 +74,9 @@ def main() -> int:
         flush()
         payloads = [payload(k % AGENTS, rng.choice(templates), args.new_stacks) for k in range(args.batches)]
         flush_s = 0.0
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler is not None:
+            profiler.enable()
         start = time.process_time()
         for k, p in enumerate(payloads):
             service.ingest(service.parse(p), p)
@@ -79,6 +85,9 @@ def main() -> int:
                 flush()
                 flush_s += time.process_time() - f0
         total_s = time.process_time() - start
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
         n = len(payloads)
         print(
             f"{'memory' if args.memory else 'durable'}, {100 * args.new_stacks:g}% new stacks, {n} batches: "
