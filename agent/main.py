@@ -58,6 +58,19 @@ from fleetprof.tls import ClientTls, ClientTlsConfig
 log = logging.getLogger(__name__)
 
 
+class _StageClock:
+    """The drain thread's CPU time by stage of a drain (the stages' sum is the drain's CPU time)."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, int] = {}
+        self._last = time.thread_time_ns()
+
+    def end(self, stage: str) -> None:
+        now = time.thread_time_ns()
+        self.stages[stage] = self.stages.get(stage, 0) + now - self._last
+        self._last = now
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     collector: str = "127.0.0.1:7470"
@@ -400,26 +413,32 @@ class Agent:
     def drain_once(self) -> pb.Batch:
         """One window: drain, resolve, encode and queue it for the collector."""
         assert self.sampler is not None
-        t0, cpu0 = time.perf_counter(), time.thread_time_ns()
+        t0 = time.perf_counter()
+        cpu = _StageClock()
         drain = self.sampler.drain()
         sys_drain = self.syscalls.drain() if self.syscalls is not None else None
         self.gpu_owners.refresh_if_stale(time.monotonic())
         gpu = self.gpu.drain() if self.gpu is not None else None
         cuda = self._drain_cupti(drain.start_ns, drain.end_ns)
+        cpu.end("read")
         window = self.resolver.resolve(drain, sys_drain, gpu, cuda)
+        self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
+        if window.cuda is not None:
+            self.counters.add_cuda(window.cuda)
+        self.counters.set_offcpu_pending(drain.offcpu_pending)
+        cpu.end("resolve")
         self.processes.end_window()
         if self.unwinder is not None:
             self.unwinder.collect_wanted()
             for pid in self.unwinder.take_unmapped():
                 self.processes.remap_if_changed(pid)  # described again if it mapped code since (a dlopen)
+        cpu.end("processes")
         batch = encode_window(window, self.identity)
         self.shipper.submit(batch)
+        cpu.end("encode")
         self._trim_heap()
-        self.counters.add_drain(window.stats, sum(s.count for s in window.samples))
-        if window.cuda is not None:
-            self.counters.add_cuda(window.cuda)
-        self.counters.set_offcpu_pending(drain.offcpu_pending)
-        self.counters.add_drain_cpu(time.thread_time_ns() - cpu0)
+        cpu.end("trim")
+        self.counters.add_drain_cpu(cpu.stages)
         self._drain_hist.observe(time.perf_counter() - t0)
         self._last_drain = time.monotonic()
         return batch

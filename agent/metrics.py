@@ -96,6 +96,7 @@ class AgentCounters:
     # taken, those lost to a full table; kernels the CUPTI rings gave, and those whose time went under
     # the stacks that launched them (the rest is under the kernel's name alone).
     CUDA_EVENTS = ("launches", "launches_sampled", "launch_table_full", "kernels", "kernels_attributed")
+    DRAIN_STAGES = ("read", "resolve", "processes", "encode", "trim")  # agent/main.py, drain_once
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -112,6 +113,7 @@ class AgentCounters:
         self.cuda = dict.fromkeys(self.CUDA_EVENTS, 0)
         self.offcpu_pending = 0
         self.drain_cpu_ns = 0  # CPU time of the drain thread in drain, resolve and encode (ns: sums exact)
+        self.drain_stage_cpu_ns = dict.fromkeys(self.DRAIN_STAGES, 0)
 
     def add_drain(self, stats: dict[str, int], samples: int) -> None:
         with self._lock:
@@ -146,9 +148,16 @@ class AgentCounters:
         with self._lock:
             self.offcpu_pending = pending
 
-    def add_drain_cpu(self, ns: int) -> None:
+    def add_drain_cpu(self, stages: dict[str, int]) -> None:
+        """One drain's CPU time of the drain thread, in ns by stage (DRAIN_STAGES)."""
         with self._lock:
-            self.drain_cpu_ns += ns
+            for stage, ns in stages.items():
+                self.drain_cpu_ns += ns
+                self.drain_stage_cpu_ns[stage] += ns
+
+    def drain_stages(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.drain_stage_cpu_ns)
 
     def add_failure(self) -> None:
         with self._lock:
@@ -175,7 +184,7 @@ class AgentCounters:
             return dict(self.unwind)
 
 
-def _labelled(name: str, help_: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
+def _labelled(name: str, help_: str, label: str, values: dict[str, float]) -> CounterMetricFamily:
     """A counter family with one series per key of `values`, the key as `label`."""
     m = CounterMetricFamily(name, help_, labels=[label])
     for k, v in values.items():
@@ -212,6 +221,16 @@ class _AgentCollector:
             "CPU time the drain thread spent draining the BPF maps, resolving and encoding windows (the"
             " agent's cost per sample; shipping and the other threads are apart)",
             value=self._counters.drain_cpu_ns / 1e9,
+        )
+        stages = {k: ns / 1e9 for k, ns in self._counters.drain_stages().items()}
+        yield _labelled(
+            "fleetprof_agent_drain_stage_cpu_seconds",
+            "The drain thread's CPU time by stage: read (the BPF maps, syscall counts, GPU polls and CUPTI"
+            " rings), resolve (processes, symbols, Python frames), processes (describing and re-reading"
+            " them, unwind tables wanted), encode (the wire batch), trim (returning freed memory to the OS);"
+            " their sum is fleetprof_agent_drain_cpu_seconds",
+            "stage",
+            stages,
         )
         yield CounterMetricFamily("fleetprof_agent_drain_failures", "Drains that failed", value=failures)
         yield _labelled(

@@ -193,6 +193,10 @@ class Result:
     python_stacks_lost: int = 0  # ... whose CPython stack the CPython stack maps could not take
     cut_roots: list = field(default_factory=list)  # (root frame, % of job samples) of the stacks not whole
     files_no_room: int = 0  # files left without a table: unwind_rows full
+    drain_stages_us: dict = field(default_factory=dict)  # drain_us by stage (agent/main.py, drain_once)
+
+
+STAGES = ("read", "resolve", "processes", "encode", "trim")  # fleetprof_agent_drain_stage_cpu_seconds
 
 
 def thread_cpu_by_name(pid: int) -> dict[str, int]:
@@ -326,6 +330,8 @@ def one_run(python: Path, workload: Path, frequency: int, seconds: float, work: 
         int(gauges.get('fleetprof_agent_stack_outcomes_total{reason="python_stack_table_full"}', 0)),
         [(name, 100 * n / total) for name, n in roots.most_common(5)],
         int(gauges.get("fleetprof_agent_unwind_files_no_room", 0)),
+        {stage: (m1.get(key, 0) - m0.get(key, 0)) * 1e6 / samples for stage in STAGES
+         if (key := f'fleetprof_agent_drain_stage_cpu_seconds_total{{stage="{stage}"}}') in m1},
     )  # fmt: skip
 
 
@@ -340,6 +346,11 @@ def report(r: Result, version: str, ncpus: int) -> None:
         f"{r.bpf_all_us:.1f}, drain+resolve+encode {r.drain_us:.1f}, rest (gRPC, events, symbols) "
         f"{r.rest_us:.1f} (gRPC core threads {r.grpc_core_us:.1f}); all-in {r.all_in_us:.1f}"
     )
+    if r.drain_stages_us:
+        print(
+            "  drain by stage, us per sample: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in r.drain_stages_us.items())
+        )
     print(
         f"  samples since start whose stacks were lost (maps full or out of memory at once): native "
         f"{r.stacks_lost}, CPython {r.python_stacks_lost}"

@@ -47,11 +47,14 @@ def test_the_table_build_time_is_a_counter_and_reads_exactly() -> None:
 
 def test_the_drain_thread_s_cpu_time_is_a_counter_of_exact_seconds() -> None:
     counters = AgentCounters()
-    counters.add_drain_cpu(100_000_000)
-    counters.add_drain_cpu(200_000_000)
+    counters.add_drain_cpu({"read": 60_000_000, "resolve": 40_000_000})
+    counters.add_drain_cpu({"read": 100_000_000, "encode": 100_000_000})
     got, text = families(counters, {})
     assert got["fleetprof_agent_drain_cpu_seconds"].type == "counter"
     assert "fleetprof_agent_drain_cpu_seconds_total 0.3\n" in text
+    # ... and by stage, which add up to it (every stage is there, at 0 before it ran)
+    stages = {s.labels["stage"]: s.value for s in got["fleetprof_agent_drain_stage_cpu_seconds"].samples}
+    assert stages == {"read": 0.16, "resolve": 0.04, "processes": 0.0, "encode": 0.1, "trim": 0.0}
 
 
 def test_cuda_launches_and_kernels_attributed_add_up_over_windows() -> None:
