@@ -477,8 +477,15 @@ class FleetprofAgent(ChildProcess):
     def start(self) -> None:
         http = f"127.0.0.1:{free_port()}"
         self.metrics_url = f"http://{http}/metrics"
+        # FLEETPROF_BENCH_AGENT_PROFILE=FILE: the agent's drains under cProfile (bench/agent_profiled.py)
+        profile = os.environ.get("FLEETPROF_BENCH_AGENT_PROFILE")
+        launch = (
+            (str(Path(__file__).with_name("agent_profiled.py")), profile)
+            if profile
+            else ("-m", "fleetprof.cli", "agent")
+        )
         argv = [
-            sys.executable, "-m", "fleetprof.cli", "agent", "--collector", self._collector.grpc,
+            sys.executable, *launch, "--collector", self._collector.grpc,
             "--http", http, "--frequency", str(self.frequency), "--interval", f"{self.interval_s:g}",
             "--node", "bench", *self._extra_args,
         ]  # fmt: skip
