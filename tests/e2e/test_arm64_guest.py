@@ -178,7 +178,24 @@ def test_eh_frame_stacks_are_whole_from_the_entry(guest: dict, workload: str) ->
     # The issue's bar: >= 95% whole. A walk that works gives ~100% (the x86-64 tests: 758/758); at
     # p = 0.99 over ~400 samples sigma is 0.005, so 0.95 sits 8 sigma below. PAC-signed return
     # addresses not stripped, or x30 not used for a leaf, give ~0%.
-    assert got >= 0.95 * total, (got, total)
+    assert got >= 0.95 * total, (got, total, walk_story(guest, "eh_frame"))
+
+
+def walk_story(guest: dict, name: str) -> str:
+    """What a failed walk check prints: the phase's hold (how long the agent took to describe the
+    workloads), its agent's unwinding counters (walks, their outcomes, tables published and refused) and
+    the tail of its log."""
+    result = guest[name]
+    metrics = [
+        line
+        for line in result.get("agent_metrics", "").splitlines()
+        if not line.startswith("#") and ("unwind" in line or "stack_outcomes" in line or "python_" in line)
+    ]
+    log = guest["out"] / f"{name}-agent.log"
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no agent log)"
+    return "\n".join(
+        [f"described: {result.get('described')}", "agent metrics:", *metrics, "agent log tail:", tail]
+    )
 
 
 def test_eh_frame_python_frames_are_named(guest: dict) -> None:
@@ -214,7 +231,7 @@ def test_eh_frame_vdso_samples_keep_their_callers(guest: dict) -> None:
     # beside the burners since (6 s). A walk by frame pointer (no vDSO rows) keeps none. 90%: at p = 0.99
     # over n >= 100, sigma <= 0.01, so the bar sits 9 sigma below a walk that works.
     assert total >= 100, total
-    assert got >= 0.9 * total, (got, total)
+    assert got >= 0.9 * total, (got, total, walk_story(guest, "eh_frame"))
 
 
 def test_eh_frame_cuda_launches_through_the_real_aarch64_libcudart(guest: dict) -> None:
