@@ -380,16 +380,15 @@ class Frame:
     # afresh (the dataclass's own) cost ~1 us a frame, tens of us a row (bench/README.md "Agent cost per
     # sample").
     _hash: int = field(init=False, repr=False, compare=False)
+    # Whether no symbol named it, computed once too: every frame of a new stack is asked (by_module).
+    is_unknown: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.function, self.module, self.kernel)))
+        object.__setattr__(self, "is_unknown", self.function.startswith(UNKNOWN))
 
     def __hash__(self) -> int:
         return self._hash
-
-    @property
-    def is_unknown(self) -> bool:
-        return self.function.startswith(UNKNOWN)
 
 
 class ResolvedSample(NamedTuple):

@@ -22,6 +22,8 @@ UNMAPPED_MODULE = "[unmapped]"
 # Rough cost of one memoised address (dict slot, Frame, its name string), for the byte budget.
 _MEMO_ENTRY_BYTES = 200
 _MEMO_MAX = 2048
+# Frames memoised per process by address (_ProcessMemos), over all processes: ~100 bytes each.
+_PROCESS_MEMO_MAX = 131_072
 _KERNEL_MEMO_MAX = 8192
 
 FileKey = tuple[int, int, int]
@@ -116,6 +118,48 @@ class _CachedFile:
         self.ask_at = 0.0  # when debuginfod may be asked (again) for a file with .dynsym only
 
 
+class _ProcessMemos(OrderedDict):
+    """pid -> (the mappings it was read against, {address key: Frame}): the frames already named for a
+    process's addresses, least recently used process first. A deep stack new to the resolver (PyTorch's:
+    each distinct leaf address makes a distinct stack) mostly holds addresses seen before; each such frame
+    costs one dict lookup here, not a mapping search, a file lookup and the file's memo (bench/README.md,
+    "A PyTorch node"). A process described again (new mappings) starts a new memo; the mappings object is
+    held, so `is` cannot be fooled by a reused id. Bounded in entries over all processes."""
+
+    def __init__(self, max_entries: int) -> None:
+        super().__init__()
+        self._max = max_entries
+        self.entries = 0
+
+    def of(self, pid: int, mappings: Sequence[Mapping]) -> dict[int, Frame]:
+        held = self.get(pid)
+        if held is not None and held[0] is mappings:
+            self.move_to_end(pid)
+            return held[1]
+        if held is not None:
+            self.entries -= len(held[1])
+        memo: dict[int, Frame] = {}
+        self[pid] = (mappings, memo)
+        self.move_to_end(pid)
+        return memo
+
+    def grew(self, pid: int, added: int) -> None:
+        """`added` entries went into pid's memo: keep within the bound (one process past a quarter of it
+        starts over alone; then the least recent processes go)."""
+        self.entries += added
+        memo = self[pid][1]
+        if len(memo) > self._max // 4:
+            self.entries -= len(memo)
+            memo.clear()
+        while self.entries > self._max and len(self) > 1:
+            _, (_, old) = self.popitem(last=False)
+            self.entries -= len(old)
+
+    def clear(self) -> None:
+        super().clear()
+        self.entries = 0
+
+
 class Symbolizer:
     """Kernel and user-space address symbolization with a bounded LRU of per-file symbol tables.
 
@@ -161,6 +205,7 @@ class Symbolizer:
         self._generation = 0
         self._lock = threading.RLock()
         self._files: OrderedDict[FileKey, _CachedFile] = OrderedDict()
+        self._process_memos = _ProcessMemos(_PROCESS_MEMO_MAX)
         self._bytes = 0
         self._kernel: KernelSymbols | None = None
         self._kernel_memo: dict[int, Frame] = {}
@@ -250,32 +295,51 @@ class Symbolizer:
     def _user_frames(
         self, pid: int, mappings: Sequence[Mapping], addrs: Sequence[int], return_addresses: bool
     ) -> list[Frame]:
+        memo = self._process_memos.of(pid, mappings)
         frames = []
+        added = hits = 0
         for i, addr in enumerate(addrs):
-            self._counts["lookups"] += 1
-            frames.append(self._user_frame(pid, mappings, addr, addr - 1 if return_addresses and i else addr))
+            returns = return_addresses and i > 0
+            key = ~addr if returns else addr  # a return address is looked up one byte back
+            frame = memo.get(key)
+            if frame is None:
+                frame, final = self._user_frame(pid, mappings, addr, addr - 1 if returns else addr)
+                if final:
+                    memo[key] = frame
+                    added += 1
+            else:
+                hits += 1
+            frames.append(frame)
+        self._counts["lookups"] += len(frames)
+        self._counts["memo_hits"] += hits
+        if added:
+            self._process_memos.grew(pid, added)
         return frames
 
-    def _user_frame(self, pid: int, mappings: Sequence[Mapping], addr: int, lookup_addr: int) -> Frame:
+    def _user_frame(
+        self, pid: int, mappings: Sequence[Mapping], addr: int, lookup_addr: int
+    ) -> tuple[Frame, bool]:
+        """The frame of `addr`, and whether it is final for these mappings: not an address outside them
+        (the process mapped more since) nor in a file whose table could not be read (retried later)."""
         mapping = find(mappings, lookup_addr)
         if mapping is None:
-            return unknown_frame(UNMAPPED_MODULE, addr)
+            return unknown_frame(UNMAPPED_MODULE, addr), False
         if mapping.is_file:
             cached = self._file(pid, mapping)
         elif self._vdso is not None and self._vdso.matches(mapping):
             cached = self._vdso_file
         else:
-            return unknown_frame(mapping.display_name, addr - mapping.start)
+            return unknown_frame(mapping.display_name, addr - mapping.start), True
         file_offset = addr - mapping.start + mapping.offset
         if cached.table is None:
-            return unknown_frame(mapping.display_name, file_offset)
+            return unknown_frame(mapping.display_name, file_offset), False
         vaddr = offset_to_vaddr(cached.segments, lookup_addr - mapping.start + mapping.offset)
         if vaddr is None:
-            return unknown_frame(cached.name, file_offset)
+            return unknown_frame(cached.name, file_offset), True
         frame = cached.memo.get(vaddr)
         if frame is not None:
             self._counts["memo_hits"] += 1
-            return frame
+            return frame, True
         hit = cached.table.lookup(vaddr)
         frame = Frame(hit[0], cached.name) if hit is not None else unknown_frame(cached.name, file_offset)
         if len(cached.memo) >= _MEMO_MAX:
@@ -285,7 +349,7 @@ class Symbolizer:
         cached.memo[vaddr] = frame
         self._bytes += _MEMO_ENTRY_BYTES
         cached.nbytes += _MEMO_ENTRY_BYTES
-        return frame
+        return frame, True
 
     def _file(self, pid: int, mapping: Mapping) -> _CachedFile:
         key = (mapping.dev_major, mapping.dev_minor, mapping.inode)
@@ -365,6 +429,7 @@ class Symbolizer:
             if upgraded:
                 self._counts["files_upgraded"] += upgraded
                 self._generation += 1
+                self._process_memos.clear()  # frames of those files are named better now
                 self._evict()
 
     @property

@@ -25,7 +25,7 @@ from fleetprof.agent.symbols.elf import (
 )
 from fleetprof.agent.symbols.kallsyms import KernelSymbols
 from fleetprof.agent.symbols.maps import find, parse_maps, read_maps
-from fleetprof.agent.symbols.symbolizer import Symbolizer
+from fleetprof.agent.symbols.symbolizer import Symbolizer, _ProcessMemos
 
 PROGRAM = r"""
 #define _GNU_SOURCE
@@ -475,10 +475,54 @@ def test_lru_evicts_by_file_count_and_by_bytes(builds, running):
     assert stats["files_cached"] == 1 and stats["files_evicted"] == 1
 
     tiny = Symbolizer(max_bytes=1)
-    frames = tiny.user_frames(r.pid, r.mappings, addrs + addrs)
+    frames = tiny.user_frames(r.pid, r.mappings, addrs)
+    # the process described again (new mappings): its addresses are looked up in the files again
+    frames += tiny.user_frames(r.pid, list(r.mappings), addrs)
     assert frames[0].function == frames[2].function == "fleetprof_alpha"
     assert tiny.stats()["files_cached"] == 1
     assert tiny.stats()["files_loaded"] == 4
+
+
+@needs_gcc
+def test_a_process_s_addresses_are_named_once_per_description_of_it(builds, running):
+    """The per-process memo: an address named before is answered without the files (no load even when
+    the file's table was evicted since), a process described again (another mappings object) is read
+    afresh, and an address outside its mappings is never memoised (the resolver re-reads the mappings
+    then: a dlopen)."""
+    r = running(builds["pie"])
+    addrs = [r.addrs["fleetprof_alpha"], r.addrs["getpid"]]
+    sym = Symbolizer(max_bytes=1)  # every load evicts the other file
+    first = sym.user_frames(r.pid, r.mappings, addrs)
+    loaded = sym.stats()["files_loaded"]
+    again = sym.user_frames(r.pid, r.mappings, addrs)
+    assert again == first and sym.stats()["files_loaded"] == loaded
+    assert sym.stats()["memo_hits"] >= 2
+    sym.user_frames(r.pid, list(r.mappings), addrs)
+    assert sym.stats()["files_loaded"] == loaded + 2
+    outside = max(m.end for m in r.mappings) + 0x1000
+    (frame,) = sym.user_frames(r.pid, r.mappings, [outside])
+    assert frame.module == "[unmapped]"
+    described = [*r.mappings, Mapping(outside, outside + 0x1000, 0, 0, 0, 0, "[anon:jit]", "r-xp")]
+    (frame,) = sym.user_frames(r.pid, described, [outside])
+    assert frame.module != "[unmapped]"
+
+
+def test_process_memos_stay_within_their_bound() -> None:
+    memos = _ProcessMemos(max_entries=100)
+    held = {}
+    for pid in range(10):
+        mappings = held[pid] = []
+        memo = memos.of(pid, mappings)
+        memo.update({a: Frame(f"f{a}", "m") for a in range(20)})
+        memos.grew(pid, 20)
+        assert memos.entries == sum(len(m) for _, m in memos.values()) <= 100
+    assert list(memos) == [5, 6, 7, 8, 9]  # the least recent went first
+    assert memos.of(9, held[9]) is memos[9][1] and len(memos[9][1]) == 20  # the same description: kept
+    assert memos.of(9, []) == {} and memos.entries == 80  # described again: a new memo
+    big = memos.of(3, held[3])
+    big.update({a: Frame(f"f{a}", "m") for a in range(26)})
+    memos.grew(3, 26)  # past a quarter of the bound alone: starts over
+    assert big == {} and memos.entries == sum(len(m) for _, m in memos.values())
 
 
 # -- /proc/PID/maps --------------------------------------------------------------------------------------
