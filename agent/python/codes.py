@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -43,9 +44,12 @@ class CodeInfo:
     linetable: bytes
     fingerprint: bytes
     qualname_tag: int  # bits 4-27 of the co_qualname pointer, as BPF records them
-    # instruction index -> its frame: a hot code object is sampled at a few instructions thousands of times,
-    # and line_at walks the table from its start (it was a quarter of a busy node's drain time).
+    # instruction index -> its frame: a hot code object is sampled at a few instructions thousands of times
+    # (decoding the line table from its start each time was a quarter of a busy node's drain time)
     frames: dict[int, Frame] = field(default_factory=dict, compare=False, repr=False)
+    # the line table decoded (line_ranges), once a second instruction of the code object is met: a large
+    # function of a deep PyTorch stack is sampled at many instructions, and each walked the whole table
+    ranges: list[tuple[list[int], list[int]]] = field(default_factory=list, compare=False, repr=False)
 
     def frame(self, line: int) -> Frame:
         return Frame(f"{self.qualname} ({os.path.basename(self.filename)}:{line})", self.filename)
@@ -54,7 +58,13 @@ class CodeInfo:
         """The frame of instruction `index` (code units from the start of its bytecode)."""
         f = self.frames.get(index)
         if f is None:
-            f = self.frames[index] = self.frame(line_at(self.linetable, self.firstlineno, index))
+            if not self.frames:
+                line = line_at(self.linetable, self.firstlineno, index)
+            else:
+                if not self.ranges:
+                    self.ranges.append(line_ranges(self.linetable, self.firstlineno))
+                line = _line_in(self.ranges[0], self.firstlineno, index)
+            f = self.frames[index] = self.frame(line)
         return f
 
 
@@ -259,12 +269,26 @@ def _fingerprint(head: bytes, off: Offsets) -> bytes:
 def line_at(table: bytes, firstlineno: int, index: int) -> int:
     """The source line of instruction `index` (code units) from a 3.11+ co_linetable; firstlineno when
     the table says nothing (or the index lies outside it)."""
+    return _line_in(line_ranges(table, firstlineno, max(index, 0) + 1), firstlineno, index)
+
+
+def _line_in(ranges: tuple[list[int], list[int]], firstlineno: int, index: int) -> int:
+    ends, lines = ranges
+    at = bisect_right(ends, max(index, 0))
+    return lines[at] if at < len(lines) else firstlineno
+
+
+def line_ranges(table: bytes, firstlineno: int, upto: int | None = None) -> tuple[list[int], list[int]]:
+    """A 3.11+ co_linetable decoded: the end (code units, exclusive) of each entry's instructions, in
+    order, and its line (firstlineno for an entry without a location). `upto`: stop once an entry reaches
+    past that many code units."""
+    ends: list[int] = []
+    lines: list[int] = []
     line = firstlineno
     addr = 0
     i = 0
     n = len(table)
-    index = max(index, 0)
-    while i < n:
+    while i < n and (upto is None or addr < upto):
         first = table[i]
         i += 1
         code = (first >> 3) & 15
@@ -285,10 +309,10 @@ def line_at(table: bytes, firstlineno: int, index: int) -> int:
             i += 1
         if delta is not None:
             line += delta
-        if addr <= index < addr + length:
-            return line if delta is not None else firstlineno
         addr += length
-    return firstlineno
+        ends.append(addr)
+        lines.append(line if delta is not None else firstlineno)
+    return ends, lines
 
 
 def _varint(table: bytes, i: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import pytest
 
 from fleetprof.agent.model import Frame
 from fleetprof.agent.process.table import ProcessTable
-from fleetprof.agent.python.codes import line_at
+from fleetprof.agent.python.codes import CodeInfo, line_at
 from fleetprof.agent.python.merge import merge
 from fleetprof.agent.python.unwinder import PythonStacks
 from fleetprof.agent.resolver import Resolver
@@ -70,11 +70,15 @@ def test_line_table_decoding_matches_the_interpreter() -> None:
 
     checked = 0
     for code in walk(compile(STORY.read_text(), str(STORY), "exec")):
-        for index, (line, *_cols) in enumerate(code.co_positions()):
+        # the table decoded once (CodeInfo.frame_at past its first instruction), asked in any order
+        info = CodeInfo(code.co_qualname, "py_story.py", code.co_firstlineno, code.co_linetable, b"", 0)
+        positions = list(enumerate(code.co_positions()))
+        for index, (line, *_cols) in positions[::-1] + positions:
             if line is not None:
                 assert line_at(code.co_linetable, code.co_firstlineno, index) == line, (code.co_name, index)
+                assert info.frame_at(index).function == f"{code.co_qualname} (py_story.py:{line})", index
                 checked += 1
-    assert checked > 200
+    assert checked > 400
 
 
 def test_merge_puts_python_frames_in_place_of_the_interpreter() -> None:
