@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from functools import lru_cache
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.model import (
     CgroupIdentity,
     CudaWindow,
     DeviceSample,
+    Frame,
     GpuWindow,
     ProcessInfo,
     ResolvedSample,
@@ -37,6 +39,14 @@ def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start
     """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frame strings, never 0.
     The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
     return _wire_id("\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}")
+
+
+@lru_cache(maxsize=32768)
+def _stack_wire_id_of(frames: tuple[Frame, ...], kernel_start: int) -> int:
+    """stack_wire_id of a resolved stack, remembered across windows: a pure function of the stack, and the
+    same stacks come back window after window (a hash of every frame's name each time was a tenth of a
+    PyTorch node's drain)."""
+    return stack_wire_id([f.function for f in frames], [f.module for f in frames], kernel_start)
 
 
 def process_wire_id(
@@ -88,18 +98,21 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             batch.process_ids.append(wire_id)
         return pidx
 
-    def stack_index(key: tuple, functions: list[str], modules: list[str], kernel_start: int) -> int:
+    frame_ids: dict[Frame, tuple[int, int]] = {}  # a frame's (function, module) string ids in this batch
+
+    def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
         sidx = stacks.get(key)
         if sidx is None:
             sidx = stacks[key] = len(batch.stacks)
-            batch.stacks.append(
-                pb.Stack(
-                    functions=[strings.id(f) for f in functions],
-                    modules=[strings.id(m) for m in modules],
-                    kernel_start=kernel_start,
-                )
-            )
-            stack_ids.append(stack_wire_id(functions, modules, kernel_start))
+            functions, modules = [], []
+            for f in frames:
+                pair = frame_ids.get(f)
+                if pair is None:
+                    pair = frame_ids[f] = (strings.id(f.function), strings.id(f.module))
+                functions.append(pair[0])
+                modules.append(pair[1])
+            batch.stacks.append(pb.Stack(functions=functions, modules=modules, kernel_start=kernel_start))
+            stack_ids.append(_stack_wire_id_of(frames, kernel_start))
         return sidx
 
     def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int, bool], int]:
@@ -110,9 +123,7 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             skey = (s.frames, s.kernel_start)
             sidx = stacks.get(skey)
             if sidx is None:
-                functions = [f.function for f in s.frames]
-                modules = [f.module for f in s.frames]
-                sidx = stack_index(skey, functions, modules, s.kernel_start)
+                sidx = stack_index(skey, s.frames, s.kernel_start)
             # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
             state = _GPU_STATES[s.gpu_state]
             ckey = (pidx, sidx, state, s.idle)
@@ -217,16 +228,14 @@ def _encode_cuda(batch: pb.Batch, cuda: CudaWindow, strings: _Strings, process_i
         placed = set()
         for frames, ns in pc.kernel_stacks:  # under the stacks that launched them (agent/resolver.py)
             placed.add(frames[-1].function)
-            functions = [f.function for f in frames]
-            modules = [f.module for f in frames]
             kc.process.append(pidx)
-            kc.stack.append(stack_index(("cuda_kernel_stack", frames), functions, modules, len(frames)))
+            kc.stack.append(stack_index(("cuda_kernel_stack", frames), frames, len(frames)))
             kc.kernel_ns.append(ns)
         for name, ns in sorted(pc.kernel_ns.items()):
             if name in placed:
                 continue
             kc.process.append(pidx)
-            kc.stack.append(stack_index(("cuda_kernel", name), [name], [CUDA_MODULE], 1))
+            kc.stack.append(stack_index(("cuda_kernel", name), (Frame(name, CUDA_MODULE),), 1))
             kc.kernel_ns.append(ns)
         for d in pc.devices:
             batch.cuda_activity.append(

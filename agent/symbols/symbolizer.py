@@ -21,7 +21,7 @@ UNMAPPED_MODULE = "[unmapped]"
 
 # Rough cost of one memoised address (dict slot, Frame, its name string), for the byte budget.
 _MEMO_ENTRY_BYTES = 200
-_MEMO_MAX = 2048
+_MEMO_MAX = 8192  # per file: a large library (libtorch) is sampled at thousands of addresses
 # Frames memoised per process by address (_ProcessMemos), over all processes: ~100 bytes each.
 _PROCESS_MEMO_MAX = 131_072
 _KERNEL_MEMO_MAX = 8192
