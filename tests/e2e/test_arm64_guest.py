@@ -33,12 +33,14 @@ pytestmark = pytest.mark.slow
 
 FREQUENCY = 99
 INTERVAL = 2.0
-# Of each workload's own CPU time. 99 Hz gave 900-930 samples in 10 s on a quiet host, 630-670 on a loaded
-# one: the emulated timer fires late when qemu's threads wait for the host CPU, while the task clock runs
-# on. 6 s gave 560-610 (quiet or beside two CPU burners) once the driver held the workloads until the agent
-# had described them. 4 s: ~260-400 alone, but 197 (two_funcs_nofp) and 125 (python) in a fresh-clone run
-# pinned to one host CPU (`taskset -c 0`), under the 200 the splits need (assert_split): 8 s.
-SECONDS = 8
+# A judged workload runs until the collector holds SAMPLES of its measured functions, then the driver stops
+# it (stop_when_sampled); SECONDS of its own CPU time are the cap. Sized by CPU seconds alone the count
+# varied 5x with the host's load: the emulated timer fires late when qemu's threads wait for the host CPU,
+# while the task clock runs on. 99 Hz gave 900-930 samples in 10 s on a quiet host, 630-670 on a loaded
+# one; 4 s gave 197 and 125 pinned to one host CPU (`taskset -c 0`), and 8 s 166 and 155 beside two CPU
+# burners, under the 200 the splits need (assert_split). 400 leaves room for the collector's lag.
+SAMPLES = 400
+SECONDS = 40
 SHARE = 75  # % of two_funcs' time in fp_hot_alpha, of py_story's in outer()
 GETPPID_CALLS = 20000
 EVERY_WORKLOAD = ["two_funcs_fp", "two_funcs_nofp", "python", "getppid", "vdso_clock", "cudart"]
@@ -77,8 +79,8 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> dict:
         (REPO / "tests" / "support" / "arm64_guest_driver.py").read_bytes()
     )
     config = {
-        "phases": PHASES, "frequency": FREQUENCY, "interval": INTERVAL, "seconds": SECONDS, "share": SHARE,
-        "getppid_calls": GETPPID_CALLS,
+        "phases": PHASES, "frequency": FREQUENCY, "interval": INTERVAL, "seconds": SECONDS,
+        "samples": SAMPLES, "share": SHARE, "getppid_calls": GETPPID_CALLS,
     }  # fmt: skip
     (inputs / "config.json").write_text(json.dumps(config))
     (inputs / "run.sh").write_text('exec /opt/fleetprof/bin/python3 arm64_guest_driver.py "$1"\n')
@@ -129,8 +131,8 @@ def count(stacks: dict, predicate: Callable[[tuple], bool]) -> int:
 def assert_split(hits: int, others: int, truth: float, what: str) -> None:
     """`hits` of `hits + others` samples against the workload's own measured share, within 4 sigma."""
     n = hits + others
-    # ~250-800 samples a workload measured (8 s of CPU at 99 Hz); fewer than 200 would leave too wide a band
-    # to catch a sampler that credits the wrong function (4 sigma at n = 200, p = 0.75: 0.12).
+    # SAMPLES (400) or more a workload measured, as the driver sizes it; fewer than 200 would leave too wide a
+    # band to catch a sampler that credits the wrong function (4 sigma at n = 200, p = 0.75: 0.12).
     assert n >= 200, f"{what}: only {n} samples"
     got = hits / n
     sigma = math.sqrt(truth * (1 - truth) / n)
@@ -224,7 +226,7 @@ def test_eh_frame_vdso_samples_keep_their_callers(guest: dict) -> None:
     total, got = sum(in_vdso.values()), count(in_vdso, lambda st: kept(user_frames(st)))
     print(f"vdso_clock: {got} of {total} samples in the vDSO keep glibc's frame and clock_burn above it")
     print("  heaviest:", ";".join(user_frames(max(stacks, key=stacks.get))))
-    # 8 s of CPU at 99 Hz (~250-800 samples), nearly all in the vDSO's syscall. Samples taken before the
+    # SAMPLES (400) or more in clock_burn, nearly all in the vDSO's syscall. Samples taken before the
     # agent described the process are walked by frame pointer (_start;__libc_start_main;clock_burn;
     # __kernel_clock_gettime): 82 of 206 kept in one loaded run, 57 of 389 and 163 of 341 beside two CPU
     # burners, before the driver held the workload until it was described; 591 of 591 alone and 573 of 573

@@ -10,6 +10,7 @@ of each part as JSON on exit.
 
 import hashlib
 import json
+import signal
 import sys
 import threading
 import time
@@ -44,11 +45,15 @@ def decoy(n):
     return spin(n)
 
 
+STOP = [False]  # SIGUSR1: end the story before its SECONDS (a driver sizing the run by its samples)
+
+
 def story(seconds, share):
+    signal.signal(signal.SIGUSR1, lambda *_: STOP.__setitem__(0, True))
     outer_ns = decoy_ns = 0
     seed = 12345
     start = time.thread_time_ns()
-    while time.thread_time_ns() - start < seconds * 1e9:
+    while not STOP[0] and time.thread_time_ns() - start < seconds * 1e9:
         # Chunks of 1-4 ms of varying size, so the split does not beat in step with the sampling clock.
         seed = (seed * 1103515245 + 12345) % 2**31
         chunk = 3000 + seed % 9000

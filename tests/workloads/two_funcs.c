@@ -2,7 +2,8 @@
  * measures the true split itself (thread CPU time around each call), printed as JSON on exit. The calls
  * come in rounds of varying size: a fixed round could beat in step with the sampling clock and bias the
  * sampled split, while varying rounds leave each sample an independent draw (binomial error).
- * usage: two_funcs SECONDS SHARE_A_PERCENT (GATE=1: held back until a line on stdin, gate.h) */
+ * usage: two_funcs SECONDS SHARE_A_PERCENT (GATE=1: held back until a line on stdin; SIGUSR1: stop before
+ * SECONDS; gate.h) */
 #include "gate.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,7 @@ __attribute__((noinline)) void fp_cold_beta(long n) {
 __attribute__((noinline)) void fp_driver(double seconds, int share_a) {
     long long a = 0, b = 0, start = cpu_ns();
     unsigned long seed = 12345;
-    while (cpu_ns() - start < (long long)(seconds * 1e9)) {
+    while (!stop_early && cpu_ns() - start < (long long)(seconds * 1e9)) {
         seed = (seed * 1103515245 + 12345) % 2147483648UL;
         const long chunk = 50000 + seed % 300000;  /* rounds of 0.5M-3.5M iterations, 200k x 10 on average */
         long long t0 = cpu_ns();

@@ -49,7 +49,7 @@ __attribute__((noinline)) void clock_burn(double seconds)
 {
 	struct timespec ts;
 	int64_t start = now_ns(CLOCK_THREAD_CPUTIME_ID), spent = 0;
-	while (spent < (int64_t)(seconds * 1e9)) {
+	while (!stop_early && spent < (int64_t)(seconds * 1e9)) {
 		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 		spent = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec - start;
 	}
