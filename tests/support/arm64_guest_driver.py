@@ -103,11 +103,11 @@ def acked_batches() -> int:
     return 0
 
 
-def folded(pid: int, kind: str = "cpu") -> str:
+def folded(pid: int, kind: str = "cpu", timeout: float = 10) -> str:
     q = urllib.parse.urlencode(
         {"query": f'{{pid="{pid}"}}', "since": "30m", "format": "folded", "type": kind}
     )
-    return get(f"http://{HTTP}/api/v1/profile?{q}").decode()
+    return get(f"http://{HTTP}/api/v1/profile?{q}", timeout=timeout).decode()
 
 
 def agent_metric(name: str) -> float:
@@ -216,9 +216,15 @@ MEASURED = {
 
 
 def measured_samples(pid: int, functions: tuple[str, ...]) -> int:
-    """Samples of `pid` the collector has in any of `functions` (folded lines: "stack count")."""
+    """Samples of `pid` the collector has in any of `functions` (folded lines: "stack count"); -1 when the
+    collector did not answer in time (asked again next round: beside two CPU burners and the rest of the
+    suite, the emulated collector took over 10 s to answer one)."""
+    try:
+        text = folded(pid, timeout=60)
+    except (OSError, urllib.error.URLError):  # TimeoutError is an OSError
+        return -1
     total = 0
-    for line in folded(pid).splitlines():
+    for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if any(f in stack for f in functions) and count.isdigit():
             total += int(count)
@@ -250,7 +256,9 @@ def stop_when_sampled(runs: dict[str, subprocess.Popen], cfg: dict, interval: fl
                 proc.send_signal(signal.SIGUSR1)
                 out[w] = {"stopped_at": n, "s": round(time.monotonic() - t0, 1)}
                 del waiting[w]
-        time.sleep(interval)
+        # Each look is a profile query per workload, emulated CPU taken from the workloads and the agent:
+        # a few seconds apart (the collector has new samples once a drain, 5-20 s under emulation, anyway).
+        time.sleep(max(interval, 5.0))
     return out
 
 
