@@ -200,7 +200,8 @@ def test_jit_code_is_stepped_by_frame_pointer_back_to_its_callers(
         if st[: len(ENTRY)] == ENTRY
         and list(st[len(ENTRY) : len(ENTRY) + 2]) == ["main", "jit_run"]
         and st[len(ENTRY) + 2].startswith("[unknown] ([anon]+")
-        and st[len(ENTRY) + 3] == "jit_callback"
+        # in jit_callback, or in the page itself (its own leaf: a fresh-clone run met one and indexed past it)
+        and st[len(ENTRY) + 3 : len(ENTRY) + 4] in (("jit_callback",), ())
     )
     total = sum(stacks.values())
     print(f"{total} samples: jit_callback {callback}, whole {whole}; {stacks.most_common(2)}")
