@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from functools import lru_cache
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.model import (
@@ -39,14 +38,6 @@ def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start
     """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frame strings, never 0.
     The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
     return _wire_id("\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}")
-
-
-@lru_cache(maxsize=32768)
-def _stack_wire_id_of(frames: tuple[Frame, ...], kernel_start: int) -> int:
-    """stack_wire_id of a resolved stack, remembered across windows: a pure function of the stack, and the
-    same stacks come back window after window (a hash of every frame's name each time was a tenth of a
-    PyTorch node's drain)."""
-    return stack_wire_id([f.function for f in frames], [f.module for f in frames], kernel_start)
 
 
 def process_wire_id(
@@ -112,7 +103,9 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
                 functions.append(pair[0])
                 modules.append(pair[1])
             batch.stacks.append(pb.Stack(functions=functions, modules=modules, kernel_start=kernel_start))
-            stack_ids.append(_stack_wire_id_of(frames, kernel_start))
+            stack_ids.append(
+                stack_wire_id([f.function for f in frames], [f.module for f in frames], kernel_start)
+            )
         return sidx
 
     def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int, bool], int]:
