@@ -402,6 +402,8 @@ struct fp_thread {
     uint64_t window_start;
     uint64_t window_launches;
     uint64_t window_samples;
+    uint64_t budget_start;   // the hard cap's windows (100 ms each, apart from the rate's)
+    uint64_t budget_samples;
     // The open outermost launch, when it is sampled.
     int sampled;
     uint64_t weight;
@@ -451,26 +453,35 @@ static void thread_start(struct fp_thread *t, uint64_t now) {
     t->skip_every = t->every;
     t->skip = draw_skip(t, t->every);
     t->window_start = now;
+    t->budget_start = now;
 }
 
-// The rate cap: at most sample_cap sampled launches per second per thread, on average. Each window the
-// thread's 1-in-N is set from its launch rate, so the weights stay exact (every launch of the window was
-// sampled with probability 1/N and weighs N); within a window a burst may exceed it by 2x at most before
-// the hard cap refuses (and carries the weight forward, so totals stay exact).
+// The rate cap: at most sample_cap sampled launches per second per thread, on average. The thread's 1-in-N
+// is set from its launch rate, so the weights stay exact (each launch is sampled with probability 1/N and
+// weighs N). The rate is measured over a window that ends after 100 ms, or sooner once it holds its share
+// of samples (cap/10): the rate is then over the cap, and a burst (a thread's first launches, at the
+// setting's 1-in-N) meets its own 1-in-N within cap/10 samples. Apart from that, a hard cap of three shares
+// per 100 ms refuses candidates, and the next sample carries their weight (totals stay exact); it would pile
+// a burst's weight on one launch's stack, so the re-rate comes first.
 static int over_cap(struct fp_thread *t, uint64_t now) {
     uint32_t cap = H.sample_cap;
     if (cap == 0) return 0;
+    uint64_t share = (uint64_t)cap * FP_WINDOW_NS / 1000000000ull;
+    if (share == 0) share = 1;
     uint64_t elapsed = now - t->window_start;
-    if (elapsed >= FP_WINDOW_NS) {
-        double per_s = (double)t->window_launches * 1e9 / (double)elapsed;
+    if (elapsed >= FP_WINDOW_NS || t->window_samples >= share) {
+        double per_s = (double)t->window_launches * 1e9 / (double)(elapsed ? elapsed : 1);
         double need = ceil(per_s / cap);
         t->every = need > (double)H.sample_every ? (uint64_t)need : H.sample_every;
         t->window_start = now;
         t->window_launches = 0;
         t->window_samples = 0;
-        return 0;
     }
-    return t->window_samples >= (uint64_t)cap * 2 * FP_WINDOW_NS / 1000000000ull + 1;
+    if (now - t->budget_start >= FP_WINDOW_NS) {
+        t->budget_start = now;
+        t->budget_samples = 0;
+    }
+    return t->budget_samples >= 3 * share + 1;
 }
 
 static void launch_enter(struct fp_thread *t, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
@@ -507,6 +518,7 @@ static void launch_enter(struct fp_thread *t, CUpti_CallbackDomain domain, CUpti
     }
     t->carry = 0;
     t->window_samples++;
+    t->budget_samples++;
     t->sampled = 1;
     t->weight = weight;
     t->enter_ns = now;

@@ -158,18 +158,23 @@ def test_the_rate_cap_bounds_samples_and_keeps_the_launch_total_unbiased(cuda: C
     (loop,) = run.logged("loop")
     counters = run.header.counters
     assert counters["launches"] == loop["launches"]
-    # Per 100 ms window at most cap/5 + 1 samples (the hard cap), and the thread's first window started
+    # Per 100 ms window at most 3 cap/10 + 1 samples (the hard cap), and the thread's first window started
     # before the loop's clock did: at most one window more than the loop's own seconds hold.
     windows = math.ceil(loop["seconds"] / 0.1) + 1
-    assert 0 < counters["sampled"] <= windows * (cap * 2 // 10 + 1)
-    # The ring holds the last lap only (kernel records fill it at this rate): the weights it still has.
-    weights = [launch.weight for launch in run.launches()]
-    # The cap did raise the thread's 1-in-N: each window sets it from the window's launch rate over the cap,
-    # so the heaviest weight is at least the loop's mean rate over the cap (half of it, for the first
-    # window's start at 1-in-1 and the rounding); a machine too slow to outrun the cap 4 times proves nothing.
+    assert 0 < counters["sampled"] <= windows * (cap * 3 // 10 + 1)
+    # The cap raised the thread's 1-in-N rather than refusing: N follows the launch rate over the cap, and a
+    # burst (here the thread's first launches, at 1-in-1) is re-rated within cap/10 samples, before the hard
+    # cap. Were N left at 1 until a window's end, all but ~cap/5 launches of that window would be refused,
+    # and their weight carried onto one launch's stack. A machine too slow to
+    # outrun the cap 4 times proves nothing.
     raised = loop["launches"] / loop["seconds"] / cap
     assert raised >= 4, loop
-    assert weights and max(weights) >= raised / 2, (max(weights), raised)
+    assert counters["sample_capped"] <= counters["sampled"], counters
+    # The weights the ring still holds (its last lap only: kernel records fill it at this rate) are
+    # judged with the rest below; the mean weight is the loop's rate over the cap, within the windows' slack
+    # (samples <= 3x the cap per window, bounded above), whatever the rate did window by window.
+    weights = [launch.weight for launch in run.launches()]
+    assert weights and counters["sampled_weight"] / counters["sampled"] >= raised / 4, (counters, raised)
     # Each launch was sampled with probability 1/w and weighs w, so the weights' sum estimates the launches
     # without bias; Var = sum over launches of (w - 1) <= launches * (max w - 1). The weight the hard cap
     # carries forward (at most one sample's worth) may still be pending at the end.
