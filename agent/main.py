@@ -395,6 +395,15 @@ class Agent:
                 except Exception:  # keep describing processes whatever one event did
                     log.exception("process event handling failed")
 
+    def _read_cupti(self) -> None:
+        if self.cupti is None:
+            return
+        try:
+            self.cupti.read()
+        except Exception:  # the rings must not cost the window its CPU samples
+            log.exception("reading CUPTI rings failed")
+            self.cupti.counters.error("internal")
+
     def _drain_cupti(self, start_unix_ns: int, end_unix_ns: int) -> CudaWindow | None:
         """The CUPTI rings' window: their records are on CLOCK_MONOTONIC, the window on the wall clock."""
         if self.cupti is None:
@@ -415,6 +424,7 @@ class Agent:
         assert self.sampler is not None
         t0 = time.perf_counter()
         cpu = _StageClock()
+        self._read_cupti()  # before the maps: their launch stacks then cover the rings' kernels
         drain = self.sampler.drain()
         sys_drain = self.syscalls.drain() if self.syscalls is not None else None
         self.gpu_owners.refresh_if_stale(time.monotonic())

@@ -75,6 +75,7 @@ class _Tracked:
         # kept until its kernel is read (a kernel record comes after its launch record), at most SAMPLED_KEPT
         self.sampled: dict[int, tuple[int, int]] = {}
         self.cupti_dropped = 0
+        self.read: RingBatch | RingError | None = None  # polled by CuptiReaders.read, used by the drain
 
 
 def kernel_ns_by_name(batch: RingBatch) -> tuple[dict[str, int], dict[str, int], int]:
@@ -226,6 +227,20 @@ class CuptiReaders:
                 self._candidates.pop(pid, None)
             self._open(info, horizon_ns, window_start_ns)
 
+    def read(self) -> None:
+        """Poll every tracked ring now, before the sampler's maps are read for the same window. A kernel's
+        record is flushed after its launch call returned, and so after the library called the marker whose
+        uprobe took the launch's stack: read first, every kernel in a window's records has its launch's
+        stack in that window's samples. Read after the maps, a flush between the two reads (the library's
+        last, at exit, comes right after the last launches) left those kernels' time under the kernel
+        alone."""
+        for t in self._tracked.values():
+            if t.read is None:
+                try:
+                    t.read = t.reader.poll(POLL_RECORDS)
+                except RingError as e:
+                    t.read = e  # raised where the drain polls it, and handled there
+
     def drain(self, start_ns: int, end_ns: int) -> CudaWindow:
         """The window [start_ns, end_ns) of CLOCK_MONOTONIC: every tracked ring polled once, and what each
         process's records say about it."""
@@ -253,7 +268,9 @@ class CuptiReaders:
         return CudaWindow(out)
 
     def _poll(self, t: _Tracked, start_ns: int, end_ns: int, window: int) -> ProcessCuda:
-        batch = t.reader.poll(POLL_RECORDS)
+        batch, t.read = (t.read if t.read is not None else t.reader.poll(POLL_RECORDS)), None
+        if isinstance(batch, RingError):
+            raise batch
         t.activity.add(batch)
         acts = batch.activities
         if len(acts):

@@ -323,3 +323,27 @@ def test_kernel_time_per_name_tells_unnamed_kernels_apart_by_their_hash() -> Non
     ns, count, kernels = kernel_ns_by_name(batch)
     assert ns == {"gemm": 250, "[kernel 000000ab]": 7, "[kernel 000000cd]": 20}
     assert count == {"gemm": 3, "[kernel 000000ab]": 1, "[kernel 000000cd]": 1} and kernels == 5
+
+
+def test_the_drain_reports_what_read_polled_before_the_samplers_maps(monkeypatch) -> None:
+    """The agent polls the rings (`read`) before it reads the sampler's maps, then drains: records flushed
+    between the two are the next window's, whose samples hold their launches' stacks. A failure of that
+    early poll is the drain's to count, as a failure of its own poll is."""
+    from fleetprof.agent.gpu import cupti_reader
+
+    script = [kernels([(0, MS)], 2 * MS), kernels([(3 * MS, 4 * MS)], 5 * MS), kernels([], 9 * MS)]
+    reader = FailingReader(script, RingError("gone", "pid 1: exited"))
+    monkeypatch.setattr(cupti_reader.RingReader, "open", lambda pid, root="/proc": reader)
+    readers = CuptiReaders()
+    info = read_process(os.getpid())
+    readers._found[info.pid] = info
+    readers.read()  # nothing tracked yet: the first poll is the drain's own
+    assert [p.kernel_ns for p in readers.drain(0, 2 * MS).processes] == [{"gemm": MS}]
+    readers.read()  # polls the second batch; the third is flushed after it
+    readers.read()  # a second read before the drain polls nothing more
+    assert len(reader.batches) == 1
+    assert [p.kernel_ns for p in readers.drain(2 * MS, 4 * MS).processes] == [{"gemm": MS}]
+    assert [p.kernel_ns for p in readers.drain(4 * MS, 6 * MS).processes] == [{}]
+    readers.read()  # the ring is gone: raised nowhere, counted by the drain, the ring dropped
+    readers.drain(6 * MS, 8 * MS)
+    assert readers.counters.errors["gone"] == 1 and len(readers) == 0
