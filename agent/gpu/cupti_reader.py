@@ -8,6 +8,9 @@ Rules this file keeps:
     read. A process mapping our library is opened at the next drain; one mapping libcuda or libcudart but not
     (yet) our library is a candidate whose maps are read again once per drain (the library is loaded by
     cuInit, after the capture), at most MAX_PROBES_PER_DRAIN of them.
+  * Order: the agent polls every ring (`read`) before it reads the sampler's maps, and `drain` then reports
+    what was polled, so a kernel's launch stack (taken before its record was flushed) is never a window
+    behind it. A ring opened by `read` is polled at once; one opened by `drain` first by the next `read`.
   * Bounded work and memory: at most MAX_PROCESSES rings, each polled for at most POLL_RECORDS records per
     drain; each timeline keeps HORIZON_WINDOWS windows of intervals.
   * A ring that cannot be read (garbled header, process gone, permission) never raises out of `drain`:
@@ -64,9 +67,9 @@ class ReaderCounters:
 
 
 class _Tracked:
-    def __init__(self, info: ProcessInfo, reader: RingReader, horizon_ns: int, opened_ns: int) -> None:
+    def __init__(self, info: ProcessInfo, reader: RingReader, horizon_ns: int) -> None:
         self.info = info
-        self.opened_ns = opened_ns  # the start of the window in which the ring was opened
+        self.opened_ns: int | None = None  # the start of the window whose drain reports its first poll
         self.reader = reader
         self.activity = ProcessActivity(horizon_ns=horizon_ns)
         self.cursor: int | None = None  # CLOCK_MONOTONIC: what the batches so far covered ends here
@@ -143,6 +146,8 @@ class CuptiReaders:
         # Rings dropped at the last drain (their process exited): their timelines still tag that window's
         # samples (`state`), then are let go at the next drain.
         self._retired: dict[int, ProcessActivity] = {}
+        self._next: tuple[int, int] | None = None  # (start, length) of the window after the last drained
+        self._reading = False  # the agent calls `read` before each drain
         self.counters = ReaderCounters()
 
     def on_capture(self, info: ProcessInfo) -> None:
@@ -177,25 +182,27 @@ class CuptiReaders:
         act = tracked.activity if tracked is not None else self._retired.get(pid)
         return act.state(t) if act is not None else None
 
-    def _open(self, info: ProcessInfo, horizon_ns: int, window_start_ns: int) -> None:
+    def _open(self, info: ProcessInfo, horizon_ns: int) -> int | None:
+        """Starts reading the ring of `info`; its pid, if it is newly tracked."""
         key = (info.pid, info.start_ticks)
         old = self._tracked.get(info.pid)
         if key in self._refused or (old is not None and old.info.start_ticks == info.start_ticks):
-            return
+            return None
         if old is not None:  # the pid was reused
             self._drop(info.pid)
         if len(self._tracked) >= self._max:
             self.counters.error("too_many")
-            return
+            return None
         try:
             reader = RingReader.open(info.pid, self._proc_root)
         except RingError as e:
             self.counters.error(e.reason)
             if e.reason == "bad_header":
                 self._refused.add(key)
-            return
-        self._tracked[info.pid] = _Tracked(info, reader, horizon_ns, window_start_ns)
+            return None
+        self._tracked[info.pid] = _Tracked(info, reader, horizon_ns)
         self.counters.processes_opened += 1
+        return info.pid
 
     def _drop(self, pid: int) -> None:
         t = self._tracked.pop(pid, None)
@@ -203,16 +210,21 @@ class CuptiReaders:
             t.reader.close()
             self._retired[pid] = t.activity
 
-    def _discover(self, horizon_ns: int, window_start_ns: int) -> None:
+    def _discover(self, horizon_ns: int, drop_gone: bool = True) -> set[int]:
+        """Opens the rings of processes found since; the pids newly tracked."""
+        opened: set[int] = set()
         with self._lock:
             found, self._found = self._found, {}
             candidates = list(self._candidates.items())[:MAX_PROBES_PER_DRAIN]
-            gone, self._gone = self._gone, set()
+            if drop_gone:
+                gone, self._gone = self._gone, set()
+            else:
+                gone = set()
         for pid in gone:
             self._drop(pid)
             self._refused = {k for k in self._refused if k[0] != pid}
         for info in found.values():
-            self._open(info, horizon_ns, window_start_ns)
+            opened.add(self._open(info, horizon_ns))
         for pid, info in candidates:
             if pid in self._tracked:
                 continue
@@ -225,7 +237,9 @@ class CuptiReaders:
                 continue
             with self._lock:
                 self._candidates.pop(pid, None)
-            self._open(info, horizon_ns, window_start_ns)
+            opened.add(self._open(info, horizon_ns))
+        opened.discard(None)
+        return opened  # type: ignore[return-value]
 
     def read(self) -> None:
         """Poll every tracked ring now, before the sampler's maps are read for the same window. A kernel's
@@ -233,9 +247,16 @@ class CuptiReaders:
         uprobe took the launch's stack: read first, every kernel in a window's records has its launch's
         stack in that window's samples. Read after the maps, a flush between the two reads (the library's
         last, at exit, comes right after the last launches) left those kernels' time under the kernel
-        alone."""
+        alone. Rings found since the last drain are opened here too, and polled with the rest."""
+        self._reading = True
+        if self._next is None:  # before the first drain: it opens and polls everything itself
+            return
+        start_ns, window = self._next
+        self._discover(HORIZON_WINDOWS * window, drop_gone=False)  # the drain retires the gone
         for t in self._tracked.values():
             if t.read is None:
+                if t.opened_ns is None:
+                    t.opened_ns = start_ns
                 try:
                     t.read = t.reader.poll(POLL_RECORDS)
                 except RingError as e:
@@ -246,10 +267,13 @@ class CuptiReaders:
         process's records say about it."""
         window = max(1, end_ns - start_ns)
         self._retired = {}
-        self._discover(HORIZON_WINDOWS * window, start_ns)
+        fresh = self._discover(HORIZON_WINDOWS * window)
+        self._next = (end_ns, window)
         out = []
         for pid in list(self._tracked):
             t = self._tracked[pid]
+            if pid in fresh and self._reading:
+                continue  # opened after `read`: first polled by the next one, before the maps
             try:
                 got = self._poll(t, start_ns, end_ns, window)
             except RingError as e:
@@ -283,8 +307,10 @@ class CuptiReaders:
         got = ProcessCuda(t.info)
         got.kernel_ns, got.kernel_count, got.kernels = kernel_ns_by_name(batch)
         got.sampled_kernels = sampled_kernels(t.sampled, batch)
+        if t.opened_ns is None:
+            t.opened_ns = start_ns
         if t.cursor is None and t.activity.known_from is not None:
-            # What the ring held from before the window it was opened in is history: its kernel time is
+            # What the ring held from before the window of its first poll is history: its kernel time is
             # counted, its timeline is not (a first stretch reaching back further would lag every later one).
             t.cursor = max(t.activity.known_from, t.opened_ns)
         return self._report(t, got, end_ns, window, lost)

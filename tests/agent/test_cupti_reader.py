@@ -327,8 +327,8 @@ def test_kernel_time_per_name_tells_unnamed_kernels_apart_by_their_hash() -> Non
 
 def test_the_drain_reports_what_read_polled_before_the_samplers_maps(monkeypatch) -> None:
     """The agent polls the rings (`read`) before it reads the sampler's maps, then drains: records flushed
-    between the two are the next window's, whose samples hold their launches' stacks. A failure of that
-    early poll is the drain's to count, as a failure of its own poll is."""
+    between the two are the next window's, whose samples hold their launches' stacks. A ring found between
+    the two is first polled by the next `read`. A failure of the early poll is the drain's to count."""
     from fleetprof.agent.gpu import cupti_reader
 
     script = [kernels([(0, MS)], 2 * MS), kernels([(3 * MS, 4 * MS)], 5 * MS), kernels([], 9 * MS)]
@@ -336,14 +336,19 @@ def test_the_drain_reports_what_read_polled_before_the_samplers_maps(monkeypatch
     monkeypatch.setattr(cupti_reader.RingReader, "open", lambda pid, root="/proc": reader)
     readers = CuptiReaders()
     info = read_process(os.getpid())
-    readers._found[info.pid] = info
-    readers.read()  # nothing tracked yet: the first poll is the drain's own
-    assert [p.kernel_ns for p in readers.drain(0, 2 * MS).processes] == [{"gemm": MS}]
+    readers.read()  # before the first drain: nothing to poll
+    readers.on_capture(replace(info, mappings=(*info.mappings, library_mapping())))
+    assert readers.drain(0, 2 * MS).processes == [] and len(readers) == 1  # opened, not polled
+    assert len(reader.batches) == 3
+    readers.read()
+    assert [p.kernel_ns for p in readers.drain(2 * MS, 4 * MS).processes] == [{"gemm": MS}]
     readers.read()  # polls the second batch; the third is flushed after it
     readers.read()  # a second read before the drain polls nothing more
     assert len(reader.batches) == 1
-    assert [p.kernel_ns for p in readers.drain(2 * MS, 4 * MS).processes] == [{"gemm": MS}]
-    assert [p.kernel_ns for p in readers.drain(4 * MS, 6 * MS).processes] == [{}]
+    assert [p.kernel_ns for p in readers.drain(4 * MS, 6 * MS).processes] == [{"gemm": MS}]
+    readers.drain(6 * MS, 8 * MS)  # without a read first, the drain polls itself
+    assert reader.batches == []
     readers.read()  # the ring is gone: raised nowhere, counted by the drain, the ring dropped
-    readers.drain(6 * MS, 8 * MS)
+    assert len(readers) == 1
+    readers.drain(8 * MS, 10 * MS)
     assert readers.counters.errors["gone"] == 1 and len(readers) == 0
