@@ -16,7 +16,7 @@ import pytest
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.main import Agent, AgentConfig
-from tests.conftest import RunningCollector, free_port, require_bpf
+from tests.conftest import RunningCollector, free_port, own_scope, require_bpf
 from tests.support.cpu_time import favoured
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
 from tests.support.wire import offcpu_rows, sample_rows
@@ -70,6 +70,9 @@ def run_phases(
         python=False,
         gpu_interval_s=POLL_S,
         offcpu_sample_every=1,  # every wait: the tagging error is then the only noise (see the test)
+        # This test's own cgroup only: node-wide, every wait of the suite's other workers was recorded too
+        # (1 in 1), and on a busy CI run the workload's waits read 0.59 of its own clock.
+        scope=own_scope(),
     )
     agent = Agent(config)
     with favoured(-10):  # the agent's threads, started here, keep their pace on a busy machine
