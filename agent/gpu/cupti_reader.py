@@ -224,7 +224,8 @@ class CuptiReaders:
             self._drop(pid)
             self._refused = {k for k in self._refused if k[0] != pid}
         for info in found.values():
-            opened.add(self._open(info, horizon_ns))
+            if (pid := self._open(info, horizon_ns)) is not None:
+                opened.add(pid)
         for pid, info in candidates:
             if pid in self._tracked:
                 continue
@@ -237,9 +238,9 @@ class CuptiReaders:
                 continue
             with self._lock:
                 self._candidates.pop(pid, None)
-            opened.add(self._open(info, horizon_ns))
-        opened.discard(None)
-        return opened  # type: ignore[return-value]
+            if self._open(info, horizon_ns) is not None:
+                opened.add(pid)
+        return opened
 
     def read(self) -> None:
         """Poll every tracked ring now, before the sampler's maps are read for the same window. A kernel's
