@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
+from itertools import zip_longest
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.model import (
@@ -35,9 +37,22 @@ class _Strings:
 
 
 def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start: int) -> int:
-    """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frame strings, never 0.
-    The collector caches decoded stacks under it, so equal ids must mean equal stacks."""
-    return _wire_id("\0".join(functions) + "\1" + "\0".join(modules) + f"\1{len(functions)}\1{kernel_start}")
+    """The stack's content id on the wire (Batch.stack_ids): a 64-bit hash of its frames' digests, never 0.
+    The collector caches decoded stacks under it, so equal ids must mean equal stacks. Hashed frame by
+    frame: the encoder keeps each frame's digest for the batch, and a new stack then hashes 8 bytes a
+    frame, not its frames' names again (C++ names run to hundreds of characters, stacks to dozens)."""
+    digests = [_frame_digest(f, m) for f, m in zip_longest(functions, modules, fillvalue="")]
+    return _stack_wire_id(digests, len(functions), len(modules), kernel_start)
+
+
+def _frame_digest(function: str, module: str) -> bytes:
+    return hashlib.blake2b(f"{function}\0{module}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
+def _stack_wire_id(digests: Sequence[bytes], functions: int, modules: int, kernel_start: int) -> int:
+    text = b"".join(digests) + struct.pack("<III", functions, modules, kernel_start)
+    h = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+    return h or 1
 
 
 def process_wire_id(
@@ -89,23 +104,33 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             batch.process_ids.append(wire_id)
         return pidx
 
-    frame_ids: dict[Frame, tuple[int, int]] = {}  # a frame's (function, module) string ids in this batch
+    # Per frame object (the resolver shares one per frame; the window keeps them alive, so ids stay unique
+    # for the batch): its (function, module) string ids and its wire digest. Looked up by id(), a C-level
+    # hash, in one map() per stack: Frame's own __hash__ is a Python call, and a new stack has ~30 frames.
+    frame_ids: dict[int, tuple[int, int, bytes]] = {}
 
     def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
         sidx = stacks.get(key)
         if sidx is None:
             sidx = stacks[key] = len(batch.stacks)
-            functions, modules = [], []
-            for f in frames:
-                pair = frame_ids.get(f)
-                if pair is None:
-                    pair = frame_ids[f] = (strings.id(f.function), strings.id(f.module))
-                functions.append(pair[0])
-                modules.append(pair[1])
-            batch.stacks.append(pb.Stack(functions=functions, modules=modules, kernel_start=kernel_start))
-            stack_ids.append(
-                stack_wire_id([f.function for f in frames], [f.module for f in frames], kernel_start)
-            )
+            got = list(map(frame_ids.get, map(id, frames)))
+            if None in got:
+                for i, f in enumerate(frames):
+                    if got[i] is None:
+                        got[i] = frame_ids[id(f)] = (
+                            strings.id(f.function),
+                            strings.id(f.module),
+                            _frame_digest(f.function, f.module),
+                        )
+            st = batch.stacks.add()
+            if got:
+                functions, modules, digests = zip(*got, strict=True)
+                st.functions.extend(functions)
+                st.modules.extend(modules)
+            else:
+                digests = ()
+            st.kernel_start = kernel_start
+            stack_ids.append(_stack_wire_id(digests, len(frames), len(frames), kernel_start))
         return sidx
 
     def rows(samples: list[ResolvedSample]) -> dict[tuple[int, int, int, bool], int]:

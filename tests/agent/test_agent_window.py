@@ -9,21 +9,26 @@ from pathlib import Path
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.attribution import Attributor
-from fleetprof.agent.batch import encode_window
+from fleetprof.agent.batch import encode_window, stack_wire_id
 from fleetprof.agent.gpu.timeline import GpuTimeline
 from fleetprof.agent.kube.pods import PodMeta
 from fleetprof.agent.model import (
     STACK_NONE,
+    CgroupIdentity,
     DeviceAssignment,
     DeviceIdentity,
     DeviceWindow,
     Drain,
+    Frame,
     GpuWindow,
     OffCpuSettings,
+    ProcessInfo,
     ProcessWindow,
+    ResolvedSample,
     SampleCount,
     SyscallDrain,
     SyscallStat,
+    Window,
 )
 from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import GpuSources, Resolver
@@ -126,3 +131,42 @@ def test_the_resolved_window_is_complete_and_the_batch_is_encoded_from_it_alone(
     # ... and the next window sees them.
     later = resolver.resolve(drain, syscalls, gpu)
     assert "pod" not in dict(later.labels[(300, 10)])
+
+
+def test_stacks_are_encoded_once_each_under_their_content_wire_id() -> None:
+    """Equal frames that are distinct objects (the resolver shares most, not all), a frame in many stacks, the
+    same frames under another kernel_start, a stack of no frames: each stack is in the batch once, its
+    frames as given, its wire id what stack_wire_id makes of its strings (the collector caches by it)."""
+    proc = ProcessInfo(7, 1, "app", "/bin/app", CgroupIdentity(path="/x"), ())
+    main, leaf = Frame("main", "/bin/app"), Frame("sha256_block_data_order_avx2", "/lib/libcrypto.so.3")
+    twin = Frame("main", "/bin/app")  # equal to `main`, another object
+    sched = Frame("schedule", "[kernel]", kernel=True)
+    rows = [
+        ((main, leaf), 2),
+        ((twin, leaf), 2),  # the same stack as the first: one row
+        ((main, leaf, sched), 2),
+        ((main, leaf), 1),  # the same frames, the kernel part starting earlier
+        ((), 0),
+    ]
+    samples = [ResolvedSample(proc, 7, frames, ks, 3) for frames, ks in rows]
+    batch = encode_window(Window(0, 10**9, samples), pb.AgentIdentity(node="n", agent_id="a"))
+    decoded = [
+        (
+            tuple(batch.strings[i] for i in st.functions),
+            tuple(batch.strings[i] for i in st.modules),
+            st.kernel_start,
+        )
+        for st in batch.stacks
+    ]
+    assert decoded == [
+        (("main", "sha256_block_data_order_avx2"), ("/bin/app", "/lib/libcrypto.so.3"), 2),
+        (
+            ("main", "sha256_block_data_order_avx2", "schedule"),
+            ("/bin/app", "/lib/libcrypto.so.3", "[kernel]"),
+            2,
+        ),
+        (("main", "sha256_block_data_order_avx2"), ("/bin/app", "/lib/libcrypto.so.3"), 1),
+        ((), (), 0),
+    ]
+    assert list(batch.stack_ids) == [stack_wire_id(f, m, ks) for f, m, ks in decoded]
+    assert len(set(batch.stack_ids)) == 4 and list(batch.sample_columns.count) == [6, 3, 3, 3]
