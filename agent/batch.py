@@ -110,9 +110,9 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
     frame_ids: dict[int, tuple[int, int, bytes]] = {}
 
     def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
-        sidx = stacks.get(key)
-        if sidx is None:
-            sidx = stacks[key] = len(batch.stacks)
+        # One hash of the key a row (a tuple's hash is not kept, and each frame's is a Python call).
+        sidx = stacks.setdefault(key, len(stacks))
+        if sidx == len(batch.stacks):
             got = list(map(frame_ids.get, map(id, frames)))
             if None in got:
                 for i, f in enumerate(frames):
@@ -138,10 +138,7 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
         counts: dict[tuple[int, int, int, bool], int] = {}
         for s in samples:
             pidx = process_index(s.process)
-            skey = (s.frames, s.kernel_start)
-            sidx = stacks.get(skey)
-            if sidx is None:
-                sidx = stack_index(skey, s.frames, s.kernel_start)
+            sidx = stack_index((s.frames, s.kernel_start), s.frames, s.kernel_start)
             # Two threads, two raw stacks or two time slots of a process on a GPU can come to the same row.
             state = _GPU_STATES[s.gpu_state]
             ckey = (pidx, sidx, state, s.idle)
