@@ -104,15 +104,19 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             batch.process_ids.append(wire_id)
         return pidx
 
-    # Per frame object (the resolver shares one per frame; the window keeps them alive, so ids stay unique
-    # for the batch): its (function, module) string ids and its wire digest. Looked up by id(), a C-level
-    # hash, in one map() per stack: Frame's own __hash__ is a Python call, and a new stack has ~30 frames.
+    # Per frame object (the resolver shares one per frame): its (function, module) string ids and its wire
+    # digest. Looked up by id(), a C-level hash, in one map() per stack: Frame's own __hash__ is a Python
+    # call, and a new stack has ~30 frames. An id is unique only while its object lives: `kept` holds every
+    # stack's frames for the batch (the window holds most; the kernel-only stacks of _encode_cuda are
+    # made on the spot).
     frame_ids: dict[int, tuple[int, int, bytes]] = {}
+    kept: list[tuple[Frame, ...]] = []
 
     def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
         # One hash of the key a row (a tuple's hash is not kept, and each frame's is a Python call).
         sidx = stacks.setdefault(key, len(stacks))
         if sidx == len(batch.stacks):
+            kept.append(frames)
             got = list(map(frame_ids.get, map(id, frames)))
             if None in got:
                 for i, f in enumerate(frames):

@@ -15,6 +15,7 @@ from fleetprof.agent.kube.pods import PodMeta
 from fleetprof.agent.model import (
     STACK_NONE,
     CgroupIdentity,
+    CudaWindow,
     DeviceAssignment,
     DeviceIdentity,
     DeviceWindow,
@@ -22,6 +23,7 @@ from fleetprof.agent.model import (
     Frame,
     GpuWindow,
     OffCpuSettings,
+    ProcessCuda,
     ProcessInfo,
     ProcessWindow,
     ResolvedSample,
@@ -170,3 +172,23 @@ def test_stacks_are_encoded_once_each_under_their_content_wire_id() -> None:
     ]
     assert list(batch.stack_ids) == [stack_wire_id(f, m, ks) for f, m, ks in decoded]
     assert len(set(batch.stack_ids)) == 4 and list(batch.sample_columns.count) == [6, 3, 3, 3]
+
+
+def test_kernel_only_stacks_made_on_the_spot_keep_their_own_names() -> None:
+    """Kernels whose launching stacks are unknown go as one-frame stacks the encoder makes as it goes; each
+    keeps its own name and wire id (frames are found by object identity, which a freed frame's successor
+    could share)."""
+    proc = ProcessInfo(9, 1, "trainer", "/usr/bin/python3", CgroupIdentity(path="/x"), ())
+    names = [f"kernel_{i}" for i in range(40)]
+    cuda = CudaWindow([ProcessCuda(proc, kernel_ns={n: i + 1 for i, n in enumerate(names)})])
+    batch = encode_window(Window(0, 10**9, [], cuda=cuda), pb.AgentIdentity(node="n", agent_id="a"))
+    stacks = {batch.strings[st.functions[0]]: i for i, st in enumerate(batch.stacks)}
+    assert sorted(stacks) == sorted(names)
+    kc = batch.cuda_kernel_columns
+    by_name = {
+        batch.strings[batch.stacks[s].functions[0]]: ns for s, ns in zip(kc.stack, kc.kernel_ns, strict=True)
+    }
+    assert by_name == {n: i + 1 for i, n in enumerate(names)}
+    assert [batch.stack_ids[i] for i in stacks.values()] == [
+        stack_wire_id([n], ["[cuda]"], 1) for n in stacks
+    ]
