@@ -229,6 +229,17 @@ class CounterDeltas:
         return deltas
 
 
+def bounded_follow_up(follow_up: int, event: int, carry: int) -> tuple[int, int]:
+    """A follow-up counter's window delta (e.g. launches sampled), kept at or under its event's (launches)
+    with what is over carried to the next window: (reported, new carry). CounterDeltas reads a follow-up
+    before its event, so each read is consistent, but a window can still show more follow-ups than events:
+    events counted at the last read whose follow-ups came after it (the arm64 guest's agent sent 242
+    sampled of 240 launches in one window, and the collector refused the batch). Totals stay exact."""
+    wanted = follow_up + carry
+    reported = min(wanted, max(event, 0))
+    return reported, wanted - reported
+
+
 class DoubleBuffer:
     """The two-map-set discipline shared by the BPF programs: they write the set named by control[0];
     `flip()` points them at the other set, waits until programs that read the old index have finished
