@@ -50,9 +50,7 @@ def _frame_digest(function: str, module: str) -> bytes:
 
 
 def _stack_wire_id(digests: Sequence[bytes], functions: int, modules: int, kernel_start: int) -> int:
-    text = b"".join(digests) + struct.pack("<III", functions, modules, kernel_start)
-    h = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
-    return h or 1
+    return _hash64(b"".join(digests) + struct.pack("<III", functions, modules, kernel_start))
 
 
 def process_wire_id(
@@ -65,10 +63,12 @@ def process_wire_id(
 
 def _wire_id(text: str) -> int:
     """A 64-bit hash of `text`, never 0."""
-    h = int.from_bytes(
-        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little"
-    )
-    return h or 1
+    return _hash64(text.encode("utf-8", "surrogatepass"))
+
+
+def _hash64(data: bytes) -> int:
+    """A 64-bit hash of `data`, never 0."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
 def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
