@@ -210,12 +210,13 @@ class CuptiReaders:
             t.reader.close()
             self._retired[pid] = t.activity
 
-    def _discover(self, horizon_ns: int, drop_gone: bool = True) -> set[int]:
-        """Opens the rings of processes found since; the pids newly tracked."""
+    def _discover(self, horizon_ns: int, drop_gone: bool = True, probe: bool = True) -> set[int]:
+        """Opens the rings of processes found since (and of candidates that now map our library, with
+        `probe`); the pids newly tracked."""
         opened: set[int] = set()
         with self._lock:
             found, self._found = self._found, {}
-            candidates = list(self._candidates.items())[:MAX_PROBES_PER_DRAIN]
+            candidates = list(self._candidates.items())[:MAX_PROBES_PER_DRAIN] if probe else []
             if drop_gone:
                 gone, self._gone = self._gone, set()
             else:
@@ -268,7 +269,8 @@ class CuptiReaders:
         process's records say about it."""
         window = max(1, end_ns - start_ns)
         self._retired = {}
-        fresh = self._discover(HORIZON_WINDOWS * window)
+        # With `read` in use it probes the candidates (their maps read once a drain, not twice).
+        fresh = self._discover(HORIZON_WINDOWS * window, probe=not self._reading)
         self._next = (end_ns, window)
         out = []
         for pid in list(self._tracked):
