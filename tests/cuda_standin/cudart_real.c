@@ -5,7 +5,8 @@
 // SPIN=1 as well it keeps calling into libcudart while it waits (cudaGetErrorName): a real agent described
 // the process at its exec, before the dlopen(), and learns of the library when a sample's walk lands in it
 // (a trainer's do, in its launches): then it reads the mappings again and attaches the probes (the arm64
-// guest's test, tests/support/arm64_guest_driver.py).
+// guest's test, tests/support/arm64_guest_driver.py). With LINGER=1 it then waits for stdin to close before it
+// exits (that test, once the collector has its launches).
 #include <dlfcn.h>
 #include <poll.h>
 #include <stdio.h>
@@ -57,5 +58,10 @@ int main(int argc, char **argv) {
     int n = atoi(argv[2]);
     cudaError_t e = launch_from_here(launch, n);
     printf("{\"calls\":%d,\"error\":%d,\"error_name\":\"%s\"}\n", n, (int)e, name(e));
+    if (getenv("LINGER")) {   // alive until stdin closes: the agent names its launches from its live mappings
+        fflush(stdout);
+        char rest[16];
+        while (fgets(rest, sizeof rest, stdin) != NULL) {}
+    }
     return 0;
 }

@@ -161,7 +161,15 @@ def whole_share(result: dict, workload: str, whole: Callable[[list[str]], bool])
     print(f"{workload}: {got} of {total} samples in fp_hot_alpha/fp_cold_beta whole")
     some = next(iter(sorted(in_funcs, key=in_funcs.get, reverse=True)), ())
     print("  heaviest:", ";".join(user_frames(some)))
+    print_heaviest({st: n for st, n in in_funcs.items() if not whole(user_frames(st))}, "not whole")
     return got, total
+
+
+def print_heaviest(stacks: dict, what: str, top: int = 8) -> None:
+    """The heaviest of `stacks` (whole, kernel frames marked [k]), for the reader of a failed check: pytest
+    shortens an assertion's message, not what the test printed."""
+    for st in sorted(stacks, key=stacks.get, reverse=True)[:top]:
+        print(f"  {what} x{stacks[st]}:", ";".join(f.function + ("[k]" if f.kernel else "") for f in st))
 
 
 def from_entry(frames: list[str]) -> bool:
@@ -196,9 +204,11 @@ def walk_story(guest: dict, name: str) -> str:
     ]
     log = guest["out"] / f"{name}-agent.log"
     tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no agent log)"
-    return "\n".join(
+    story = "\n".join(
         [f"described: {result.get('described')}", "agent metrics:", *metrics, "agent log tail:", tail]
     )
+    print(story)  # whole: pytest shortens the assertion's message it is part of
+    return story
 
 
 def test_eh_frame_python_frames_are_named(guest: dict) -> None:
@@ -227,6 +237,7 @@ def test_eh_frame_vdso_samples_keep_their_callers(guest: dict) -> None:
     total, got = sum(in_vdso.values()), count(in_vdso, lambda st: kept(user_frames(st)))
     print(f"vdso_clock: {got} of {total} samples in the vDSO keep glibc's frame and clock_burn above it")
     print("  heaviest:", ";".join(user_frames(max(stacks, key=stacks.get))))
+    print_heaviest({st: n for st, n in in_vdso.items() if not kept(user_frames(st))}, "not kept")
     # SAMPLES (300) or more in clock_burn, nearly all in the vDSO's syscall. Samples taken before the
     # agent described the process are walked by frame pointer (_start;__libc_start_main;clock_burn;
     # __kernel_clock_gettime): 82 of 206 kept in one loaded run, 57 of 389 and 163 of 341 beside two CPU
