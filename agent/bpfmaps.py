@@ -9,7 +9,7 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import cache
 
 DRAIN_CHUNK = 1024  # entries per batch call
@@ -213,12 +213,24 @@ class CounterDeltas:
     last index to the first: a counter of what follows an event (how a walk ended, of which a sampled
     switch-out was runnable) comes after the event's own counter in the layout, so it is read earlier, and
     every follow-up read has its event read too: never more walk ends than walks (a fresh-clone run read
-    42,704 ends of 42,703 walks when they were read in index order)."""
+    42,704 ends of 42,703 walks when they were read in index order).
 
-    def __init__(self, table, names: Sequence[str]):  # a BCC per-CPU array
+    That keeps the totals consistent, not each window: events counted at one read whose follow-ups came
+    after it show in the next window, which can then hold more follow-ups than events (the arm64 guest's
+    agent sent 242 launches sampled of 240 launches, and the collector refused the batch). `follow_ups`
+    names such pairs (follow-up: event, an event before its follow-ups); each window reports at most its
+    event's delta of the follow-up and carries the rest to the next (bounded_follow_up)."""
+
+    def __init__(self, table, names: Sequence[str], follow_ups: Mapping[str, str] | None = None):
+        # table: a BCC per-CPU array
         self._table = table
         self._names = tuple(names)
         self._last = [0] * len(self._names)
+        self._follow_ups = dict(follow_ups or {})
+        for follow_up, event in self._follow_ups.items():
+            if follow_up not in self._names or event not in self._names:
+                raise ValueError(f"unknown counter in follow-up pair {follow_up!r}: {event!r}")
+        self._carry = dict.fromkeys(self._follow_ups, 0)
 
     def __call__(self) -> dict[str, int]:
         totals = [0] * len(self._names)
@@ -226,15 +238,16 @@ class CounterDeltas:
             totals[i] = sum(self._table[ct.c_int(i)])
         deltas = {n: total - last for n, total, last in zip(self._names, totals, self._last, strict=True)}
         self._last = totals
+        for follow_up, event in self._follow_ups.items():  # in order: an event may be a follow-up above
+            deltas[follow_up], self._carry[follow_up] = bounded_follow_up(
+                deltas[follow_up], deltas[event], self._carry[follow_up]
+            )
         return deltas
 
 
 def bounded_follow_up(follow_up: int, event: int, carry: int) -> tuple[int, int]:
-    """A follow-up counter's window delta (e.g. launches sampled), kept at or under its event's (launches)
-    with what is over carried to the next window: (reported, new carry). CounterDeltas reads a follow-up
-    before its event, so each read is consistent, but a window can still show more follow-ups than events:
-    events counted at the last read whose follow-ups came after it (the arm64 guest's agent sent 242
-    sampled of 240 launches in one window, and the collector refused the batch). Totals stay exact."""
+    """A follow-up counter's window delta plus what earlier windows carried, kept at or under its event's
+    delta: (reported, new carry). Totals stay exact, a window late at most."""
     wanted = follow_up + carry
     reported = min(wanted, max(event, 0))
     return reported, wanted - reported

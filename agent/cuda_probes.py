@@ -19,7 +19,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from fleetprof.agent.bpfmaps import bounded_follow_up, drain_map
+from fleetprof.agent.bpfmaps import drain_map
 from fleetprof.agent.cuda_api import CALL_NAMES, CALLS, CUDA_HIST, CUDA_NAME_LEN, DRIVER, LAUNCHES, NAMING
 from fleetprof.agent.model import (
     CUDA_API_DRIVER,
@@ -110,7 +110,6 @@ class CudaProbes:
         self._runtimes = bpf["cuda_runtimes"]
         self.errors = {"attach_failed": 0}  # files the kernel would not probe
         self._seq = 0
-        self._sampled_carry = 0  # launches sampled that a window's launches could not hold yet
 
     def __len__(self) -> int:
         with self._lock:
@@ -248,9 +247,7 @@ class CudaProbes:
                 if c.api == CUDA_API_DRIVER and (c.row.tgid, c.handle) in self._names
             }
         seen = stats.get("cuda_launches", 0)
-        sampled, self._sampled_carry = bounded_follow_up(
-            stats.get("cuda_launches_sampled", 0), seen, self._sampled_carry
-        )
+        sampled = stats.get("cuda_launches_sampled", 0)  # at most `seen` (sampler.STAT_FOLLOW_UPS)
         return CudaProbeDrain(
             launches=launches,
             calls=calls,

@@ -113,6 +113,15 @@ STAT_NAMES = (
     "cuda_table_full",  # launches or calls not recorded: a map full
     "stack_insert_failed",  # new stacks a stack map could not take in the moment (not full: see the C side)
 )
+# Counters that count what follows one event of another (follow-up: event), in the order they are bounded:
+# a window reports no more of the first than of the second (bpfmaps.CounterDeltas). The collector refuses a
+# batch with more CUDA launches sampled than launches; the others keep the exported rates honest.
+STAT_FOLLOW_UPS = {
+    "offcpu_sampled": "offcpu_switches",
+    "offcpu_runnable": "offcpu_sampled",
+    "offcpu_exact_untaken": "offcpu_exact",
+    "cuda_launches_sampled": "cuda_launches",
+}
 # Computed here at each drain, not by BPF: off-CPU rows whose stack bodies were nowhere (not in the drained
 # set, not carried from earlier drains). Zero unless a stack table filled up; see agent/offcpu.py StackCarry.
 STAT_OFFCPU_STACKS_UNRESOLVED = "offcpu_stacks_unresolved"
@@ -491,7 +500,7 @@ class CpuSampler:
             if config.off_cpu
             else None
         )
-        self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES)
+        self._stat_deltas = CounterDeltas(self._bpf["stats"], STAT_NAMES, STAT_FOLLOW_UPS)
         if config.unwind == "eh_frame":
             # One step program per program type that walks (cpu_sampler.c): a tail call stays in its type.
             steps = [(b"unwind_step", bcc.BPF.PERF_EVENT, "unwind_progs")]

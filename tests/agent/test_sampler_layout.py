@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from fleetprof.agent import sampler
-from fleetprof.agent.bpfmaps import CounterDeltas, bounded_follow_up
+from fleetprof.agent.bpfmaps import CounterDeltas
 from fleetprof.agent.model import ProcessEvent
 from fleetprof.agent.sampler import (
     MAX_DEPTH,
     PY_MAX_DEPTH,
+    STAT_FOLLOW_UPS,
     STAT_NAMES,
     CpuSampler,
     OffcpuValue,
@@ -204,15 +205,49 @@ def test_counter_deltas_never_read_more_ends_than_walks() -> None:
     assert sum(table.values) > 0
 
 
+class _ScriptedCounters:
+    """A per-CPU array of cumulative counters in the BCC table's shape, set between reads by the test."""
+
+    def __init__(self, n: int) -> None:
+        self.values = [0] * n
+
+    def __getitem__(self, key: ct.c_int) -> list[int]:
+        return [self.values[key.value], 0]
+
+
 def test_a_follow_up_counter_never_exceeds_its_event_in_a_window_and_its_total_stays_exact() -> None:
     """Launches sampled against launches (the collector refuses a batch with more of the first): a window
     that shows more follow-ups than events (events counted at the last read, their follow-ups after it: the
-    arm64 guest's agent sent 242 sampled of 240 launches) reports at most its events and carries the rest."""
-    windows = [(100, 102), (242, 240), (10, 13), (0, 0), (5, 4)]  # (follow-up, event) deltas per window
-    carry, reported = 0, []
-    for follow_up, event in windows:
-        got, carry = bounded_follow_up(follow_up, event, carry)
-        assert 0 <= got <= event
-        reported.append(got)
-    assert reported == [100, 240, 12, 0, 4] and carry == 1
-    assert sum(reported) + carry == sum(f for f, _ in windows)  # nothing lost, only late
+    arm64 guest's agent sent 242 sampled of 240 launches) reports at most its events and carries the rest.
+    A chain (switch-outs, sampled, runnable) is bounded in order: runnable by the sampled *reported*."""
+    table = _ScriptedCounters(len(STAT_NAMES))
+    deltas = CounterDeltas(table, STAT_NAMES, STAT_FOLLOW_UPS)
+    # (follow-up, event) deltas per window, for the launches and for the off-CPU chain's three counters
+    launches = [(100, 102), (242, 240), (10, 13), (0, 0), (5, 4)]
+    chain = [(50, 40, 40), (60, 70, 45), (10, 0, 0), (20, 30, 10)]  # (switches, sampled, runnable)
+    got_launches, got_chain = [], []
+    for i in range(max(len(launches), len(chain))):
+        f, e = launches[i] if i < len(launches) else (0, 0)
+        sw, sa, ru = chain[i] if i < len(chain) else (0, 0, 0)
+        for name, d in [("cuda_launches_sampled", f), ("cuda_launches", e), ("offcpu_switches", sw),
+                        ("offcpu_sampled", sa), ("offcpu_runnable", ru)]:  # fmt: skip
+            table.values[STAT_NAMES.index(name)] += d
+        d = deltas()
+        assert 0 <= d["cuda_launches_sampled"] <= d["cuda_launches"] == e
+        assert 0 <= d["offcpu_runnable"] <= d["offcpu_sampled"] <= d["offcpu_switches"] == sw
+        got_launches.append(d["cuda_launches_sampled"])
+        got_chain.append((d["offcpu_sampled"], d["offcpu_runnable"]))
+    assert got_launches == [100, 240, 12, 0, 4]  # one sampled launch still carried: late, not lost
+    assert got_chain == [(40, 40), (60, 45), (10, 0), (20, 10), (0, 0)]  # 10 sampled carried twice
+    # Whatever is carried is reported once the events make room, and nothing is reported twice.
+    table.values[STAT_NAMES.index("cuda_launches")] += 10
+    table.values[STAT_NAMES.index("offcpu_switches")] += 100
+    d = deltas()
+    assert d["cuda_launches_sampled"] == 1 and sum(got_launches) + 1 == sum(f for f, _ in launches)
+    assert sum(s for s, _ in got_chain) + d["offcpu_sampled"] == sum(c[1] for c in chain)
+    assert sum(r for _, r in got_chain) + d["offcpu_runnable"] == sum(c[2] for c in chain)
+
+
+def test_a_follow_up_pair_must_name_counters_of_the_table() -> None:
+    with pytest.raises(ValueError, match="unknown counter"):
+        CounterDeltas(_ScriptedCounters(len(STAT_NAMES)), STAT_NAMES, {"cuda_sampled": "cuda_launches"})
