@@ -25,26 +25,38 @@ def read_process(pid: int, proc_root: str = "/proc", mappings: bool = True) -> P
     base = f"{proc_root}/{pid}"
     captured_ns = time.monotonic_ns()  # before reading: what was read is at least this recent
     try:
-        with open(f"{base}/stat", "rb") as f:
-            stat = f.read().decode("utf-8", "replace")
-        # comm may contain spaces and parentheses: the fields after it start after the last ')'.
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[6]) & PF_EXITING or fields[0] in ("Z", "X"):
-            # On its way out: its memory map may be gone already (maps empty, exe unreadable), and a
-            # capture now would replace the one taken while it ran. A sample taken between its exit event
-            # and its end reports it as new again: that must not cost its last windows their symbols.
-            raise ProcessLookupError(f"process {pid} is exiting")
+        comm, fields = _stat(base, pid)
         start_ticks = int(fields[19])
         try:
             exe = os.readlink(f"{base}/exe")
         except OSError:
             exe = ""  # kernel threads, or a zombie
-        maps = tuple(read_maps(pid, proc_root, exec_only=True)) if mappings else ()
+        maps = ()
+        if mappings:
+            maps = tuple(read_maps(pid, proc_root, exec_only=True))
+            # Read again: it may have begun to exit since (PF_EXITING is set before its memory map goes),
+            # and then the maps just read were empty. Seen under emulation, where a read is slow: a
+            # process captured as it exited lost every launch it made just before to an empty capture.
+            _stat(base, pid)
         cgroup = read_cgroup(pid, proc_root)
     except (FileNotFoundError, ProcessLookupError) as exc:
         raise ProcessLookupError(f"process {pid} is gone") from exc
     return ProcessInfo(pid, start_ticks, comm, exe, cgroup, maps, mappings, captured_ns)
+
+
+def _stat(base: str, pid: int) -> tuple[str, list[str]]:
+    """The process's name and the fields of /proc/PID/stat after it; raises ProcessLookupError once it is
+    exiting: its memory map may be gone already (maps empty, exe unreadable), and a capture then would
+    replace the one taken while it ran. A sample taken between its exit event and its end reports it as
+    new again: that must not cost its last windows their symbols."""
+    with open(f"{base}/stat", "rb") as f:
+        stat = f.read().decode("utf-8", "replace")
+    # comm may contain spaces and parentheses: the fields after it start after the last ')'.
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if int(fields[6]) & PF_EXITING or fields[0] in ("Z", "X"):
+        raise ProcessLookupError(f"process {pid} is exiting")
+    return comm, fields
 
 
 class ProcessTable:

@@ -3,7 +3,9 @@ label-only captures for processes the syscall tracer meets, and which capture wi
 
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -23,14 +25,17 @@ class FakeProc:
     def write(self, pid: int, comm: str, pod: str, start_ticks: int = 4242, flags: int = 0) -> None:
         d = self.root / str(pid)
         d.mkdir(parents=True, exist_ok=True)
-        fields = ["S"] + ["0"] * 5 + [str(flags)] + ["0"] * 12 + [str(start_ticks)] + ["0"] * 10
-        (d / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+        self.stat(pid, comm, start_ticks, flags)
         (d / "maps").write_text(MAPS)
         slice_ = f"kubepods-pod{pod.replace('-', '_')}.slice"
         (d / "cgroup").write_text(f"0::/kubepods.slice/{slice_}/cri-x.scope\n")
         exe = d / "exe"
         exe.unlink(missing_ok=True)
         exe.symlink_to(f"/usr/bin/{comm}")
+
+    def stat(self, pid: int, comm: str, start_ticks: int = 4242, flags: int = 0) -> None:
+        fields = ["S"] + ["0"] * 5 + [str(flags)] + ["0"] * 12 + [str(start_ticks)] + ["0"] * 10
+        (self.root / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
 
     def remove(self, pid: int) -> None:
         shutil.rmtree(self.root / str(pid))
@@ -129,3 +134,33 @@ def test_a_process_reported_new_while_it_exits_keeps_the_capture_taken_while_it_
     table.end_window()
     table.end_window()
     assert table.get(300) is None  # forgotten two windows after its exit, and not captured again
+
+
+def test_a_process_that_begins_to_exit_while_its_maps_are_read_keeps_the_capture_taken_while_it_ran(
+    proc: FakeProc,
+) -> None:
+    """Its stat read before it began to exit, its maps after (empty: its memory map gone). /proc/PID/maps is
+    a FIFO here, so the exit lands between the two reads every time: the writer opens it once the reader
+    does, marks the process exiting (PF_EXITING, set before the kernel tears its memory map down), then
+    gives the reader an empty file. In the emulated arm64 guest a workload captured so, as it exited right
+    after its 500 CUDA launches, had every launch resolved without its mappings."""
+    table = ProcessTable(proc_root=str(proc.root))
+    proc.write(300, "worker", POD_A)
+    ran = table.get(300)
+    assert ran is not None and ran.mappings
+    maps = proc.root / "300" / "maps"
+    maps.unlink()
+    os.mkfifo(maps)
+
+    def exit_while_read() -> None:
+        with open(maps, "w"):  # returns once the capture opens the maps to read them
+            proc.stat(300, "worker", flags=0x4)
+
+    writer = threading.Thread(target=exit_while_read)
+    writer.start()
+    try:
+        assert table.refresh(300) is None  # gone, as far as a capture goes
+    finally:
+        writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert table.get(300) is ran  # its samples still resolve by the capture taken while it ran
