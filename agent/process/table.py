@@ -35,8 +35,9 @@ def read_process(pid: int, proc_root: str = "/proc", mappings: bool = True) -> P
         if mappings:
             maps = tuple(read_maps(pid, proc_root, exec_only=True))
             # Read again: it may have begun to exit since (PF_EXITING is set before its memory map goes),
-            # and then the maps just read were empty. Seen under emulation, where a read is slow: a
-            # process captured as it exited lost every launch it made just before to an empty capture.
+            # and then the maps just read were empty. Likely what happened under emulation, where reads
+            # are slow: a process that exited right after 500 CUDA launches had them all resolved
+            # without mappings.
             _stat(base, pid)
         cgroup = read_cgroup(pid, proc_root)
     except (FileNotFoundError, ProcessLookupError) as exc:
