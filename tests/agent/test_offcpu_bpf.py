@@ -279,10 +279,16 @@ def test_thousands_of_killed_threads_leave_no_state_behind(
     # reuses it (pid_max is 32,768 here, and other tests fork thousands: once (13563, 13561) in a fresh-clone
     # run) and its pending switch-out is right. A leftover is a dead thread's that is still there after its
     # death: looked up again once the thread was seen gone.
+    # An entry there before the run is not the workload's, whatever its ids: a fresh-clone run read a
+    # (500, 499) left with "2 before, 2 after" pending, most likely an earlier process's under ids the
+    # workload's child got again after the pids wrapped (this test alone forks 3,300 tasks).
+    earlier = set(before)
     gone = {
         (tid, tgid)
         for tid, tgid in after
-        if (tgid in children or tgid == run.pid) and not Path(f"/proc/{tgid}/task/{tid}").exists()
+        if (tid, tgid) not in earlier
+        and (tgid in children or tgid == run.pid)
+        and not Path(f"/proc/{tgid}/task/{tid}").exists()
     }
     # ... and that no newer thread took its id after that look either (the same race, later)
     theirs = [

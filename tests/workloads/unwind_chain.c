@@ -76,11 +76,15 @@ int main(int argc, char **argv) {
             return 2;
         long long chain_ns = 0, sort_ns = 0;
         long chains = 0, sorts = 0;
-        unsigned long sum = 0;
+        unsigned long sum = 0, jitter = 88172645463325252UL;
         while (chain_ns < want || sort_ns < want) {
             long long t0 = thread_cpu_ns();
             if (chain_ns <= sort_ns) {
-                sum += chain_a(20000, (unsigned long)chains++);
+                /* Each chain call 10,000-29,999 steps long, by a xorshift: with a fixed length the loop
+                 * repeated every 8 calls (chain_b's seed & 7), and a sampler's timer could lock in phase
+                 * with it (one quiet run gave the chain 0.35 of both ours and perf's samples, for 0.50). */
+                jitter ^= jitter << 13, jitter ^= jitter >> 7, jitter ^= jitter << 17;
+                sum += chain_a(10000 + jitter % 20000, (unsigned long)chains++);
                 chain_ns += thread_cpu_ns() - t0;
             } else {
                 sum ^= sort_round((unsigned long)sorts++ + 7);
