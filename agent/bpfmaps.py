@@ -219,7 +219,7 @@ class CounterDeltas:
     after it show in the next window, which can then hold more follow-ups than events (the arm64 guest's
     agent sent 242 launches sampled of 240 launches, and the collector refused the batch). `follow_ups`
     names such pairs (follow-up: event, an event before its follow-ups); each window reports at most its
-    event's delta of the follow-up and carries the rest to the next (bounded_follow_up)."""
+    event's delta of the follow-up and carries the rest to the next (_bounded_follow_up)."""
 
     def __init__(self, table, names: Sequence[str], follow_ups: Mapping[str, str] | None = None):
         # table: a BCC per-CPU array
@@ -239,13 +239,13 @@ class CounterDeltas:
         deltas = {n: total - last for n, total, last in zip(self._names, totals, self._last, strict=True)}
         self._last = totals
         for follow_up, event in self._follow_ups.items():  # in order: an event may be a follow-up above
-            deltas[follow_up], self._carry[follow_up] = bounded_follow_up(
+            deltas[follow_up], self._carry[follow_up] = _bounded_follow_up(
                 deltas[follow_up], deltas[event], self._carry[follow_up]
             )
         return deltas
 
 
-def bounded_follow_up(follow_up: int, event: int, carry: int) -> tuple[int, int]:
+def _bounded_follow_up(follow_up: int, event: int, carry: int) -> tuple[int, int]:
     """A follow-up counter's window delta plus what earlier windows carried, kept at or under its event's
     delta: (reported, new carry). Totals stay exact, a window late at most."""
     wanted = follow_up + carry

@@ -246,15 +246,14 @@ class CudaProbes:
                 for c in launches
                 if c.api == CUDA_API_DRIVER and (c.row.tgid, c.handle) in self._names
             }
-        seen = stats.get("cuda_launches", 0)
-        sampled = stats.get("cuda_launches_sampled", 0)  # at most `seen` (sampler.STAT_FOLLOW_UPS)
         return CudaProbeDrain(
             launches=launches,
             calls=calls,
             names=names,
             sample_every=self.sample_every,
-            launches_seen=seen,
-            launches_sampled=sampled,
+            launches_seen=stats.get("cuda_launches", 0),
+            # at most the launches seen: CounterDeltas bounds it per window (sampler.STAT_FOLLOW_UPS)
+            launches_sampled=stats.get("cuda_launches_sampled", 0),
             table_full=stats.get("cuda_table_full", 0),
         )
 
