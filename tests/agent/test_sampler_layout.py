@@ -175,20 +175,28 @@ def test_drained_bytes_parse_to_the_fields_the_ctypes_mirrors_hold() -> None:
     assert py_stacks == {9: ((0xDEAD_BEEF_0000, 40, 0x0100_0001), (3, 4, 5))}
 
 
-class _CountersUnderWalks:
-    """A per-CPU array of cumulative counters, in the BCC table's shape (indexed by c_int, a value per CPU),
-    into which one whole walk lands between any two lookups: the walk counted at its start, its end after."""
-
-    WALKS, END = STAT_NAMES.index("unwind_walks"), STAT_NAMES.index("unwind_end")
+class _ScriptedCounters:
+    """A per-CPU array of cumulative counters in the BCC table's shape (indexed by c_int, a value per CPU),
+    set between reads by the test."""
 
     def __init__(self, n: int) -> None:
         self.values = [0] * n
 
     def __getitem__(self, key: ct.c_int) -> list[int]:
-        value = self.values[key.value]
+        return [self.values[key.value], 0]
+
+
+class _CountersUnderWalks(_ScriptedCounters):
+    """... into which one whole walk lands between any two lookups: the walk counted at its start, its end
+    after."""
+
+    WALKS, END = STAT_NAMES.index("unwind_walks"), STAT_NAMES.index("unwind_end")
+
+    def __getitem__(self, key: ct.c_int) -> list[int]:
+        value = super().__getitem__(key)
         self.values[self.WALKS] += 1
         self.values[self.END] += 1
-        return [value, 0]
+        return value
 
 
 def test_counter_deltas_never_read_more_ends_than_walks() -> None:
@@ -203,16 +211,6 @@ def test_counter_deltas_never_read_more_ends_than_walks() -> None:
         walks, ends = walks + d["unwind_walks"], ends + d["unwind_end"]
         assert 0 < ends <= walks, (ends, walks)
     assert sum(table.values) > 0
-
-
-class _ScriptedCounters:
-    """A per-CPU array of cumulative counters in the BCC table's shape, set between reads by the test."""
-
-    def __init__(self, n: int) -> None:
-        self.values = [0] * n
-
-    def __getitem__(self, key: ct.c_int) -> list[int]:
-        return [self.values[key.value], 0]
 
 
 def test_a_follow_up_counter_never_exceeds_its_event_in_a_window_and_its_total_stays_exact() -> None:
