@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -110,14 +111,20 @@ def folded(pid: int, kind: str = "cpu", timeout: float = 10) -> str:
     return get(f"http://{HTTP}/api/v1/profile?{q}", timeout=timeout).decode()
 
 
-def agent_metric(name: str) -> float:
-    """The metric's value, summed over its label sets; 0 if the agent does not export it."""
+def agent_metrics(names: Sequence[str]) -> dict[str, float]:
+    """Each metric's value, summed over its label sets (0 if the agent does not export it), from one read
+    of /metrics: each read costs the emulated agent a rendering of all of them."""
     # A minute: on a loaded host the guest's agent took over 10 s to answer (its drains hold the CPU).
-    total = 0.0
+    totals = dict.fromkeys(names, 0.0)
     for line in get(f"http://{AGENT_HTTP}/metrics", timeout=60).decode().splitlines():
-        if line.startswith((name + " ", name + "{")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def agent_metric(name: str) -> float:
+    return agent_metrics([name])[name]
 
 
 def hold_until_described(procs: dict[str, subprocess.Popen], phase: dict, interval: float) -> dict:
@@ -134,7 +141,7 @@ def hold_until_described(procs: dict[str, subprocess.Popen], phase: dict, interv
         need["fleetprof_agent_python_processes_total"] = 1  # any outcome: it was looked at
     deadline = time.monotonic() + 300  # a hang guard, not a bar: the loop ends once the gauges reach n
     while time.monotonic() < deadline:
-        seen = {k: agent_metric(k) for k in need}
+        seen = agent_metrics(list(need))
         if all(seen[k] >= v for k, v in need.items()):
             break
         time.sleep(interval / 4)
@@ -142,6 +149,14 @@ def hold_until_described(procs: dict[str, subprocess.Popen], phase: dict, interv
         proc.stdin.write("go\n")
         proc.stdin.flush()
     return {"s": round(time.monotonic() - t0, 1), "gauges": seen, "needed": need}
+
+
+WARM_UP_METRICS = (
+    "fleetprof_agent_unwind_files_tabled",
+    "fleetprof_agent_unwind_files_failed",
+    "fleetprof_agent_processes",
+    "fleetprof_agent_unwind_processes",
+)
 
 
 def warm_up(cfg: dict, interval: float) -> float:
@@ -163,12 +178,11 @@ def warm_up(cfg: dict, interval: float) -> float:
     # mappings later, and 157 of two_funcs_nofp's 773 samples (the first 20%) were walked by frame pointer.
     while (still < 3 or described > 0) and time.monotonic() < deadline:
         time.sleep(interval)
-        n = agent_metric("fleetprof_agent_unwind_files_tabled") + agent_metric(
-            "fleetprof_agent_unwind_files_failed"
-        )
+        m = agent_metrics(WARM_UP_METRICS)
+        n = m["fleetprof_agent_unwind_files_tabled"] + m["fleetprof_agent_unwind_files_failed"]
         still = still + 1 if n == seen else 0
         seen = n
-        described = sum(map(agent_metric, ("fleetprof_agent_processes", "fleetprof_agent_unwind_processes")))
+        described = m["fleetprof_agent_processes"] + m["fleetprof_agent_unwind_processes"]
     return round(time.monotonic() - t0, 1)
 
 
