@@ -146,16 +146,22 @@ int unwind_step_kp(struct pt_regs *ctx) {
 }
 #endif
 
-// A launch of `handle` through `api` in the current thread: count it; if sampled, walk its stacks.
+// cuda_walk_progs[0]: cuda_launch_walk (user space puts its fd there after loading it). Every launch probe
+// tail-calls the one walk program, so its code (the launch's Python and native walks, the heaviest here) is
+// compiled and verified once, not once per probe: seven inlined copies made the CUDA probes most of the
+// agent's BCC compile (bench/bpf_compile.py).
+BPF_PROG_ARRAY(cuda_walk_progs, 1);
+
+// A launch of `handle` through `api` in the current thread: count it; if sampled, hand it to
+// cuda_launch_walk (its stacks), in the task's own storage.
 static __always_inline int cuda_launch(struct pt_regs *ctx, u32 api, u64 handle, int driver) {
     if (!in_scope())   // outside --cgroup
         return 0;
-    u64 pid_tgid = bpf_get_current_pid_tgid();
-    u32 tgid = pid_tgid >> 32;
-    u64 ra = entry_return_address(ctx);
     if (api == CUDA_API_MARKER)
         goto walk;
     if (driver) {
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        u64 ra = entry_return_address(ctx);
         struct cuda_runtime_text *rt = cuda_runtimes.lookup(&tgid);
         if (rt) {
 #pragma unroll
@@ -172,19 +178,37 @@ static __always_inline int cuda_launch(struct pt_regs *ctx, u32 api, u64 handle,
     if (bpf_get_prandom_u32() % CUDA_LAUNCH_SAMPLE_EVERY)
         return 0;
 #endif
-    count_stat(STAT_CUDA_SAMPLED);
 walk:;
-    u32 zero = 0;
-    u32 *active = control.lookup(&zero);
-    if (!active)
-        return 0;
-    u32 set = *active;
     struct task_walk *w = task_walks.task_storage_get(bpf_get_current_task_btf(), 0,
                                                       BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (!w) {
         count_stat(STAT_TASK_STORAGE_FAILED);
         return 0;
     }
+    w->walk.arg[0] = handle;
+    w->walk.arg[1] = api;
+    cuda_walk_progs.call(ctx, 0);
+    return 0;   // the tail call failed: the launch counted, its stacks not taken (not counted as sampled)
+}
+
+// A sampled launch's stacks (tail-called by the launch probes, with the handle and api in the task's walk
+// state): the Python stack, then the user stack by the tables (unwind_step_kp) or by frame pointer.
+int cuda_launch_walk(struct pt_regs *ctx) {
+    struct task_walk *w = task_walks.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!w)
+        return 0;
+    u64 handle = w->walk.arg[0];
+    u32 api = (u32)w->walk.arg[1];
+    if (api != CUDA_API_MARKER)
+        count_stat(STAT_CUDA_SAMPLED);
+    u32 zero = 0;
+    u32 *active = control.lookup(&zero);
+    if (!active)
+        return 0;
+    u32 set = *active;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    u64 ra = entry_return_address(ctx);
     struct sample_key key = {};
     key.tgid = tgid;
     key.tid = (u32)pid_tgid;
