@@ -29,7 +29,7 @@ test:                  ## install what is missing (incl. test tools), then run t
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
 	bash scripts/setup.sh --test || { kill $$images; exit 1; }; \
 	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
-	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n 2 --dist loadfile --durations=12 \
+	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n 3 --dist loadfile --durations=12 \
 		>.venv/test-bpf.log 2>&1 & bpf=$$!; \
 	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" --dist loadfile --durations=12 || status=$$?; \
 	wait $$bpf || status=$$?; \
