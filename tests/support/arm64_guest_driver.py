@@ -345,37 +345,31 @@ def settled_launches(pid: int, interval: float) -> str:
     return last
 
 
-def start_collector(out: Path, summary: dict) -> subprocess.Popen | None:
-    """The collector every phase's agent streams to (one: its start is ~7 s of emulated CPU), once it
-    serves; None, with the reason in `summary`, if it does not."""
-    t0 = time.monotonic()
+def start_collector(out: Path) -> subprocess.Popen:
+    """The collector every phase's agent streams to (one: its start is ~7 s of emulated CPU)."""
     col_log = open(out / "collector.log", "wb")  # lives with the process
-    col = subprocess.Popen(
+    return subprocess.Popen(
         [FLEETPROF, "collector", "--grpc", GRPC, "--http", HTTP], stdout=col_log, stderr=subprocess.STDOUT
     )
-    why = wait_serving(col, f"http://{HTTP}/healthz", COLLECTOR_START_S)
-    summary["collector_start_s"] = round(time.monotonic() - t0, 1)
-    if why:
-        summary["collector_error"] = f"the collector {why}"
-        stop(col)
-        return None
-    log("collector up")
-    return col
 
 
-def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
+def start_agent(phase: dict, cfg: dict, out: Path) -> subprocess.Popen:
+    agent_log = open(out / f"{phase['name']}-agent.log", "wb")  # lives with the process
+    return subprocess.Popen(
+        [FLEETPROF, "agent", "--collector", GRPC, "--http", AGENT_HTTP, "--node", "arm64-guest",
+         "--frequency", str(cfg["frequency"]), "--interval", str(cfg["interval"]),
+         "--no-kubernetes", "--no-gpu", "--cgroup", str(WORKLOADS_CGROUP), *phase["agent_args"]],
+        stdout=agent_log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def run_phase(phase: dict, cfg: dict, out: Path, started: tuple[subprocess.Popen, float] | None) -> dict:
+    """One phase, with its agent as started (and when) if `started`, else started here."""
     name = phase["name"]
     result: dict = {"name": name, "agent_args": phase["agent_args"]}
-    t0 = time.monotonic()
-    agent = None
+    agent, t0 = started or (None, time.monotonic())
     try:
-        agent_log = open(out / f"{name}-agent.log", "wb")
-        agent = subprocess.Popen(
-            [FLEETPROF, "agent", "--collector", GRPC, "--http", AGENT_HTTP, "--node", "arm64-guest",
-             "--frequency", str(cfg["frequency"]), "--interval", str(cfg["interval"]),
-             "--no-kubernetes", "--no-gpu", "--cgroup", str(WORKLOADS_CGROUP), *phase["agent_args"]],
-            stdout=agent_log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        agent = agent or start_agent(phase, cfg, out)
         why = wait_serving(agent, f"http://{AGENT_HTTP}/healthz", AGENT_START_S)
         result["agent_start_s"] = round(time.monotonic() - t0, 1)
         result["agent_started"] = why is None
@@ -383,8 +377,9 @@ def run_phase(phase: dict, cfg: dict, out: Path) -> dict:
             result["error"] = f"the agent {why}"
             return result
         log(name, "agent up after", result["agent_start_s"], "s")
-        result["warm_up_s"] = warm_up(cfg, cfg["interval"])
-        log(name, "warmed up after", result["warm_up_s"], "s")
+        if "--unwind" not in phase["agent_args"]:  # tables (eh_frame): the files' tables built first
+            result["warm_up_s"] = warm_up(cfg, cfg["interval"])
+            log(name, "warmed up after", result["warm_up_s"], "s")
         argvs = {w: argv for w, argv in workloads(cfg).items() if w in phase["workloads"]}
         gate_env = {**os.environ, "GATE": "1"}
         runs = {
@@ -468,13 +463,24 @@ def main() -> int:
     summary["install_rc"] = pip.returncode
     summary["install_output"] = (pip.stdout + pip.stderr)[-3000:]
     log("installed", wheel.name, "rc", pip.returncode, "in", summary["install_s"], "s")
-    col = start_collector(out, summary) if pip.returncode == 0 else None
-    if col is not None:
+    if pip.returncode == 0:
+        t0 = time.monotonic()
+        col = start_collector(out)
+        # The first agent starts beside it: its start (BCC's compile, a minute or more of emulated CPU on
+        # one vCPU) overlaps the collector's on the other; it reconnects until the collector serves.
+        first = (start_agent(cfg["phases"][0], cfg, out), time.monotonic())
+        why = wait_serving(col, f"http://{HTTP}/healthz", COLLECTOR_START_S)
+        summary["collector_start_s"] = round(time.monotonic() - t0, 1)
         try:
-            for phase in cfg["phases"]:
-                result = run_phase(phase, cfg, out)
-                (out / f"{phase['name']}.json").write_text(json.dumps(result))
-                log(phase["name"], "done:", result.get("error", "ok"))
+            if why:
+                summary["collector_error"] = f"the collector {why}"
+                stop(first[0])
+            else:
+                log("collector up")
+                for i, phase in enumerate(cfg["phases"]):
+                    result = run_phase(phase, cfg, out, first if i == 0 else None)
+                    (out / f"{phase['name']}.json").write_text(json.dumps(result))
+                    log(phase["name"], "done:", result.get("error", "ok"))
         finally:
             stop(col)
     (out / "summary.json").write_text(json.dumps(summary))
