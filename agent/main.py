@@ -263,6 +263,10 @@ class Agent:
             "unwind_files_tabled": (u.files_tabled, "Files whose call-frame table is loaded in the kernel"),
             "unwind_files_failed": (u.files_failed, "Files without a table: none in them, refused, no room"),
             "unwind_files_no_room": (u.files_no_room, "Files without a table: the kernel map was full"),
+            "unwind_files_queued": (
+                u.files_queued,
+                "Files whose table is being built or waits to be (their samples walked by frame pointer)",
+            ),
             "unwind_rows": (u.rows_used, "Table words in the kernel (4 bytes: a row or a page's entry)"),
             "unwind_rows_capacity": (u.rows_capacity, "Table words the kernel map holds"),
             "unwind_processes": (u.processes, "Processes whose user stacks are walked by tables"),

@@ -78,6 +78,10 @@ class UnwinderStats:
     files_tabled: int = 0
     files_failed: int = 0  # no table: unreadable, refused (see file errors), or no room
     files_no_room: int = 0
+    # Files whose table is being opened, waits in the queue or is being built (a process mapped each):
+    # their processes' samples are walked by frame pointer meanwhile. Large files wait for a walk to want
+    # them (EAGER_MAX_BYTES) and are not counted until it does.
+    files_queued: int = 0
     rows_used: int = 0
     rows_capacity: int = 0
     processes: int = 0
@@ -120,6 +124,7 @@ class Unwinder:
         self._procs: dict[int, tuple[int, int, tuple[int, ...]]] = {}  # pid -> (first, n, file ids)
         self._retired: list[tuple[float, RangeAllocator, int, int]] = []  # ranges waiting out the grace
         self._opening: set[int] = set()  # file ids being opened (outside the lock)
+        self._building = 0  # tables being built (0 or 1: one builder thread; build_pending on another)
         # (0: a walk needs it / 1: eager, file size, seq, file id): files walks wait for first, then smallest
         # first. A node that keeps mapping new small files (containers starting, builds) would otherwise keep
         # a large file a walk asked for (libpython, ~70 k rows) at the back of the queue for good.
@@ -373,6 +378,16 @@ class Unwinder:
             if f is None or f.fd < 0:
                 return True
             fd, f.fd = f.fd, -1
+            self._building += 1
+        try:
+            self._build_fd(f, fd)
+        finally:
+            with self._lock:
+                self._building -= 1
+        return True
+
+    def _build_fd(self, f: _File, fd: int) -> None:
+        """Build `f`'s table from `fd` (owned from here) and load it, or mark the file failed."""
         t0 = time.monotonic_ns()
         table: UnwindTable | None = None
         delta = 0
@@ -390,7 +405,7 @@ class Unwinder:
                 f.failed = True
                 self._stats.files_failed += 1
                 self._stats.files_no_room += table is not None and len(table) > 0  # no rule ids left
-                return True
+                return
             self._reclaim()
             first = self._rows.alloc(len(layout))
             evicted = first is None and self._evict_for(len(layout))
@@ -404,13 +419,12 @@ class Unwinder:
                 f.failed = True
                 self._stats.files_failed += 1
                 self._stats.files_no_room += 1
-                return True
+                return
             self._maps.write_table(first, layout)
             self._maps.set_file(f.id, first, layout.pages, layout.base, delta)
             f.rows = (first, len(layout))
             self._stats.files_tabled += 1
             self._stats.rows_used = self._rows.used
-        return True
 
     def _layout(self, table: UnwindTable) -> PagedTable | None:
         """The table in unwind_rows' layout (kernel_maps.paged), its rules given ids (those new to the node
@@ -464,4 +478,7 @@ class Unwinder:
     def stats(self) -> UnwinderStats:
         with self._lock:
             self._stats.rows_used = self._rows.used
+            self._stats.files_queued = (
+                sum(1 for f in self._files.values() if f.fd >= 0) + len(self._opening) + self._building
+            )
             return UnwinderStats(**vars(self._stats))

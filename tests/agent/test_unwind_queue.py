@@ -102,3 +102,40 @@ def test_a_small_file_a_walk_met_in_the_queue_goes_to_its_front() -> None:
     # Built first, and once: its first place in the queue is skipped.
     assert built[0] == needed.stat().st_ino, (needed, built)
     assert sorted(built) == sorted(p.stat().st_ino for p in small)
+
+
+def test_files_queued_counts_the_tables_still_to_build_until_each_is_built() -> None:
+    """`files_queued` (the agent's unwind_files_queued gauge, what waits before a process's samples are
+    walked by tables): the small files a process maps from its description on, the large one once a walk
+    asks for it, the one being built while it is, none once all are built."""
+    require_bpf()
+    large = next(p for p in reversed(LIBS) if p.stat().st_size > EAGER_MAX_BYTES)
+    small = [p for p in LIBS if 20_000 < p.stat().st_size][:3]
+    built, record = recording_builder()
+    seen_while_building: list[int] = []
+    unwinder: Unwinder | None = None
+
+    def build(fd: int) -> tuple[UnwindTable, int]:
+        seen_while_building.append(unwinder.stats().files_queued)
+        return record(fd)
+
+    sampler = CpuSampler(SamplerConfig(interval_s=1.0, off_cpu=False, unwind_files=16))
+    maps = sampler.unwind_maps()
+    assert maps is not None
+    unwinder = Unwinder(maps, build=build)
+    try:
+        assert unwinder.stats().files_queued == 0
+        unwinder.describe(process(os.getpid(), [large, *small]))
+        assert unwinder.stats().files_queued == len(small)  # the large one waits for a walk
+        walk_met(unwinder, maps, [large])
+        assert unwinder.collect_wanted() == 1
+        assert unwinder.stats().files_queued == len(small) + 1
+        unwinder.build_pending()
+        assert unwinder.stats().files_queued == 0
+        assert unwinder.stats().files_tabled == len(small) + 1
+    finally:
+        unwinder.stop()
+        sampler.close()
+    # each build saw itself and the files still behind it
+    assert seen_while_building == [4, 3, 2, 1], seen_while_building
+    assert len(built) == 4

@@ -46,7 +46,7 @@ from tests.support.clickhouse_servers import ClickHouse, Cluster, scratch
 from tests.support.wire import BatchBuilder
 
 # Mostly waiting (replication, quorum timeouts: ~160 s, a few of CPU): beside the BPF tests, first of them.
-pytestmark = [pytest.mark.clickhouse, pytest.mark.waits, pytest.mark.slow]
+pytestmark = [pytest.mark.clickhouse, pytest.mark.waits, pytest.mark.slow(seconds=160)]
 
 DATABASE = "fleetprof"
 

@@ -37,7 +37,7 @@ from tests.conftest import (
 from tests.support import debuginfod_servers as servers
 from tests.support.cpu_time import CPU_BOUND_TIMEOUT_S
 
-pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+pytestmark = [pytest.mark.bpf, pytest.mark.slow(seconds=80)]
 
 FREQUENCY = 499
 SECONDS = 3  # of the workload's own CPU time: ~1,500 samples at 499 Hz

@@ -22,7 +22,7 @@ from tests.conftest import (
     stop_agent,
 )
 
-pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+pytestmark = [pytest.mark.bpf, pytest.mark.slow(seconds=80)]
 
 FREQUENCY = 99
 WARM_S = 2.0  # a plain loop first: the agent describes the process and builds its tables meanwhile

@@ -128,62 +128,36 @@ def agent_metric(name: str) -> float:
 
 
 def hold_until_described(procs: dict[str, subprocess.Popen], phase: dict, interval: float) -> dict:
-    """Wait until the agent has described the gated workloads in `procs` (they spin in their gate), then let
-    them go; the seconds it took and the gauges last read (below `needed` if the hang guard ended it).
-    Only the workloads run in the agent's cgroup, and warm_up waited until the agent's table held none of
-    its processes, so the gauges count these alone."""
+    """Wait until the agent has described the gated workloads in `procs` (they spin in their gate) and, with
+    tables (eh_frame), built the tables of every file they map, then let them go; the seconds it took and
+    the gauges last read (short of `needed` if the hang guard ended it). Only the workloads run in the
+    agent's cgroup, so the gauges count these alone.
+
+    Until a file's table is built its frames are walked by frame pointer (docs/unwinding.md): under
+    emulation beside a loaded host the tables of libc, the workloads and the vDSO took over a minute to
+    build, and when the gate let the workloads go on "described" alone, half of two_funcs_nofp's samples
+    were walked by frame pointer (354 of 784 whole; the agent's walks ended 3,232 times of 6,091 at a
+    file without a table). A warm-up that ran the workloads briefly beforehand, so that their tables would
+    be there, did not ensure it: a process that lives 0.3 s can be gone before a slow agent reads it."""
     t0 = time.monotonic()
     n = len(procs)
     need = {"fleetprof_agent_processes": n}
-    if "--unwind" not in phase["agent_args"]:  # tables (eh_frame): published for each process
+    done = []  # gauges that must read 0
+    if "--unwind" not in phase["agent_args"]:  # tables (eh_frame): published for each process, all built
         need["fleetprof_agent_unwind_processes"] = n
+        done.append("fleetprof_agent_unwind_files_queued")
     if "python" in procs:
         need["fleetprof_agent_python_processes_total"] = 1  # any outcome: it was looked at
-    deadline = time.monotonic() + 300  # a hang guard, not a bar: the loop ends once the gauges reach n
+    deadline = time.monotonic() + 600  # a hang guard, not a bar: the loop ends once the gauges say so
     while time.monotonic() < deadline:
-        seen = agent_metrics(list(need))
-        if all(seen[k] >= v for k, v in need.items()):
+        seen = agent_metrics([*need, *done])
+        if all(seen[k] >= v for k, v in need.items()) and not any(seen[k] for k in done):
             break
         time.sleep(interval / 4)
     for proc in procs.values():
         proc.stdin.write("go\n")
         proc.stdin.flush()
-    return {"s": round(time.monotonic() - t0, 1), "gauges": seen, "needed": need}
-
-
-WARM_UP_METRICS = (
-    "fleetprof_agent_unwind_files_tabled",
-    "fleetprof_agent_unwind_files_failed",
-    "fleetprof_agent_processes",
-    "fleetprof_agent_unwind_processes",
-)
-
-
-def warm_up(cfg: dict, interval: float) -> float:
-    """Run the C workloads once briefly, then wait until the agent's table count holds still over three
-    drains; seconds it took. The measured runs that follow are of files whose tables the node already has,
-    as a long-running process's are: the first seconds of a binary new to the node are walked by frame
-    pointer until its table is built (docs/unwinding.md), which under emulation on a loaded host took
-    seconds (the tables' build time, 187 s in all for 37 files, in one run with the host's load at 35)."""
-    t0 = time.monotonic()
-    brief = workloads(cfg, seconds=0.3)
-    for wname in ("two_funcs_fp", "two_funcs_nofp", "vdso_clock"):
-        spawn(brief[wname], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait(timeout=600)
-    deadline = time.monotonic() + 600  # a hang guard, not a bar: the loop ends once the count holds
-    seen, still, described = -1.0, 0, 1.0
-    # ...and until the agent's table holds none of the warm-up's processes (forgotten two drains after
-    # they exit), so that hold_until_described's gauges count the gated workloads alone. A drain takes
-    # 5-20 s under emulation: in one fresh-clone run three warm-up processes, still in the table, made
-    # the gauges read 4 of 4 two seconds after the gated ones started; the agent published their
-    # mappings later, and 157 of two_funcs_nofp's 773 samples (the first 20%) were walked by frame pointer.
-    while (still < 3 or described > 0) and time.monotonic() < deadline:
-        time.sleep(interval)
-        m = agent_metrics(WARM_UP_METRICS)
-        n = m["fleetprof_agent_unwind_files_tabled"] + m["fleetprof_agent_unwind_files_failed"]
-        still = still + 1 if n == seen else 0
-        seen = n
-        described = m["fleetprof_agent_processes"] + m["fleetprof_agent_unwind_processes"]
-    return round(time.monotonic() - t0, 1)
+    return {"s": round(time.monotonic() - t0, 1), "gauges": seen, "needed": need, "zero": done}
 
 
 def settled(pids: list[int], interval: float) -> dict[int, str]:
@@ -377,9 +351,6 @@ def run_phase(phase: dict, cfg: dict, out: Path, started: tuple[subprocess.Popen
             result["error"] = f"the agent {why}"
             return result
         log(name, "agent up after", result["agent_start_s"], "s")
-        if "--unwind" not in phase["agent_args"]:  # tables (eh_frame): the files' tables built first
-            result["warm_up_s"] = warm_up(cfg, cfg["interval"])
-            log(name, "warmed up after", result["warm_up_s"], "s")
         argvs = {w: argv for w, argv in workloads(cfg).items() if w in phase["workloads"]}
         gate_env = {**os.environ, "GATE": "1"}
         runs = {
