@@ -9,7 +9,8 @@ demo: setup            ## install what is missing, then run collector + agent on
 #   1. every test that loads no BPF program, needs nothing alone and is not marked `waits` (most of the
 #      count), one pytest-xdist worker per CPU, a file at a time (a module's fixtures are made once: split
 #      over both workers, the arm64 guest booted twice, 819 s of CPU instead of ~400), the files with `slow`
-#      tests first;
+#      tests first, longest first (tests/conftest.py; --no-loadscope-reorder: xdist would hand out the files
+#      with the most tests first, and the guest started minutes late);
 #   2. meanwhile, the tests that load BPF programs (`bpf`) and those that mostly wait (`waits`: the
 #      ClickHouse cluster's replication and quorum timeouts), three files at a time
 #      (FLEETPROF_TEST_PHASE=bpf), `slow` files first. Each BPF test judges its samples against its own
@@ -32,10 +33,10 @@ test:                  ## install what is missing (incl. test tools), then run t
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
 	bash scripts/setup.sh --test || { kill $$images; exit 1; }; \
 	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
-	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "(bpf or waits) and not serial" -n 3 --dist loadfile \
+	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "(bpf or waits) and not serial" -n 3 --dist loadfile --no-loadscope-reorder \
 		--durations=12 \
 		>.venv/test-bpf.log 2>&1 & bpf=$$!; \
-	$(PY) -m pytest -q -m "not bpf and not waits and not serial" -n "$$(nproc)" --dist loadfile --durations=12 || status=$$?; \
+	$(PY) -m pytest -q -m "not bpf and not waits and not serial" -n "$$(nproc)" --dist loadfile --no-loadscope-reorder --durations=12 || status=$$?; \
 	wait $$bpf || status=$$?; \
 	echo "== the BPF tests, run alongside (.venv/test-bpf.log):"; cat .venv/test-bpf.log; \
 	wait $$images || true; \
