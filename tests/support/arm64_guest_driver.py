@@ -129,9 +129,9 @@ def agent_metric(name: str) -> float:
 
 def hold_until_described(procs: dict[str, subprocess.Popen], phase: dict, interval: float) -> dict:
     """Wait until the agent has described the gated workloads in `procs` (they spin in their gate) and, with
-    tables (eh_frame), built the tables of every file they map, then let them go; the seconds it took and
-    the gauges last read (short of `needed` if the hang guard ended it). Only the workloads run in the
-    agent's cgroup, so the gauges count these alone.
+    tables (eh_frame), built the tables of every file they map (meanwhile stopped), then let them go; the
+    seconds it took and the gauges last read (short of `needed` if the hang guard ended it). Only the
+    workloads run in the agent's cgroup, so the gauges count these alone.
 
     Until a file's table is built its frames are walked by frame pointer (docs/unwinding.md): under
     emulation beside a loaded host the tables of libc, the workloads and the vDSO took over a minute to
@@ -148,13 +148,21 @@ def hold_until_described(procs: dict[str, subprocess.Popen], phase: dict, interv
         done.append("fleetprof_agent_unwind_files_queued")
     if "python" in procs:
         need["fleetprof_agent_python_processes_total"] = 1  # any outcome: it was looked at
-    deadline = time.monotonic() + 600  # a hang guard, not a bar: the loop ends once the gauges say so
+    deadline = time.monotonic() + 600  # a hang guard, not a bar: each loop ends once the gauges say so
     while time.monotonic() < deadline:
         seen = agent_metrics([*need, *done])
-        if all(seen[k] >= v for k, v in need.items()) and not any(seen[k] for k in done):
+        if all(seen[k] >= v for k, v in need.items()):
             break
         time.sleep(interval / 4)
+    # Described: their spinning has done its part. Stopped while the tables are built, so that the agent's
+    # table worker has the guest's CPUs (four spinning gates on two vCPUs made the wait 125 s in one run).
     for proc in procs.values():
+        proc.send_signal(signal.SIGSTOP)
+    while time.monotonic() < deadline and any(seen[k] for k in done):
+        time.sleep(interval / 4)
+        seen = agent_metrics([*need, *done])
+    for proc in procs.values():
+        proc.send_signal(signal.SIGCONT)
         proc.stdin.write("go\n")
         proc.stdin.flush()
     return {"s": round(time.monotonic() - t0, 1), "gauges": seen, "needed": need, "zero": done}
