@@ -34,9 +34,6 @@ from tests.conftest import (
 )
 from tests.support.cpu_time import CPU_BOUND_TIMEOUT_S
 
-# Its BPF tests take ~90-120 s in make test: among the first files of their phase.
-pytestmark = pytest.mark.slow(seconds=100)
-
 STORY = WORKLOADS / "py_story.py"
 HOT_LINE = next(i for i, text in enumerate(STORY.read_text().splitlines(), 1) if "the hot line" in text)
 
