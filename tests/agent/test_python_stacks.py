@@ -317,14 +317,29 @@ def test_each_thread_gets_its_own_python_stack(pipeline: Pipeline) -> None:
             by_tid[s.tid][key] = by_tid[s.tid].get(key, 0) + s.count
     alpha, beta = by_tid[truth["alpha_tid"]], by_tid[truth["beta_tid"]]
     print(f"per thread: {by_tid}; python_samples {stats['python_samples']}")
+    # What a failure needs to say (one fresh-clone run, beside the arm64 guest's boot and a ClickHouse
+    # cluster's start, read 70 of 397 samples of a thread without its worker; not reproduced since, with
+    # CPU burners or pinned to one CPU): the walk's counters, and the heaviest stacks without a worker.
+    unnamed: dict[tuple[str, ...], int] = {}
+    for s in samples:
+        if s.tid in by_tid and not any(
+            named(w)(f.function) for w in ("alpha_worker", "beta_worker") for f in s.frames
+        ):
+            key = tuple(f.function for f in s.frames)
+            unnamed[key] = unnamed.get(key, 0) + s.count
+    why = {
+        "stats": {k: v for k, v in stats.items() if k.startswith(("python", "unwind", "stack"))},
+        "without a worker": sorted(unnamed.items(), key=lambda kv: -kv[1])[:5],
+    }
+    print(why)
     # Both threads ran at once (hashing releases the GIL): each one's samples name its own function.
     # 2 s of each thread's CPU x 199 Hz = ~400 samples (a count varies by <= sqrt(400) = 20: 100 is 15
     # sigma below). The share naming its worker is ~1.0 (sigma <= 0.005 over 400), 0.9 is > 18 sigma below.
     assert alpha.get("alpha_worker", 0) > 100 and beta.get("beta_worker", 0) > 100, by_tid
     assert "beta_worker" not in alpha and "alpha_worker" not in beta, by_tid
     # (The rest ran before the test registered the process, or in thread start-up and exit.)
-    assert alpha.get("alpha_worker", 0) >= 0.9 * sum(alpha.values()), by_tid
-    assert beta.get("beta_worker", 0) >= 0.9 * sum(beta.values()), by_tid
+    assert alpha.get("alpha_worker", 0) >= 0.9 * sum(alpha.values()), (by_tid, why)
+    assert beta.get("beta_worker", 0) >= 0.9 * sum(beta.values()), (by_tid, why)
     # hashlib's native frames (OpenSSL's libcrypto) stay under the Python function that called it.
     beta = [s for s in samples if s.tid == truth["beta_tid"]]
     under = sum(
