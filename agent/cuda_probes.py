@@ -80,8 +80,16 @@ class BccUprobes:
 
         self._bpf = bpf
         self._lib = lib
+        self._walk_loaded = False
 
     def attach(self, event: bytes, fn_name: str, path: str, offset: int, ret: bool) -> None:
+        if not self._walk_loaded:
+            # The launch probes' one walk program (cuda_probes.c), tail-called by each of them: loaded with
+            # the first probe, so a node without CUDA never loads it, and a refusal by the verifier refuses
+            # the CUDA file (the caller counts it), not the CPU sampler.
+            walk = self._bpf.load_func(b"cuda_launch_walk", self._bpf.KPROBE)
+            self._bpf[b"cuda_walk_progs"][ct.c_int(0)] = ct.c_int(walk.fd)
+            self._walk_loaded = True
         fn = self._bpf.load_func(fn_name.encode(), self._bpf.KPROBE)
         fd = self._lib.bpf_attach_uprobe(fn.fd, 1 if ret else 0, event, path.encode(), offset, -1)
         if fd < 0:

@@ -516,15 +516,6 @@ class CpuSampler:
                 except Exception as exc:  # the verifier's answer
                     raise BpfUnavailable(f"the table unwinder did not load (try --unwind=fp): {exc}") from exc
                 self._bpf[array][ct.c_int(0)] = ct.c_int(step.fd)
-        if config.cuda:
-            # The launch probes' one walk program (cuda_probes.c), tail-called by each of them.
-            try:
-                walk = self._bpf.load_func(b"cuda_launch_walk", bcc.BPF.KPROBE)
-            except Exception as exc:  # the verifier's answer
-                raise BpfUnavailable(
-                    f"the CUDA launch walk did not load (try --no-cuda-probes): {exc}"
-                ) from exc
-            self._bpf[b"cuda_walk_progs"][ct.c_int(0)] = ct.c_int(walk.fd)
         self._events_cb = on_process_event
         self._extra_callbacks: list = []
         if on_process_event is not None:
