@@ -271,10 +271,9 @@ def stop_when_sampled(runs: dict[str, subprocess.Popen], cfg: dict, interval: fl
 GATED = ("two_funcs_fp", "two_funcs_nofp", "python", "vdso_clock")
 
 
-def workloads(cfg: dict, seconds: float | None = None) -> dict[str, list[str]]:
-    """Each workload's command line, running for `seconds` of its CPU time (the config's by default)."""
-    seconds = cfg["seconds"] if seconds is None else seconds
-    s, share = str(seconds), str(cfg["share"])
+def workloads(cfg: dict) -> dict[str, list[str]]:
+    """Each workload's command line, running for the config's seconds of its CPU time at most."""
+    s, share = str(cfg["seconds"]), str(cfg["share"])
     return {
         "two_funcs_fp": [str(HERE / "two_funcs_fp"), s, share],
         "two_funcs_nofp": [str(HERE / "two_funcs_nofp"), s, share],
