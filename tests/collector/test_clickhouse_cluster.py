@@ -159,6 +159,25 @@ def _held_samples(reader: NativeConnection, database: str) -> dict[str, int]:
     }
 
 
+def _resent_until_answered(store, source: str, seq: int, rows: ProfileRows) -> bool:
+    """What an agent does with a refused batch: send it again, a second apart, until the store answers
+    (stored, or stored before); the answer. Right after a replica resumes its fetches, the quorum of the
+    insert that timed out is still open until it has fetched that part, and ClickHouse 18.16 refuses the
+    next quorum insert on the shard meanwhile ("Quorum for previous write has not been satisfied yet": a
+    fresh-clone run, the resend made as the fetches resumed)."""
+    answer: list[bool] = []
+
+    def answered() -> bool:
+        try:
+            answer.append(store.write_logged(source, seq, b"", rows))
+            return True
+        except StoreUnavailable:
+            return False
+
+    wait_until(answered, 120, f"the store to answer batch {seq} of {source} sent again", every=1.0)
+    return answer[0]
+
+
 def test_kill_a_collector_and_a_replica_mid_stream_and_count_exactly(
     cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -293,7 +312,7 @@ def test_a_batch_a_rollup_missed_is_completed_once_when_resent(cluster: Cluster)
         lagging.query(f"SYSTEM START FETCHES {database}.rows_10m_local")
     try:
         for seq, rows in enumerate(batches):
-            assert store.write_logged("agent-h", seq, b"", rows) is True
+            assert _resent_until_answered(store, "agent-h", seq, rows) is True
         assert store.stats()["rollups_completed"] >= 1
         assert held() == {"rows": samples, "rows_1m": samples, "rows_10m": samples}
     finally:
