@@ -283,6 +283,14 @@ class RunningAgent:
     def metrics(self) -> str:
         return http_get(f"http://127.0.0.1:{self.http_port}/metrics").decode()
 
+    def value(self, name: str) -> float:
+        """The metric's value on /metrics, summed over its label sets; 0 if the agent does not export it."""
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in self.metrics().splitlines()
+            if line.startswith((name + " ", name + "{"))
+        )
+
 
 AGENT_NICE = ("nice", "-n", "-10")  # nice execs the agent: proc.pid is the agent's
 

@@ -131,15 +131,31 @@ def test_a_process_in_its_own_mount_namespace_that_exits_before_the_drain_is_who
     """The binary lives on a tmpfs mounted in the workload's own mount namespace (the host never sees the
     file), and the process runs ~1.4 s of CPU, ending before the agent's next drain (INTERVAL) when it
     gets a CPU to itself: its tables must be built while it lives, through its own root, and its symbols
-    loaded then too."""
+    loaded then too. It waits in its gate (blocked: the agent learns of it at its first syscall) until
+    the agent has built the binary's table: how soon after a start a table is there depends on the
+    machine's load (a fresh-clone run beside two other BPF files had none while it ran: 0 of 359 whole),
+    what is judged here is that it is built from a file only the process's own root holds."""
     target = "/mnt/ctr_unwind_chain"
-    script = f"mount -t tmpfs tmpfs /mnt && cp {no_fp_bin('unwind_chain')} {target} && exec {target} cpu 0.7"
+    script = (
+        f"mount -t tmpfs tmpfs /mnt && cp {no_fp_bin('unwind_chain')} {target} && exec {target} cpu 0.7 gate"
+    )
     first = acked_batches(agent)
     wait_until(lambda: acked_batches(agent) > first, 30, "a drain to have just happened")
+    tabled = agent.value("fleetprof_agent_unwind_files_tabled")
     proc = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    # The binary is a new file to the node (a new tmpfs inode): one more table once it is built.
+    wait_until(
+        lambda: (
+            agent.value("fleetprof_agent_unwind_files_tabled") > tabled
+            and agent.value("fleetprof_agent_unwind_files_queued") == 0
+        ),
+        60,
+        "the agent to build the table of the binary in the process's own mount namespace",
     )
-    proc.communicate(timeout=CPU_BOUND_TIMEOUT_S)
+    proc.communicate(b"go\n", timeout=CPU_BOUND_TIMEOUT_S)
     assert proc.returncode == 0
     assert not Path(target).exists(), "the test binary leaked into the host namespace"
     stacks = settled_profile(module_collector, f'{{pid="{proc.pid}"}}', agent)
