@@ -6,19 +6,18 @@ demo: setup            ## install what is missing, then run collector + agent on
 	.venv/bin/fleetprof demo
 
 # The whole suite, as two pytest runs side by side and one after (tests/conftest.py says which test goes where):
-#   1. every test that loads no BPF program, needs nothing alone and is not marked `waits` (most of the
-#      count), one pytest-xdist worker per CPU, a file at a time (a module's fixtures are made once: split
-#      over both workers, the arm64 guest booted twice, 819 s of CPU instead of ~400), the files with `slow`
-#      tests first, longest first (tests/conftest.py; --no-loadscope-reorder: xdist would hand out the files
-#      with the most tests first, and the guest started minutes late);
-#   2. meanwhile, the tests that load BPF programs (`bpf`) and those that mostly wait (`waits`: the
-#      ClickHouse cluster's replication and quorum timeouts), three files at a time
-#      (FLEETPROF_TEST_PHASE=bpf), `slow` files first. Each BPF test judges its samples against its own
-#      workload's clock (the CPU time it measured of itself), finds its own samples by pid and sizes its
-#      tables for a busy node, so neither phase 1 nor the other files disturb it. Most of their time is
-#      waiting (workloads that run for a time, drains): their CPU time was under half their wall time in a
-#      fresh-clone run (bench/README.md, "make test's time"), so a third file at a time takes up what two
-#      left idle. Their output is printed when all are done (.venv/test-bpf.log);
+#   1. every test that loads no BPF program and needs nothing alone (most of the count), one pytest-xdist
+#      worker per CPU, a file at a time (a module's fixtures are made once: split over both workers, the
+#      arm64 guest booted twice, 819 s of CPU instead of ~400), the files with `slow` tests first, longest
+#      first (tests/conftest.py; --no-loadscope-reorder: xdist would hand out the files with the most tests
+#      first, and the guest started minutes late);
+#   2. meanwhile, the tests that load BPF programs (`bpf`), two files at a time (FLEETPROF_TEST_PHASE=bpf),
+#      `slow` files first. Each judges its samples against its own workload's clock (the CPU time it
+#      measured of itself), finds its own samples by pid and sizes its tables for a busy node, so neither
+#      phase 1 nor the other BPF file disturbs it. Most of their time is waiting (workloads that run for a
+#      time, drains), but three at a time (with the ClickHouse cluster's file moved beside them) made the
+#      suite slower, not faster (bench/README.md, "make test's time"). Their output is printed when both
+#      are done (.venv/test-bpf.log);
 #   3. the `serial` ones, alone (tests/e2e/test_offcpu_e2e.py; with none, pytest's 5, "no tests ran", is no
 #      failure).
 # All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile, from
@@ -33,10 +32,10 @@ test:                  ## install what is missing (incl. test tools), then run t
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
 	bash scripts/setup.sh --test || { kill $$images; exit 1; }; \
 	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
-	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "(bpf or waits) and not serial" -n 3 --dist loadfile --no-loadscope-reorder \
+	FLEETPROF_TEST_PHASE=bpf $(PY) -m pytest -q -m "bpf and not serial" -n 2 --dist loadfile --no-loadscope-reorder \
 		--durations=12 \
 		>.venv/test-bpf.log 2>&1 & bpf=$$!; \
-	$(PY) -m pytest -q -m "not bpf and not waits and not serial" -n "$$(nproc)" --dist loadfile --no-loadscope-reorder --durations=12 || status=$$?; \
+	$(PY) -m pytest -q -m "not bpf and not serial" -n "$$(nproc)" --dist loadfile --no-loadscope-reorder --durations=12 || status=$$?; \
 	wait $$bpf || status=$$?; \
 	echo "== the BPF tests, run alongside (.venv/test-bpf.log):"; cat .venv/test-bpf.log; \
 	wait $$images || true; \

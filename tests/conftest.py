@@ -1,12 +1,11 @@
 """Shared fixtures: a real collector in-process, a real agent (BPF) as a subprocess, compiled workloads.
 
 `make test` runs the suite in three phases (Makefile), the first two side by side:
-1. every test not marked `bpf`, `waits` or `serial`, one pytest-xdist worker per CPU;
-2. the tests that load BPF programs (marked `bpf`) and those that mostly wait (`waits`), three files at a
-   time (FLEETPROF_TEST_PHASE=bpf with xdist, a file per worker). Each BPF test judges its samples against
-   its own workload's clock (CPU time it measured of itself), finds its own samples by pid, and sizes
-   node-wide tables for a busy node: the other files' and phase 1's files, threads and processes are on
-   the node too;
+1. every test not marked `bpf` or `serial`, one pytest-xdist worker per CPU;
+2. the tests that load BPF programs (marked `bpf`), two files at a time (FLEETPROF_TEST_PHASE=bpf with
+   xdist, a file per worker). Each judges its samples against its own workload's clock (CPU time it
+   measured of itself), finds its own samples by pid, and sizes node-wide tables for a busy node: the
+   other file's and phase 1's files, threads and processes are on the node too;
 3. the `serial` tests, alone: any that cannot share the machine (tests/e2e/test_offcpu_e2e.py: see there).
 """
 

@@ -45,8 +45,7 @@ from tests.conftest import REPO, free_port, http_get, wait_until, wait_until_ser
 from tests.support.clickhouse_servers import ClickHouse, Cluster, scratch
 from tests.support.wire import BatchBuilder
 
-# Mostly waiting (replication, quorum timeouts: ~160 s, a few of CPU): beside the BPF tests, first of them.
-pytestmark = [pytest.mark.clickhouse, pytest.mark.waits, pytest.mark.slow(seconds=160)]
+pytestmark = [pytest.mark.clickhouse, pytest.mark.slow(seconds=160)]  # ~160 s: replication, quorum timeouts
 
 DATABASE = "fleetprof"
 
