@@ -172,6 +172,13 @@ static void count(enum fp_cupti_counter c, uint64_t n) {
     __atomic_fetch_add(&H.counters[c], n, __ATOMIC_RELAXED);
 }
 
+static void count_max(enum fp_cupti_counter c, uint64_t n) {
+    uint64_t seen = __atomic_load_n(&H.counters[c], __ATOMIC_RELAXED);
+    while (n > seen && !__atomic_compare_exchange_n(&H.counters[c], &seen, n, 1, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED)) {
+    }
+}
+
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...) {
     char line[512];
@@ -557,6 +564,7 @@ static void launch_exit(struct fp_thread *t, CUpti_CallbackDomain domain, CUpti_
     ring_put(&r);
     count(FP_C_SAMPLED, 1);
     count(FP_C_SAMPLED_WEIGHT, t->weight);
+    count_max(FP_C_SAMPLED_WEIGHT_MAX, t->weight);
     fleetprof_cupti_launch(t->outer_cid, t->weight);
 }
 

@@ -63,6 +63,8 @@ enum fp_cupti_counter {
     FP_C_LAUNCHES_OPEN_AT_EXIT = 12, // launches still open when the process exited (no record written)
     FP_C_SAMPLED_WEIGHT = 13, // the sum of the sampled launches' weights: an unbiased estimate of
                               // FP_C_LAUNCHES, which lets the agent check its own accounting
+    FP_C_SAMPLED_WEIGHT_MAX = 14, // the largest weight one sampled launch carried (a maximum, so it too
+                                  // only grows): it bounds the variance of FP_C_SAMPLED_WEIGHT's estimate
     FP_C_COUNT = 16,
 };
 

@@ -75,6 +75,7 @@ COUNTERS = (
     "nesting_repairs",
     "launches_open_at_exit",
     "sampled_weight",
+    "sampled_weight_max",
 )
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_LAUNCH = 1, 2, 3, 4
 DOMAINS = {0: None, 1: "driver", 2: "runtime"}

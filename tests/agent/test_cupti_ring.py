@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fleetprof.agent.gpu.cupti_ring import (
+    COUNTERS,
     HEADER_SIZE,
     MAGIC,
     RECORD_DTYPE,
@@ -52,6 +53,8 @@ int main(void) {
     HEADER_FIELDS
     printf("\"end\": 0}, \"record\": {");
     RECORD_FIELDS
+    printf("\"end\": 0}, \"counters\": {");
+    COUNTER_FIELDS
     printf("\"end\": 0}, \"checks\": [");
     for (int r = 0; r < 4; r++) {  // records of known bytes, and what fp_cupti_check makes of them
         struct fp_cupti_record rec;
@@ -79,13 +82,16 @@ def test_the_reader_mirrors_the_c_layout_and_check(tmp_path) -> None:
     header = "".join(offset("fp_cupti_header", name, name) for name in header_offsets())
     record = "".join(offset("fp_cupti_record", py, c) for py, c in RECORD_FIELDS.items())
     src = tmp_path / "layout.c"
-    src.write_text(LAYOUT_C.replace("HEADER_FIELDS", header).replace("RECORD_FIELDS", record))
+    counters = "".join(f'printf("\\"{name}\\": %d, ", FP_C_{name.upper()});' for name in COUNTERS)
+    layout = LAYOUT_C.replace("HEADER_FIELDS", header).replace("RECORD_FIELDS", record)
+    src.write_text(layout.replace("COUNTER_FIELDS", counters))
     exe = tmp_path / "layout"
     subprocess.run(["gcc", "-I", str(REPO / "agent" / "cupti"), "-o", str(exe), str(src)], check=True)
     c = json.loads(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout)
     assert (c["header_size"], c["record_size"], c["magic"]) == (HEADER_SIZE, RECORD_SIZE, MAGIC)
     assert c["records_offset"] >= HEADER_SIZE
-    del c["header"]["end"], c["record"]["end"]
+    del c["header"]["end"], c["record"]["end"], c["counters"]["end"]
+    assert c["counters"] == {name: i for i, name in enumerate(COUNTERS)}
     assert c["header"] == header_offsets()
     assert c["record"] == {name: RECORD_DTYPE.fields[name][1] for name in RECORD_FIELDS}
     assert record_checks(pattern_records(4)).tolist() == c["checks"]
