@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import select
 import subprocess
 import sys
 import time
@@ -267,24 +268,50 @@ class Pipeline:
         self.python.attach(self.sampler)
         self.resolver = Resolver(self.table, Symbolizer(), python=self.python)
 
-    def profile(self, argv: list[str]) -> tuple[list, dict, dict]:
-        """Run a workload to the end, describing it as soon as it runs; its samples and window stats."""
+    def profile(self, argv: list[str], gated: bool = False) -> tuple[list, dict, dict]:
+        """Run a workload to the end, describing it as soon as it runs; its samples and window stats.
+        `gated` (a workload that waits for "go" on stdin, prints its truth and waits for stdin to close):
+        it goes once registered as Python, and its last window is resolved while it lives."""
         self.resolver.resolve(self.sampler.drain())  # start from an empty window
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         # Describe it once the loader has mapped libpython (the CPython detection reads it); waiting a fixed
         # time instead lost the race on a busy machine.
         wait_until(lambda: maps_libpython(proc.pid), 30, f"pid {proc.pid} to map libpython", every=0.005)
-        self.table.refresh(proc.pid)
+        info = self.table.refresh(proc.pid)
         samples, stats = [], {}
+
+        def look() -> None:
+            nonlocal stats
+            window = self.resolver.resolve(self.sampler.drain())
+            samples.extend(s for s in window.samples if s.process.pid == proc.pid)
+            stats = {k: stats.get(k, 0) + window.stats.get(k, 0) for k in {*stats, *window.stats}}
+
+        assert proc.stdin is not None and proc.stdout is not None
+        if gated:
+            assert info is not None, f"pid {proc.pid} gone before it was described"
+
+            def registered() -> bool:
+                found = self.python.process(proc.pid, info.start_ticks)
+                if found is None or not found.supported:
+                    self.table.refresh(proc.pid)  # the runtime may not have been mapped whole yet
+                    return False
+                return True
+
+            wait_until(registered, 30, f"pid {proc.pid} registered as Python", every=0.05)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            while not select.select([proc.stdout], [], [], 1.0)[0]:
+                look()
+            out = proc.stdout.readline()
+            look()  # its last samples, named while the process still lives
+            proc.stdin.close()
+            proc.wait()
+            return samples, stats, json.loads(out)
         while proc.poll() is None:
             time.sleep(1.0)
-            window = self.resolver.resolve(self.sampler.drain())
-            samples += [s for s in window.samples if s.process.pid == proc.pid]
-            stats = {k: stats.get(k, 0) + window.stats.get(k, 0) for k in {*stats, *window.stats}}
+            look()
         out, _ = proc.communicate()
-        window = self.resolver.resolve(self.sampler.drain())
-        samples += [s for s in window.samples if s.process.pid == proc.pid]
-        stats = {k: stats.get(k, 0) + window.stats.get(k, 0) for k in {*stats, *window.stats}}
+        look()
         return samples, stats, json.loads(out)
 
     def close(self) -> None:
@@ -308,7 +335,7 @@ def pipeline() -> Iterator[Pipeline]:
 
 @pytest.mark.bpf
 def test_each_thread_gets_its_own_python_stack(pipeline: Pipeline) -> None:
-    samples, stats, truth = pipeline.profile([python("3.12"), str(STORY), "2", "0", "threads"])
+    samples, stats, truth = pipeline.profile([python("3.12"), str(STORY), "2", "0", "threads", "gated"], True)
     by_tid: dict[int, dict[str, int]] = {truth["alpha_tid"]: {}, truth["beta_tid"]: {}}
     for s in samples:
         if s.tid in by_tid:
@@ -337,7 +364,8 @@ def test_each_thread_gets_its_own_python_stack(pipeline: Pipeline) -> None:
     # sigma below). The share naming its worker is ~1.0 (sigma <= 0.005 over 400), 0.9 is > 18 sigma below.
     assert alpha.get("alpha_worker", 0) > 100 and beta.get("beta_worker", 0) > 100, by_tid
     assert "beta_worker" not in alpha and "alpha_worker" not in beta, by_tid
-    # (The rest ran before the test registered the process, or in thread start-up and exit.)
+    # (The threads start once the process is registered as Python, and the last window is named while it
+    # lives: the rest ran in thread start-up and exit.)
     assert alpha.get("alpha_worker", 0) >= 0.9 * sum(alpha.values()), (by_tid, why)
     assert beta.get("beta_worker", 0) >= 0.9 * sum(beta.values()), (by_tid, why)
     # hashlib's native frames (OpenSSL's libcrypto) stay under the Python function that called it.

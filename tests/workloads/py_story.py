@@ -1,11 +1,12 @@
 """Python workload with known hot functions for the Python-stack tests; measures its own split.
 
-usage: python py_story.py SECONDS SHARE_PERCENT [threads]
+usage: python py_story.py SECONDS SHARE_PERCENT [threads [gated]]
 
 Single-threaded: outer() -> middle() -> a list comprehension takes SHARE_PERCENT of the CPU time and
 decoy() the rest. With "threads": two threads, alpha_worker() (pure Python) and beta_worker()
 (hashing, GIL released), each for SECONDS of its own CPU time. Prints the measured thread CPU time
-of each part as JSON on exit.
+of each part as JSON on exit. "gated": the threads start once a line comes on stdin, and the process
+exits once stdin closes (a test describes it first and looks at it last while it lives).
 """
 
 import hashlib
@@ -94,13 +95,18 @@ def beta_worker(seconds, out):
 def main():
     seconds, share = float(sys.argv[1]), int(sys.argv[2])
     if len(sys.argv) > 3 and sys.argv[3] == "threads":
+        gated = len(sys.argv) > 4 and sys.argv[4] == "gated"
+        if gated:  # the threads start on "go"; the process exits once stdin closes, after the last look
+            sys.stdin.readline()
         out = {}
         threads = [threading.Thread(target=f, args=(seconds, out)) for f in (alpha_worker, beta_worker)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        print(json.dumps(out))
+        print(json.dumps(out), flush=True)
+        if gated:
+            sys.stdin.read()
     else:
         print(json.dumps(story(seconds, share)))
 
