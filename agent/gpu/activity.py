@@ -8,7 +8,8 @@ Definitions kept here:
     the records' own resolution, and what "µs resolution" promises.
   * What is known: from the first record's start (or the start of what the bounds below kept) to the
     header's `flushed_ns`, the time up to which the library has handed over every record CUPTI had
-    complete, less the spans where the reader lost records. Past `flushed_ns` a kernel may still be
+    complete (once the reader has read every record published before it: RingBatch.complete_until), less
+    the spans where the reader lost records. Past `flushed_ns` a kernel may still be
     running or waiting in CUPTI's buffers, so `state()` answers None there rather than "idle".
   * Kernel time under a stack is apportioned per kernel name, so each name's total stays exact when only
     some launches are sampled: ns(K, S) = sampled ns of K under S x (total ns of K / sampled ns of K).
@@ -161,7 +162,7 @@ class ProcessActivity:
                 name = batch.names.get(ref, "")
                 old = self.kernels.get(name, KernelTotal(0, 0))
                 self.kernels[name] = KernelTotal(old.count + c, old.ns + int(n))
-        self.complete_until = max(self.complete_until, batch.header.flushed_ns)
+        self.complete_until = max(self.complete_until, batch.complete_until)
         if (batch.lost or batch.torn) and self.known_from is not None:
             # The missing records ended before the flush that delivered this batch, and (written in order)
             # after what an earlier poll saw complete: somewhere in this span.

@@ -366,6 +366,14 @@ class RingBatch:
     names: dict[int, str]  # every name the reader knows for this process, by name_ref
     lost: int  # records overwritten before this poll could read them
     torn: int  # records whose copy raced the writer or failed its check
+    # CLOCK_MONOTONIC: every record the library had handed over by then is in this batch or an earlier one.
+    # The header's flushed_ns when the poll read up to the header's write_seq; short of it (a record claimed
+    # but not yet published, or max_records), the last such time of a poll that did (None: flushed_ns).
+    complete_ns: int | None = None
+
+    @property
+    def complete_until(self) -> int:
+        return self.header.flushed_ns if self.complete_ns is None else self.complete_ns
 
     def kernels(self) -> list[KernelRecord]:
         rows = self.activities[self.activities["kind"] == KIND_KERNEL]
@@ -416,6 +424,7 @@ class RingReader:
         self._stuck_polls = 0
         self._names: dict[int, str] = {}
         self._names_read = 0
+        self._complete_ns = 0  # the flushed_ns of the last poll that read every record published before it
 
     @classmethod
     def open(cls, pid: int, proc_root: str = "/proc") -> RingReader:
@@ -507,7 +516,14 @@ class RingReader:
         self.stats.lost += lost
         self.stats.torn += torn
         self.stats.polls += 1
-        return RingBatch(self.location.pid, h, activities, records[is_launch], self._names, lost, torn)
+        # A flush publishes its records before its flushed_ns, but a launch record claimed earlier by another
+        # thread may still be unwritten: the poll stops there, and the flush's records after it come with a
+        # later poll. Until one reads up to write_seq, flushed_ns does not hold for what was read.
+        if self._next >= w:
+            self._complete_ns = max(self._complete_ns, h.flushed_ns)
+        return RingBatch(
+            self.location.pid, h, activities, records[is_launch], self._names, lost, torn, self._complete_ns
+        )
 
     def _read_names(self, h: RingHeader) -> bool:
         """Parse the next NAMES_CHUNK of the names area, up to names_used (re-read now: it covers every

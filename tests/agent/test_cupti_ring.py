@@ -20,6 +20,7 @@ from fleetprof.agent.gpu.cupti_ring import (
     RECORD_DTYPE,
     RECORD_SIZE,
     ProcessMemory,
+    RingBatch,
     RingReader,
     header_offsets,
     record_checks,
@@ -217,6 +218,69 @@ def test_a_copy_the_writer_overtook_is_detected_and_never_returned(cuda: CudaSta
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
+
+
+class UnpublishedMemory:
+    """The process's real memory, except that one record reads as claimed but not yet written (its slot's
+    sequence number still the previous lap's): what a reader sees while a launch thread is preempted between
+    claiming a slot and publishing it, and a flush on another thread publishes the records after it."""
+
+    def __init__(self, real: ProcessMemory, records_at: int, capacity: int, index: int) -> None:
+        self.real, self.records_at, self.capacity, self.index = real, records_at, capacity, index
+        self.armed = True
+
+    def read(self, address: int, size: int) -> bytes:
+        data = bytearray(self.real.read(address, size))
+        at = self.records_at + (self.index % self.capacity) * RECORD_SIZE
+        if self.armed and address <= at < address + size:
+            data[at - address : at - address + 8] = bytes(8)  # seq 0: never written
+        return bytes(data)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_a_flush_is_trusted_only_once_every_record_before_it_is_read(cuda: CudaStandins) -> None:
+    env = cuda.env(FLEETPROF_CUPTI_SAMPLE_EVERY="1", FLEETPROF_CUPTI_SAMPLE_CAP="0")
+    proc = subprocess.Popen([str(cuda.launcher), "phases", "60", "5"], stdout=subprocess.DEVNULL, env=env)
+    try:
+        reader = wait_for_ring(proc.pid)
+
+        def whole() -> RingBatch:
+            """A poll that read every record up to the flush it saw (the workload's threads may stand
+            between a claim and its publication at any one poll, never for long)."""
+            deadline = time.monotonic() + 30
+            while (
+                batch := reader.poll()
+            ).complete_until != batch.header.flushed_ns or not batch.complete_until:
+                assert time.monotonic() < deadline, "no poll read up to a flush"
+                time.sleep(0.01)
+            return batch
+
+        first = whole()
+        while (
+            reader.header().flushed_ns <= first.header.flushed_ns
+            or reader.header().write_seq < (reader.position or 0) + 16
+        ):
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGSTOP)
+        h = reader.header()
+        stuck = (reader.position or 0) + 8
+        reader.memory = UnpublishedMemory(reader.memory, reader.location.address + h.records_offset,
+                                          h.capacity, stuck)  # fmt: skip
+        short = reader.poll()
+        # It stopped at (or before) the unpublished record: the flush's records after it are not read yet,
+        # so what the batches cover stays where the last whole read left it, though the header says more.
+        assert reader.position is not None and reader.position <= stuck < short.header.write_seq
+        assert short.header.flushed_ns > first.header.flushed_ns
+        assert short.complete_until == first.header.flushed_ns
+        reader.memory.armed = False  # published now
+        os.kill(proc.pid, signal.SIGCONT)
+        assert whole().complete_until >= short.header.flushed_ns
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait()
 
 
 # Kernels with long names, through the driver API: fills the names area (1 MiB) and cuts names over 8 KiB.
