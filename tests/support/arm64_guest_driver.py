@@ -191,13 +191,17 @@ def settled(pids: list[int], interval: float) -> dict[int, str]:
 # Python frames by reading code objects from the live process at each drain, and under emulation a drain
 # takes 5-20 s (measured): a Python workload that exits when done would be gone before its windows are
 # resolved, and its frames unnamed. The driver closes stdin once the collector has the profiles. With GATE
-# set it first spins (in gate_spin, as tests/workloads/gate.h) until a line arrives on stdin.
+# set it first spins in bursts (in gate_spin, as tests/workloads/gate.h) until a line arrives on stdin.
 HOLD = """
-import os, runpy, select, signal, sys
+import os, runpy, select, signal, sys, time
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # until the script's own (py_story: an early stop)
 def gate_spin():
-    while not select.select([sys.stdin], [], [], 0)[0]:
-        sum(i * i for i in range(20000))
+    while True:  # 2 ms of spinning in 20 (gate.h says why)
+        until = time.monotonic() + 0.002
+        while time.monotonic() < until:
+            sum(i * i for i in range(2000))
+        if select.select([sys.stdin], [], [], 0.018)[0]:
+            break
     sys.stdin.readline()
 if os.environ.get("GATE"):
     gate_spin()
