@@ -67,6 +67,12 @@ def own_scope() -> CgroupScope | None:
     return cgroup_scope(str(_ENTERED[0])) if _ENTERED is not None else None
 
 
+def own_cgroup() -> Path | None:
+    """This pytest process's cgroup (v2) directory, where the agents start_agent starts profile; None where
+    there is none (their agents are node-wide)."""
+    return _ENTERED[0] if _ENTERED is not None else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The files that hold `slow` tests first, the longest first (`slow(seconds=N)`: its file's wall time in
     make test, roughly), the rest in their order: xdist hands files out in this order (make test runs each
