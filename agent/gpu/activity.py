@@ -8,9 +8,9 @@ Definitions kept here:
     the records' own resolution, and what "µs resolution" promises.
   * What is known: from the first record's start (or the start of what the bounds below kept) to the
     header's `flushed_ns`, the time up to which the library has handed over every record CUPTI had
-    complete (once the reader has read every record published before it: RingBatch.complete_until), less
-    the spans where the reader lost records. Past `flushed_ns` a kernel may still be
-    running or waiting in CUPTI's buffers, so `state()` answers None there rather than "idle".
+    complete (once the reader has read every record published before it: RingBatch.complete_until),
+    less the spans where the reader lost records. Past `flushed_ns` a kernel may still be running or
+    waiting in CUPTI's buffers, so `state()` answers None there rather than "idle".
   * Kernel time under a stack is apportioned per kernel name, so each name's total stays exact when only
     some launches are sampled: ns(K, S) = sampled ns of K under S x (total ns of K / sampled ns of K).
     A name none of whose launches was sampled stays whole under the stack key None.
