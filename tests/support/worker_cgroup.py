@@ -1,8 +1,9 @@
 """Each pytest process in a cgroup (v2) of its own, made when it starts (tests/conftest.py pytest_configure):
 every process it starts is in it too, so the agents its tests start profile those only (`--cgroup`). The
 other phase's workers, the other BPF file's processes and the machine's own are not theirs to name,
-symbolize and ship: on a busy 2-CPU machine that work was most of what a test agent cost. A test whose
-workloads leave the cgroup (fake pods' cgroups) starts its agent node-wide (start_agent(node_wide=True)).
+symbolize and ship: on a busy 2-CPU machine that work was most of what a test agent cost. A test that
+moves workloads into cgroups of their own (fake pods') makes those below this one (conftest's own_cgroup,
+test_kubernetes_e2e's v2_pods_root); one that cannot starts its agent node-wide (start_agent(node_wide=True)).
 
 None where there is no writable cgroup v2 hierarchy: agents are node-wide there, as before."""
 
