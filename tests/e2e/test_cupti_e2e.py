@@ -18,7 +18,6 @@ import pytest
 
 from tests.agent.test_cupti_library import CLOCK_TOLERANCE_NS, EXACT, kernel_bounds
 from tests.conftest import (
-    RunningAgent,
     acked_batches,
     fleetprof,
     wait_until,
@@ -38,13 +37,6 @@ POD = "trainer-0"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with kube_cluster(tmp_path_factory) as running:
         yield running
-
-
-def agent_metric(agent: RunningAgent, name: str) -> float:
-    for line in agent.metrics().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 @dataclass
@@ -86,7 +78,7 @@ def run_in_pod(cluster: Cluster, cuda: CudaStandins, leaf: Path, argv: list[str]
         assert said["initialised"].wait(60), proc.stderr.read() if proc.poll() is not None else "no start"
         # Found by its capture (it maps libcuda) and opened at a drain.
         wait_until(
-            lambda: agent_metric(cluster.agent, "fleetprof_agent_cupti_processes") >= 1,
+            lambda: cluster.agent.value("fleetprof_agent_cupti_processes") >= 1,
             30,
             "the agent to open the workload's ring",
         )
@@ -116,9 +108,7 @@ def trained(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Run:
     uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
     pod = make_pod(POD, uid, node=NODE, namespace="ml", resource_version="101", containers={"main": cid})
     cluster.api.push(event("ADDED", pod))
-    wait_until(
-        lambda: agent_metric(cluster.agent, "fleetprof_agent_pods") >= 1, 20, "the pod in the agent's cache"
-    )
+    wait_until(lambda: cluster.agent.value("fleetprof_agent_pods") >= 1, 20, "the pod in the agent's cache")
     leaf = make_cgroup(V1_CPU / "kubepods" / "burstable" / f"pod{uid}" / cid)
     try:
         return run_in_pod(cluster, cuda, leaf, ["phases", "4", "5,12,20"])

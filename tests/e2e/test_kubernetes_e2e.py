@@ -130,9 +130,7 @@ def trainer_pod(uid: str, cid: str, rv: str) -> dict:
 def test_containerd_cgroupfs_v1_process_is_labelled_with_its_pod(cluster: Cluster, workload_bin) -> None:
     uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
     cluster.api.push(event("ADDED", trainer_pod(uid, cid, "201")))
-    wait_until(
-        lambda: _agent_gauge(cluster.agent, "fleetprof_agent_pods") >= 1, 20, "the pod in the agent's cache"
-    )
+    wait_until(lambda: cluster.agent.value("fleetprof_agent_pods") >= 1, 20, "the pod in the agent's cache")
     leaf = make_cgroup(V1_CPU / "kubepods" / "burstable" / f"pod{uid}" / cid)
     try:
         proc = run_in_cgroup(leaf / "cgroup.procs", [str(workload_bin("two_funcs")), "3", "75"])
@@ -247,7 +245,7 @@ def test_syscalls_of_a_pod_are_counted_under_its_labels(cluster: Cluster, worklo
     )
     cluster.api.push(event("ADDED", pod))
     wait_until(
-        lambda: _agent_gauge(cluster.agent, "fleetprof_agent_pods") >= 1,
+        lambda: cluster.agent.value("fleetprof_agent_pods") >= 1,
         20,
         "the pod in the agent's cache",
     )
@@ -291,13 +289,6 @@ def test_host_processes_stay_host_processes(cluster: Cluster, workload_bin) -> N
     assert samples_of(stacks) > 0
     for label in ("pod", "namespace", "container", "pod_uid", "container_id"):
         assert cluster.collector.folded(f'{{pid="{proc.pid}", {label}!=""}}') == {}, label
-
-
-def _agent_gauge(agent: RunningAgent, name: str) -> float:
-    for line in agent.metrics().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 def test_agent_refuses_a_bad_pod_label_flag() -> None:
