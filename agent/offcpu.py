@@ -62,19 +62,23 @@ _IRQ, _SOFTIRQ, _STEAL = 5, 6, 7
 
 class StolenTime:
     """The most time one CPU spent, since the last call, on what runs in its current task's name without
-    being that task: the hypervisor's (steal: a VM's vCPU descheduled) and interrupts'. The off-CPU
-    recorder times a task's run from its switch-in to its switch-out, so all of that counts as the run: an
-    idle pool thread that woke for 10 us while its vCPU was stolen for 20 ms read as active, and its naps
-    stood in a wall view (tests/e2e/test_offcpu_e2e.py under a loaded CI VM: up to 7% steal). A thread runs
-    on one CPU at a time, so the busiest CPU's share bounds what one thread's runs took in."""
+    being that task: interrupts' (irq and softirq: this kernel has no IRQ_TIME_ACCOUNTING, so the scheduler
+    counts them as the task's run too) and, with `steal`, the hypervisor's (a VM's vCPU descheduled). An
+    idle pool thread that woke for 10 us while its CPU was taken for 20 ms read as active, and its naps
+    stood in a wall view (tests/e2e/test_offcpu_e2e.py). A thread runs on one CPU at a time, so the busiest
+    CPU's share bounds what one thread's runs took in. Steal only where BPF times runs by the clock: the
+    scheduler's own count (cpu_sampler.c run_ending) leaves it out exactly, while /proc/stat accounts it at
+    ticks and late (on an idle vCPU the tick stops): 60 ms in a 30 s window in which the scheduler left
+    out 490 ms of runs, in stints of 1-48 ms (a BPF probe beside a CI run, 2026-11-29)."""
 
-    def __init__(self, path: str = "/proc/stat") -> None:
+    def __init__(self, path: str = "/proc/stat", steal: bool = True) -> None:
         self._path = path
+        self._steal = steal
         self._hz = os.sysconf("SC_CLK_TCK")
         self._last = self._read()
 
     def _read(self) -> dict[str, int]:
-        """Ticks per CPU (cpu0, cpu1, ...) of irq + softirq + steal; {} where /proc/stat cannot be read."""
+        """Ticks per CPU (cpu0, cpu1, ...) of irq + softirq (+ steal); {} where /proc/stat cannot be read."""
         try:
             with open(self._path, encoding="ascii") as f:
                 lines = f.read().splitlines()
@@ -85,7 +89,8 @@ class StolenTime:
             if line.startswith("cpu") and not line.startswith("cpu "):
                 name, *fields = line.split()
                 if len(fields) > _STEAL:
-                    out[name] = int(fields[_IRQ]) + int(fields[_SOFTIRQ]) + int(fields[_STEAL])
+                    steal = int(fields[_STEAL]) if self._steal else 0
+                    out[name] = int(fields[_IRQ]) + int(fields[_SOFTIRQ]) + steal
         return out
 
     def take_ns(self) -> int:

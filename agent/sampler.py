@@ -28,6 +28,7 @@ from fleetprof.agent.bpfmaps import (
     read_map_bytes,
 )
 from fleetprof.agent.kernel import BpfUnavailable, load_bcc
+from fleetprof.agent.kernel_btf import field_offsets
 from fleetprof.agent.memory import release_startup_memory
 from fleetprof.agent.model import Drain, OffCpuSettings, ProcessEvent, PyFrameRef, SampleCount
 from fleetprof.agent.offcpu import (
@@ -54,6 +55,8 @@ CUDA_BPF_SOURCE = Path(__file__).parent / "bpf" / "cuda_probes.c"  # with Sample
 # at every load (_check_layouts) and by tests/agent/test_sampler_layout.py.
 MAX_DEPTH = 127
 UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
+# task_struct's count of a task's run (cpu_sampler.c run_ending), from the kernel's BTF.
+_TASK_RUN_FIELDS = ("se.sum_exec_runtime", "se.prev_sum_exec_runtime")
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 KB, a few hundred in flight
@@ -283,6 +286,8 @@ class SamplerConfig:
             raise ValueError("offcpu_sample_every must be >= 1, offcpu_min_block_us and offcpu_exact_us >= 0")
         counts, tasks = self.offcpu_sizes(ncpus)
         exact = self.offcpu_exact_us * 1000 if self.off_cpu else 0
+        # The scheduler's count of a task's run (cpu_sampler.c run_ending); 0: the clock's span instead.
+        run = (self.off_cpu and field_offsets("task_struct", *_TASK_RUN_FIELDS)) or (0, 0)
         return [
             f"-DOFF_CPU={1 if self.off_cpu else 0}",
             f"-DOFFCPU_SAMPLE_EVERY={self.offcpu_sample_every}U",
@@ -291,6 +296,8 @@ class SamplerConfig:
             f"-DOFFCPU_RUNNABLE={1 if self.offcpu_runnable else 0}",
             f"-DOFFCPU_COUNTS_SIZE={counts}",
             f"-DOFFCPU_TASKS_SIZE={tasks}",
+            f"-DTASK_SUM_EXEC_OFF={run[0]}",
+            f"-DTASK_PREV_SUM_EXEC_OFF={run[1]}",
         ]
 
     def stacks_map_flags(self, kernel_release: str | None = None) -> int:
@@ -494,7 +501,9 @@ class CpuSampler:
             check_layouts(self._bpf)
             self.cuda = CudaProbes(self._bpf, config.cuda_launch_sample_every)
         self._carry = StackCarry()
-        self._stolen = StolenTime()  # taken once a drain, with the off-CPU rows it judges
+        # Taken once a drain, with the off-CPU rows it judges; steal too only where BPF times a run by the
+        # clock (the scheduler's count leaves it out already).
+        self._stolen = StolenTime(steal=field_offsets("task_struct", *_TASK_RUN_FIELDS) is None)
         self._offcpu_settings = (
             OffCpuSettings(config.offcpu_sample_every, config.offcpu_min_block_us * 1000)
             if config.off_cpu

@@ -498,6 +498,27 @@ static __always_inline void add_offcpu(u32 set, struct sample_key *key, u64 ns, 
     }
 }
 
+// The run of the current task that ends at this switch-out (at `now`), which began at `since` (this CPU's
+// last switch-in; 0: before the load). The clock's span counts whatever the CPU did meanwhile; the
+// scheduler's own count of the task's run (se.sum_exec_runtime since se.prev_sum_exec_runtime, which it sets
+// when it picks the task; at offsets from the kernel's BTF, agent/kernel_btf.py) leaves out the time the
+// hypervisor took the vCPU away (steal, on kernels with PARAVIRT_TIME_ACCOUNTING) at ns resolution. An idle
+// pool thread that woke for 10 us while its vCPU was stolen read as having run for milliseconds, was judged
+// active (agent/offcpu.py idle_threads) and its naps stood in the wall view. A class that does not set
+// prev_sum_exec_runtime (RT, deadline) counts more than the run there: the span bounds it.
+static __always_inline u64 run_ending(u64 since, u64 now) {
+    u64 span = since && now > since ? now - since : 0;
+#if TASK_SUM_EXEC_OFF
+    u64 task = bpf_get_current_task();
+    u64 sum = 0, prev = 0;
+    if (bpf_probe_read_kernel(&sum, sizeof(sum), (void *)(task + TASK_SUM_EXEC_OFF)) == 0 &&
+        bpf_probe_read_kernel(&prev, sizeof(prev), (void *)(task + TASK_PREV_SUM_EXEC_OFF)) == 0 &&
+        sum >= prev && sum - prev < span)
+        return sum - prev;
+#endif
+    return span;
+}
+
 // A sampled switch-out, its stacks taken (into `set`): keep its start until the task runs again. `since`:
 // when it was switched in (0: before the load), so the run that ends here goes with the wait.
 static __always_inline void offcpu_keep(u32 set, struct sample_key *key, u64 since, u32 runnable) {
@@ -506,7 +527,7 @@ static __always_inline void offcpu_keep(u32 set, struct sample_key *key, u64 sin
     st.set = set;
     st.runnable = runnable;
     st.ns = bpf_ktime_get_ns();   // last: the stack walks before this are on-CPU time
-    st.ran_ns = since && st.ns > since ? st.ns - since : 0;
+    st.ran_ns = run_ending(since, st.ns);
     u32 tid = key->tid;
     if (offcpu_starts.update(&tid, &st) != 0)
         count_stat(STAT_OFFCPU_STATE_FULL);
@@ -1287,7 +1308,7 @@ static __always_inline void offcpu_exact_out(u32 set, u32 sampled, u64 since) {
         t->pend_ns = t->pend_ran = 0;
     }
     t->out_ns = now;
-    t->ran_ns = since && now > since ? now - since : 0;
+    t->ran_ns = run_ending(since, now);
     t->sampled = sampled;
     if (t->pend_ns)
         return;   // the context the pending wait left with is kept (it is this one)

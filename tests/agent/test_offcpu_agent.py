@@ -80,6 +80,11 @@ def test_stolen_time_is_the_busiest_cpus_irq_softirq_and_steal(tmp_path: Path) -
     assert stolen.take_ns() == 0  # nothing since
     path.unlink()
     assert stolen.take_ns() == 0  # unreadable: nothing taken off
+    # Where BPF times a run by the scheduler's count, steal is out of it already: irq + softirq only.
+    path.write_text(stat((0, 10, 5), (1, 20, 0)))
+    no_steal = StolenTime(str(path), steal=False)
+    path.write_text(stat((0, 12, 9), (1, 21, 0)))  # cpu0: 2 ticks, cpu1: 1
+    assert no_steal.take_ns() == 2 * 1_000_000_000 // hz
 
 
 def test_idle_rows_go_on_the_wire_apart_from_active_ones() -> None:
