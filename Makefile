@@ -26,9 +26,12 @@ demo: setup            ## install what is missing, then run collector + agent on
 # holds a lock, so the test's own call waits for that build and reports a failed one itself: both
 # architectures where the other one's base is there (`make images` made it once), else this one's.
 # FLEETPROF_TEST_SHARED is a directory the runs share (tests/conftest.py shared_dir), removed at the end.
+# Bytecode is written (into __pycache__, ignored by git) whatever PYTHONDONTWRITEBYTECODE says: this machine
+# kind's environment sets it, and then each of the suite's Python processes (collectors, agents, CLIs,
+# pytest's workers rewriting every test module's asserts) compiled every module it imported, again.
 test:                  ## install what is missing (incl. test tools), then run the whole suite
 	@bash scripts/setup.sh --test --system
-	@status=0; mkdir -p .venv; \
+	@unset PYTHONDONTWRITEBYTECODE; status=0; mkdir -p .venv; \
 	bash scripts/images.sh $$(bash scripts/images.sh --cached-arches) >.venv/images-build.log 2>&1 & images=$$!; \
 	bash scripts/setup.sh --test || { kill $$images; exit 1; }; \
 	export FLEETPROF_TEST_SHARED="$$(mktemp -d /tmp/fleetprof-test.XXXXXX)"; \
