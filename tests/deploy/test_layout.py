@@ -51,6 +51,7 @@ AGENT_STAGES = (
         (
             "bpf",
             "kernel",
+            "kernel_btf",
             "bpfmaps",
             "memory",
             "offcpu",
