@@ -18,8 +18,7 @@ demo: setup            ## install what is missing, then run collector + agent on
 #      time, drains), but three at a time (with the ClickHouse cluster's file moved beside them) made the
 #      suite slower, not faster (bench/README.md, "make test's time"). Their output is printed when both
 #      are done (.venv/test-bpf.log);
-#   3. the `serial` ones, alone (tests/e2e/test_offcpu_e2e.py; with none, pytest's 5, "no tests ran", is no
-#      failure).
+#   3. the `serial` ones, alone (none at present; with none, pytest's 5, "no tests ran", is no failure).
 # All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile, from
 # the moment the Debian packages are in, so that a first build (it debootstraps and downloads for minutes;
 # later ones are podman's cache) runs on the core the virtualenv's pip install (~25 s) leaves idle; scripts/images.sh

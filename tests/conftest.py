@@ -6,7 +6,7 @@
    xdist, a file per worker). Each judges its samples against its own workload's clock (CPU time it
    measured of itself), finds its own samples by pid, and sizes node-wide tables for a busy node: the
    other file's and phase 1's files, threads and processes are on the node too;
-3. the `serial` tests, alone: any that cannot share the machine (tests/e2e/test_offcpu_e2e.py: see there).
+3. the `serial` tests, alone: any that cannot share the machine (none at present).
 """
 
 from __future__ import annotations
