@@ -127,8 +127,20 @@ if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ $WANT_TEST = 1 ] 
   # where pip took ~20 s with its cache warm, the first thing a fresh clone's `make test` waits for. pip
   # where uv cannot be had. Neither compiles the packages' modules: Python does, on first import (pip
   # compiling them all took 37 s instead of 21; most are never imported, their own tests among them).
+  # uv reads neither pip.conf nor PIP_* variables: it is handed pip's settings (local wheel folders and
+  # indexes a machine is set up with, constraints, the CA), and picks the best version across all the
+  # sources, as pip does.
+  pip_setting() { "$VENV/bin/pip" config list 2>/dev/null | sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" | head -1; }
+  uv_args=(--index-strategy unsafe-best-match)
+  for v in $(pip_setting find-links); do uv_args+=(--find-links "$v"); done
+  for v in $(pip_setting extra-index-url); do uv_args+=(--extra-index-url "$v"); done
+  for v in $(pip_setting index-url); do uv_args+=(--index-url "$v"); done
+  for v in $(pip_setting constraint); do uv_args+=(--constraint "$v"); done
+  uv_env=()
+  cert=$(pip_setting cert) && [ -n "$cert" ] && uv_env=(SSL_CERT_FILE="$cert")
   if "$VENV/bin/pip" install -q --disable-pip-version-check uv >/dev/null 2>&1 \
-      && "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -e ".$EXTRAS"; then
+      && env "${uv_env[@]}" "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "${uv_args[@]}" \
+        -e ".$EXTRAS"; then
     :
   else
     say "uv failed or is not to be had: installing with pip"
