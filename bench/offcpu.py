@@ -511,7 +511,17 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, help="length of each workload run")
     parser.add_argument("--every", default="1,4,8,16,64", help="fleetprof sampling rates 1/N to measure")
     parser.add_argument("--no-anchor", action="store_true", help=f"skip bcc {OFFCPUTIME}")
+    parser.add_argument(
+        "--run-by-clock",
+        action="store_true",
+        help="time each wait's run by the clock from its switch-in, as before 172a248 (the task_struct "
+        "offsets withheld from the sampler): the A side of the scheduler's count's cost",
+    )
     args = parser.parse_args()
+    if args.run_by_clock:
+        import fleetprof.agent.sampler as sampler
+
+        sampler.field_offsets = lambda *_: None  # cpu_sampler.c run_ending falls back to the clock's span
     rounds = args.rounds or (3 if args.quick else 7)
     seconds = args.seconds or (0.5 if args.quick else 1.0)
     if os.geteuid() != 0:
