@@ -21,7 +21,7 @@ demo: setup            ## install what is missing, then run collector + agent on
 #   3. the `serial` ones, alone (none at present; with none, pytest's 5, "no tests ran", is no failure).
 # All run; it fails if any failed. The images that tests/deploy/test_images.py runs are built meanwhile, from
 # the moment the Debian packages are in, so that a first build (it debootstraps and downloads for minutes;
-# later ones are podman's cache) runs on the core the virtualenv's pip install (~25 s) leaves idle; scripts/images.sh
+# later ones are podman's cache) runs on the core the virtualenv's install (uv: ~4 s, pip ~25 s) leaves idle; scripts/images.sh
 # holds a lock, so the test's own call waits for that build and reports a failed one itself: both
 # architectures where the other one's base is there (`make images` made it once), else this one's.
 # FLEETPROF_TEST_SHARED is a directory the runs share (tests/conftest.py shared_dir), removed at the end.
