@@ -130,7 +130,8 @@ if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || { [ $WANT_TEST = 1 ] 
   # uv reads neither pip.conf nor PIP_* variables: it is handed pip's settings (local wheel folders and
   # indexes a machine is set up with, constraints, the CA), and picks the best version across all the
   # sources, as pip does.
-  pip_setting() { "$VENV/bin/pip" config list 2>/dev/null | sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" | head -1; }
+  pip_config=$("$VENV/bin/pip" config list 2>/dev/null || true)  # once: each pip start costs ~0.3 s
+  pip_setting() { sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" <<<"$pip_config" | head -1; }
   uv_args=(--index-strategy unsafe-best-match)
   for v in $(pip_setting find-links); do uv_args+=(--find-links "$v"); done
   for v in $(pip_setting extra-index-url); do uv_args+=(--extra-index-url "$v"); done
