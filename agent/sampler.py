@@ -55,8 +55,6 @@ CUDA_BPF_SOURCE = Path(__file__).parent / "bpf" / "cuda_probes.c"  # with Sample
 # at every load (_check_layouts) and by tests/agent/test_sampler_layout.py.
 MAX_DEPTH = 127
 UNWIND_FRAMES_PER_PROG = 8  # table-walked frames per tail call of unwind_step (32 tail calls at most)
-# task_struct's count of a task's run (cpu_sampler.c run_ending), from the kernel's BTF.
-_TASK_RUN_FIELDS = ("se.sum_exec_runtime", "se.prev_sum_exec_runtime")
 PY_MAX_DEPTH = 64  # CPython frames recorded per sample (deeper stacks lose their root-most frames)
 PY_MAX_THREADS = 64  # thread states searched for the sampled tid (then cached per thread)
 PY_NEW_PAGES = 128  # python_new ring buffer (~1 KB per new CPython stack): 512 KB, a few hundred in flight
@@ -174,6 +172,13 @@ class OffcpuValue(ct.Structure):
     _fields_ = [("ns", ct.c_uint64), ("ran_ns", ct.c_uint64)]
 
 
+def task_run_offsets() -> tuple[int, int] | None:
+    """Offsets in task_struct of the scheduler's count of a task's run (se.sum_exec_runtime and
+    se.prev_sum_exec_runtime: cpu_sampler.c run_ending), from the kernel's BTF; None where BPF must time a
+    run by the clock instead."""
+    return field_offsets("task_struct", "se.sum_exec_runtime", "se.prev_sum_exec_runtime")
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     frequency_hz: int = 19
@@ -286,8 +291,7 @@ class SamplerConfig:
             raise ValueError("offcpu_sample_every must be >= 1, offcpu_min_block_us and offcpu_exact_us >= 0")
         counts, tasks = self.offcpu_sizes(ncpus)
         exact = self.offcpu_exact_us * 1000 if self.off_cpu else 0
-        # The scheduler's count of a task's run (cpu_sampler.c run_ending); 0: the clock's span instead.
-        run = (self.off_cpu and field_offsets("task_struct", *_TASK_RUN_FIELDS)) or (0, 0)
+        run = (self.off_cpu and task_run_offsets()) or (0, 0)  # 0: run_ending times by the clock
         return [
             f"-DOFF_CPU={1 if self.off_cpu else 0}",
             f"-DOFFCPU_SAMPLE_EVERY={self.offcpu_sample_every}U",
@@ -503,7 +507,7 @@ class CpuSampler:
         self._carry = StackCarry()
         # Taken once a drain, with the off-CPU rows it judges; steal too only where BPF times a run by the
         # clock (the scheduler's count leaves it out already).
-        self._stolen = StolenTime(steal=field_offsets("task_struct", *_TASK_RUN_FIELDS) is None)
+        self._stolen = StolenTime(steal=task_run_offsets() is None)
         self._offcpu_settings = (
             OffCpuSettings(config.offcpu_sample_every, config.offcpu_min_block_us * 1000)
             if config.off_cpu

@@ -521,7 +521,7 @@ def main() -> int:
     if args.run_by_clock:
         import fleetprof.agent.sampler as sampler
 
-        sampler.field_offsets = lambda *_: None  # cpu_sampler.c run_ending falls back to the clock's span
+        sampler.task_run_offsets = lambda: None  # cpu_sampler.c run_ending falls back to the clock's span
     rounds = args.rounds or (3 if args.quick else 7)
     seconds = args.seconds or (0.5 if args.quick else 1.0)
     if os.geteuid() != 0:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from fleetprof.agent.kernel_btf import field_offsets
+from fleetprof.agent.sampler import task_run_offsets
 from tests.conftest import require_bpf
 
 pytestmark = [pytest.mark.bpf]
@@ -56,7 +57,7 @@ def test_a_threads_run_is_read_at_the_offsets_btf_gives() -> None:
     require_bpf()
     from bcc import BPF
 
-    offsets = field_offsets("task_struct", "se.sum_exec_runtime", "se.prev_sum_exec_runtime")
+    offsets = task_run_offsets()  # the ones the sampler compiles in
     assert offsets is not None, "no BTF for task_struct here"
     reads: dict[str, object] = {"naps": []}
     ready, go = threading.Event(), threading.Event()
