@@ -95,9 +95,9 @@ def test_wall_split_matches_the_workloads_clock_and_idle_pools_stay_out(
     # CPU burners the pool's share reached 1.0% of the total). Keeping their naps would read ~24 s.
     total = sum(wall.values())
     pooled = through(wall, "fp_pool_wait")
-    # What a failure needs to say (one fresh-clone run kept 403 ms here, alone in the serial phase, against
-    # 0-14 ms in six runs by hand; cause not found): the pool's heaviest stacks in the wall view, which tell
-    # a nap (nanosleep's schedule) from a wait for a CPU (preemption), and the agent's off-CPU counters.
+    # What a failure needs to say (runs kept 319-957 ms here before runs were the scheduler's count; see the
+    # top of this file): the pool's heaviest stacks in the wall view, which tell a nap (nanosleep's
+    # schedule) from a wait for a CPU (preemption), and the agent's off-CPU counters.
     pool_stacks = sorted(
         (
             (n, [f.function for f in st])
