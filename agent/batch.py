@@ -1,4 +1,5 @@
-"""Encodes one resolved window into the wire Batch: strings, stacks and processes interned once."""
+"""Encodes one resolved window into the wire Batch: strings, stacks (packed columns) and processes interned
+once."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from itertools import zip_longest
+
+import numpy as np
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.model import (
@@ -71,6 +74,38 @@ def _hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
+def _index_bytes(count: int) -> int:
+    """The width of a packed column of indexes into a table of `count` entries: 2 bytes while they fit."""
+    return 2 if count <= 1 << 16 else 4
+
+
+def pack_stacks(
+    functions: Sequence[int],
+    modules: Sequence[int],
+    frames: Sequence[int],
+    lengths: Sequence[int],
+    kernel_starts: Sequence[int],
+) -> tuple[pb.FrameColumns, pb.StackColumns]:
+    """The wire's packed stack columns (Batch.frame_columns, Batch.stack_columns): a frame table of
+    (function, module) string ids, and every stack's `lengths[i]` frames as indexes into it, root first,
+    stack after stack; `kernel_starts` as Stack.kernel_start."""
+    fwidth = _index_bytes(max(max(functions, default=0), max(modules, default=0)) + 1)  # string ids
+    swidth = _index_bytes(len(functions))
+    return (
+        pb.FrameColumns(
+            index_bytes=fwidth,
+            functions=np.asarray(functions, dtype=f"<u{fwidth}").tobytes(),
+            modules=np.asarray(modules, dtype=f"<u{fwidth}").tobytes(),
+        ),
+        pb.StackColumns(
+            index_bytes=swidth,
+            frames=np.asarray(frames, dtype=f"<u{swidth}").tobytes(),
+            lengths=np.asarray(lengths, dtype="<u2").tobytes(),
+            kernel_starts=np.asarray(kernel_starts, dtype="<u2").tobytes(),
+        ),
+    )
+
+
 def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
     """The Batch for `window` (complete: labels, GPU states and polls resolved), without a sequence number
     (the shipper assigns it). A pure function of its arguments."""
@@ -109,31 +144,44 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
     # call, and a new stack has ~30 frames. An id is unique only while its object lives: `kept` holds every
     # stack's frames for the batch (the window holds most; the kernel-only stacks of _encode_cuda are
     # made on the spot).
-    frame_ids: dict[int, tuple[int, int, bytes]] = {}
+    frame_ids: dict[int, tuple[int, bytes]] = {}  # id(frame) -> (index in the frame table, digest)
     kept: list[tuple[Frame, ...]] = []
+    # The packed columns (pack_stacks): the frame table, one entry per distinct (function, module), and
+    # each stack's frames as indexes into it.
+    frame_index: dict[tuple[int, int], int] = {}
+    table_functions: list[int] = []
+    table_modules: list[int] = []
+    stack_frames: list[int] = []
+    lengths: list[int] = []
+    kernel_starts: list[int] = []
+
+    def frame_entry(f: Frame) -> tuple[int, bytes]:
+        pair = (strings.id(f.function), strings.id(f.module))
+        at = frame_index.get(pair)
+        if at is None:
+            at = frame_index[pair] = len(table_functions)
+            table_functions.append(pair[0])
+            table_modules.append(pair[1])
+        entry = frame_ids[id(f)] = (at, _frame_digest(f.function, f.module))
+        return entry
 
     def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
         # One hash of the key a row (a tuple's hash is not kept, and each frame's is a Python call).
         sidx = stacks.setdefault(key, len(stacks))
-        if sidx == len(batch.stacks):
+        if sidx == len(lengths):
             kept.append(frames)
             got = list(map(frame_ids.get, map(id, frames)))
             if None in got:
                 for i, f in enumerate(frames):
                     if got[i] is None:
-                        got[i] = frame_ids[id(f)] = (
-                            strings.id(f.function),
-                            strings.id(f.module),
-                            _frame_digest(f.function, f.module),
-                        )
-            st = batch.stacks.add()
+                        got[i] = frame_entry(f)
             if got:
-                functions, modules, digests = zip(*got, strict=True)
-                st.functions.extend(functions)
-                st.modules.extend(modules)
+                at, digests = zip(*got, strict=True)
+                stack_frames.extend(at)
             else:
                 digests = ()
-            st.kernel_start = kernel_start
+            lengths.append(len(frames))
+            kernel_starts.append(kernel_start)
             stack_ids.append(_stack_wire_id(digests, len(frames), len(frames), kernel_start))
         return sidx
 
@@ -181,6 +229,10 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
             if any(gcol):
                 lc.gpu.extend(gcol)
     batch.stack_ids.extend(stack_ids)
+    if lengths:
+        fc, sc = pack_stacks(table_functions, table_modules, stack_frames, lengths, kernel_starts)
+        batch.frame_columns.CopyFrom(fc)
+        batch.stack_columns.CopyFrom(sc)
     for proc, st in window.syscalls:
         batch.syscalls.append(
             pb.SyscallStats(

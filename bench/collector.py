@@ -58,6 +58,7 @@ from fleetprof.collector.store.durable import DurableStore, content_key  # noqa:
 from fleetprof.collector.store.memory import MemoryStore  # noqa: E402
 from fleetprof.httpserve import Request  # noqa: E402
 from tests.support.clickhouse_servers import ClickHouse, scratch  # noqa: E402
+from tests.support.wire import pack  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CPUS, HZ, WINDOW = 64, 19, 10
@@ -65,10 +66,11 @@ SAMPLES_PER_BATCH = CPUS * HZ * WINDOW
 
 
 # -- realistic batches -------------------------------------------------------------------------------
-def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Batch]:
+def make_templates(n: int, stacks: int, procs: int, seed: int = 1, packed: bool = True) -> list[pb.Batch]:
     """Batches as an agent on a busy 64-CPU node sends them: a string table, `stacks` distinct stacks drawn
-    from a shared pool (the same binaries everywhere), `procs` processes in pods, 12,160 samples in sample
-    columns, the agent's wire ids of stacks and processes packed (Batch.stack_ids, Batch.process_ids)."""
+    from a shared pool (the same binaries everywhere) in packed columns (or, with `packed=False`, as Stack
+    messages, as agents sent them before), `procs` processes in pods, 12,160 samples in sample columns,
+    the agent's wire ids of stacks and processes packed (Batch.stack_ids, Batch.process_ids)."""
     rng = random.Random(seed)
     funcs = [f"func_{i}" for i in range(4000)]
     mods = ["/usr/bin/python3.11", "/usr/lib/libc.so.6", "/opt/app/train", "[kernel]", "/usr/lib/libcuda.so"]
@@ -119,8 +121,43 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1) -> list[pb.Ba
             if left <= 0:
                 break
         batch.strings.extend(strings)
+        if packed:
+            pack(batch)
         out.append(batch)
     return out
+
+
+def churned(template: pb.Batch, rng: random.Random, churn: float) -> pb.Batch:
+    """A copy of `template` in which a `churn` share of the stacks are new (new code paths, new processes'
+    stacks): each gets a new wire id and a first frame of a random function, in either form of stacks."""
+    b = pb.Batch()
+    b.CopyFrom(template)
+    n = len(b.stack_ids)
+    picked = rng.sample(range(n), int(churn * n))
+    if not b.HasField("stack_columns"):
+        for i in picked:
+            b.stack_ids[i] = rng.getrandbits(63) | 1
+            b.stacks[i].functions[0] = rng.randrange(1, len(b.strings))
+        return b
+    fc, sc = b.frame_columns, b.stack_columns
+    width = np.dtype(f"<u{fc.index_bytes}")
+    functions, modules = np.frombuffer(fc.functions, width), np.frombuffer(fc.modules, width)
+    frames = np.frombuffer(sc.frames, f"<u{sc.index_bytes}").copy()
+    lengths = np.frombuffer(sc.lengths, "<u2")
+    starts = np.cumsum(lengths, dtype=np.int64) - lengths
+    new_functions, new_modules = [], []
+    for i in picked:
+        b.stack_ids[i] = rng.getrandbits(63) | 1
+        if lengths[i]:
+            # a frame table entry of its own: a random function in the module of the frame it replaces
+            new_functions.append(rng.randrange(1, len(b.strings)))
+            new_modules.append(modules[frames[starts[i]]])
+            frames[starts[i]] = len(functions) + len(new_functions) - 1
+    assert len(functions) + len(new_functions) <= 1 << (8 * sc.index_bytes)
+    fc.functions += np.asarray(new_functions, width).tobytes()
+    fc.modules += np.asarray(new_modules, width).tobytes()
+    sc.frames = frames.tobytes()
+    return b
 
 
 # -- ingest through gRPC -----------------------------------------------------------------------------
@@ -214,12 +251,7 @@ def run_ingest(
                 def push(template: pb.Batch, churn: float) -> float:
                     nonlocal seq
                     seq += 1
-                    b = pb.Batch()
-                    b.CopyFrom(template)
-                    # A share of each window's stacks is new (new code paths, new processes' stacks).
-                    for i in rng.sample(range(len(b.stacks)), int(churn * len(b.stacks))):
-                        b.stack_ids[i] = rng.getrandbits(63) | 1
-                        b.stacks[i].functions[0] = rng.randrange(1, len(b.strings))
+                    b = churned(template, rng, churn)
                     now = time.time_ns()
                     b.agent.node, b.agent.agent_id, b.sequence = f"node-{a}", f"agent-{a}", seq
                     b.start_unix_ns, b.end_unix_ns = now - WINDOW * 10**9, now

@@ -77,7 +77,7 @@ def main() -> int:
     wins = windows()
     rows = sum(len(w.samples) for w in wins)
     identity = pb.AgentIdentity(node="bench", agent_id="bench")
-    stacks = {name: len(mod.encode_window(wins[0], identity).stacks) for name, mod in sides.items()}
+    stacks = {name: len(mod.encode_window(wins[0], identity).stack_ids) for name, mod in sides.items()}
     assert len(set(stacks.values())) == 1, stacks  # the same batch's stacks either way
     us: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.rounds):

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 # bench/collector.py's batches (it puts the repository on sys.path, after bench/, for what follows)
-from collector import WINDOW, make_templates
+from collector import WINDOW, churned, make_templates
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.service import IngestService
@@ -41,17 +41,16 @@ def main() -> int:
     ap.add_argument("--flush-every", type=int, default=250)
     ap.add_argument("--memory", action="store_true", help="the in-memory store instead of --data-dir's")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the measured batches into FILE")
+    ap.add_argument(
+        "--stack-messages", action="store_true", help="stacks as Stack messages (older agents), not packed"
+    )
     args = ap.parse_args()
-    templates = make_templates(6, 3000, 300)
+    templates = make_templates(6, 3000, 300, packed=not args.stack_messages)
     rng = random.Random(5)
     sequences = [0] * AGENTS
 
     def payload(agent: int, template: pb.Batch, churn: float) -> bytes:
-        b = pb.Batch()
-        b.CopyFrom(template)
-        for i in rng.sample(range(len(b.stacks)), int(churn * len(b.stacks))):  # as collector.py's agents
-            b.stack_ids[i] = rng.getrandbits(63) | 1
-            b.stacks[i].functions[0] = rng.randrange(1, len(b.strings))
+        b = churned(template, rng, churn)  # as collector.py's agents
         sequences[agent] += 1
         now = time.time_ns()
         b.agent.node, b.agent.agent_id, b.sequence = f"node-{agent}", f"agent-{agent}", sequences[agent]

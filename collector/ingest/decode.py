@@ -9,16 +9,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
-from typing import NamedTuple
 
 import numpy as np
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
+from fleetprof.collector.ingest import stacks as wire_stacks
 from fleetprof.collector.ingest import validate
 from fleetprof.collector.ingest.frames import FrameTable
 from fleetprof.collector.ingest.quota import SeriesQuota
-from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, IngestLimits
+from fleetprof.collector.ingest.stacks import StackColumns
+from fleetprof.collector.ingest.validate import IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, with_room
 from fleetprof.collector.model.ids import ContentIds, stack_ids_of
 from fleetprof.collector.model.profile import (
@@ -84,7 +84,7 @@ class _StackPlan:
     wire: np.ndarray
     slots: np.ndarray
     missing: np.ndarray
-    columns: _StackColumns | None
+    columns: StackColumns | None
 
 
 class StackCache:
@@ -125,14 +125,14 @@ class StackCache:
         new to `source`; raises BatchError, changing nothing but the cache's own housekeeping."""
         if len(self._frames) >= self.MAX_STACKS:
             self._compact()
-        n = len(batch.stacks)
+        n = wire_stacks.stack_count(batch)
         wire = np.array(batch.stack_ids, dtype=np.uint64).view(np.int64)
         known = self._agents.get(source)
         slots = known.get(wire) if known is not None and n else np.full(n, -1, dtype=np.int64)
         missing = np.flatnonzero(slots < 0)
         columns = None
         if len(missing):
-            columns = _stack_columns(batch.sequence, batch.stacks, len(strings), missing.tolist())
+            columns = wire_stacks.new_stack_columns(batch, len(strings), missing.tolist())
         return _StackPlan(source, wire, slots, missing, columns)
 
     def commit(self, plan: _StackPlan, strings: Sequence[str]) -> StackTable:
@@ -232,43 +232,8 @@ class StackCache:
             t.remap(renumber)
 
 
-class _StackColumns(NamedTuple):
-    """New stacks' frames as columns of string ids (checked in range) and their shapes."""
-
-    functions: np.ndarray
-    modules: np.ndarray
-    lengths: np.ndarray
-    kernel_starts: np.ndarray
-
-
-def _stack_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[int]) -> _StackColumns:
-    """Check the stacks at `which` (shape, string ids in the table) and return their frames as columns."""
-    picked = list(map(stacks.__getitem__, which))
-    fs = [st.functions for st in picked]
-    ms = [st.modules for st in picked]
-    lens = np.fromiter(map(len, fs), dtype=np.int64, count=len(fs))
-    mlens = np.fromiter(map(len, ms), dtype=np.int64, count=len(ms))
-    kernel_starts = np.fromiter((st.kernel_start for st in picked), dtype=np.int64, count=len(picked))
-    bad = ((mlens != 0) & (mlens != lens)) | (lens > MAX_STACK_DEPTH) | (kernel_starts > lens)
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        validate.check_stack_shape(seq, which[k], picked[k])
-    total = int(lens.sum())
-    fcol = np.fromiter(chain.from_iterable(fs), dtype=np.int64, count=total)
-    if mlens.all():
-        mcol = np.fromiter(chain.from_iterable(ms), dtype=np.int64, count=total)
-    else:  # no modules: every frame's module is "" (string 0)
-        padded = (m if len(m) else repeat(0, n) for m, n in zip(ms, lens.tolist(), strict=True))
-        mcol = np.fromiter(chain.from_iterable(padded), dtype=np.int64, count=total)
-    if len(fcol) and max(int(fcol.max()), int(mcol.max())) >= nstr:
-        first = int(np.flatnonzero((fcol >= nstr) | (mcol >= nstr))[0])
-        k = int(np.searchsorted(np.cumsum(lens), first, side="right"))
-        validate.check_stack_strings(seq, which[k], stacks[which[k]], nstr)
-    return _StackColumns(fcol, mcol, lens, kernel_starts)
-
-
 def _decode_stacks(
-    columns: _StackColumns, strings: Sequence[str], frames: FrameTable
+    columns: StackColumns, strings: Sequence[str], frames: FrameTable
 ) -> tuple[np.ndarray, Callable[[int], Stack], np.ndarray]:
     """Decode checked new stacks together: their content ids (int64 column), a function giving the k-th
     one's frames, and the ids of all their frames, one stack after another (int64 column).
@@ -446,9 +411,10 @@ class Decoder:
         if limits is not None:
             validate.check_header(batch, limits, batch.ByteSize() if size is None else size, now)
         validate.check_string_table(batch)
-        validate.check_wire_ids(batch)
+        wire_stacks.check_form(batch)
+        nproc, nstack = len(batch.processes), wire_stacks.stack_count(batch)
+        validate.check_wire_ids(batch, nstack)
         validate.check_sample_column_lengths(batch)
-        nproc, nstack = len(batch.processes), len(batch.stacks)
         pcol, kcol, ccol, gcol = columns = _columns(batch.sample_columns, "count")
         validate.check_sample_columns(seq, columns, nproc, nstack)
         offcpu_rows = len(batch.offcpu_columns.process)
@@ -459,12 +425,12 @@ class Decoder:
         if launch_rows:
             launches = _columns(batch.cuda_launch_columns, "count")
             validate.check_sample_columns(seq, launches, nproc, nstack, kind=validate.CUDA_LAUNCHES)
-            validate.check_kernel_leaves(batch, launches[1], validate.CUDA_LAUNCHES)
+            wire_stacks.check_kernel_leaves(batch, launches[1], validate.CUDA_LAUNCHES)
         kernel_rows = len(batch.cuda_kernel_columns.process)
         if kernel_rows:
             kernels = _columns(batch.cuda_kernel_columns, "kernel_ns")
             validate.check_sample_columns(seq, kernels, nproc, nstack, kind=validate.GPU_KERNELS)
-            validate.check_kernel_leaves(batch, kernels[1], validate.GPU_KERNELS)
+            wire_stacks.check_kernel_leaves(batch, kernels[1], validate.GPU_KERNELS)
         strings = batch.strings  # read only where something is decoded: most of a batch is known
         if batch.syscalls:
             validate.check_syscalls(batch, nproc, len(strings))
@@ -553,6 +519,7 @@ class Decoder:
         try:
             return self.decode(batch)
         except validate.BatchError as err:
+            wire_stacks.to_messages(batch)
             stacks, processes = validate.stand_in_undecodable(batch)
             if not stacks and not processes:
                 raise

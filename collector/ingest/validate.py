@@ -171,11 +171,12 @@ def check_string_table(batch: pb.Batch) -> None:
         fail(batch.sequence, "bad_string_table", "strings[0] must be the empty string")
 
 
-def check_wire_ids(batch: pb.Batch) -> None:
-    """One content id per stack and per process (the collector's caches are keyed by them)."""
+def check_wire_ids(batch: pb.Batch, nstack: int) -> None:
+    """One content id per stack (`nstack` of them, in either form) and per process (the collector's caches
+    are keyed by them)."""
     seq = batch.sequence
-    if len(batch.stack_ids) != len(batch.stacks):
-        fail(seq, "bad_stack", f"{len(batch.stack_ids)} stack_ids for {len(batch.stacks)} stacks")
+    if len(batch.stack_ids) != nstack:
+        fail(seq, "bad_stack", f"{len(batch.stack_ids)} stack_ids for {nstack} stacks")
     if len(batch.process_ids) != len(batch.processes):
         fail(seq, "bad_process", f"{len(batch.process_ids)} process_ids for {len(batch.processes)} processes")
 
@@ -401,20 +402,6 @@ def check_sample_columns(
             fail(seq, "bad_count", f"{row} {i} has count {c}: counts must be in 1..{limit}")
         fail(seq, "bad_count", f"{row} {i} has {value} {c}: it must be in 1..{limit}")
     fail(seq, reason, f"{row} {i} has an unknown GPU state {g}")
-
-
-def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str, str, str, int]) -> None:
-    """The stacks CUDA rows refer to (checked in range) end in their kernel: none is empty. Read from the
-    Stack messages, so a known stack sent again empty is refused too."""
-    row, reason, _, _ = kind
-    for k in np.unique(stack_col).tolist():
-        if not batch.stacks[k].functions:
-            i = int(np.flatnonzero(stack_col == k)[0])
-            fail(
-                batch.sequence,
-                reason,
-                f"{row} {i} refers to stack {k}, which is empty: its leaf frame must be the kernel",
-            )
 
 
 def _check_timed_row(seq: int, row: pb.SyscallStats | pb.CudaCallStats, reason: str, what: str) -> None:

@@ -36,6 +36,7 @@ from fleetprof.agent.process.table import ProcessTable
 from fleetprof.agent.resolver import GpuSources, Resolver
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from tests.agent.test_process_table import POD_A, POD_B, FakeProc
+from tests.support.wire import stacks_of
 
 SLOT_S = 1.0
 OWNER = DeviceAssignment("ml", "trainer-0", "main", "nvidia.com/gpu", "GPU-a")
@@ -152,14 +153,7 @@ def test_stacks_are_encoded_once_each_under_their_content_wire_id() -> None:
     ]
     samples = [ResolvedSample(proc, 7, frames, ks, 3) for frames, ks in rows]
     batch = encode_window(Window(0, 10**9, samples), pb.AgentIdentity(node="n", agent_id="a"))
-    decoded = [
-        (
-            tuple(batch.strings[i] for i in st.functions),
-            tuple(batch.strings[i] for i in st.modules),
-            st.kernel_start,
-        )
-        for st in batch.stacks
-    ]
+    decoded = [tuple(st) for st in stacks_of(batch)]
     assert decoded == [
         (("main", "sha256_block_data_order_avx2"), ("/bin/app", "/lib/libcrypto.so.3"), 2),
         (
@@ -182,12 +176,11 @@ def test_kernel_only_stacks_made_on_the_spot_keep_their_own_names() -> None:
     names = [f"kernel_{i}" for i in range(40)]
     cuda = CudaWindow([ProcessCuda(proc, kernel_ns={n: i + 1 for i, n in enumerate(names)})])
     batch = encode_window(Window(0, 10**9, [], cuda=cuda), pb.AgentIdentity(node="n", agent_id="a"))
-    stacks = {batch.strings[st.functions[0]]: i for i, st in enumerate(batch.stacks)}
+    wire = stacks_of(batch)
+    stacks = {st.functions[0]: i for i, st in enumerate(wire)}
     assert sorted(stacks) == sorted(names)
     kc = batch.cuda_kernel_columns
-    by_name = {
-        batch.strings[batch.stacks[s].functions[0]]: ns for s, ns in zip(kc.stack, kc.kernel_ns, strict=True)
-    }
+    by_name = {wire[s].functions[0]: ns for s, ns in zip(kc.stack, kc.kernel_ns, strict=True)}
     assert by_name == {n: i + 1 for i, n in enumerate(names)}
     assert [batch.stack_ids[i] for i in stacks.values()] == [
         stack_wire_id([n], ["[cuda]"], 1) for n in stacks

@@ -29,6 +29,7 @@ from fleetprof.agent.symbols.elf import ElfFile
 from fleetprof.agent.symbols.symbolizer import Symbolizer
 from tests.conftest import own_scope, require_bpf
 from tests.cuda_standin import CudaStandins, build_standins, real_libcudart
+from tests.support.wire import stacks_of
 
 pytestmark = [pytest.mark.bpf]
 
@@ -195,10 +196,11 @@ def test_the_batch_carries_launches_calls_and_stats(probed_run: Run) -> None:
     lc = batch.cuda_launch_columns
     assert sum(lc.count) == sum(s.count for s in probed_run.launches) > 0
     leaves = Counter()
+    wire = stacks_of(batch)
     for stack, count in zip(lc.stack, lc.count, strict=True):
-        st = batch.stacks[stack]
+        st = wire[stack]
         assert st.kernel_start == len(st.functions)
-        leaves[batch.strings[st.functions[-1]]] += count
+        leaves[st.functions[-1]] += count
     assert leaves[GEMM] == 2 * t["train"] and leaves[RELU] == t["eval"]
     calls = {batch.strings[c.call]: c for c in batch.cuda_calls}
     sync = calls["cudaStreamSynchronize"]

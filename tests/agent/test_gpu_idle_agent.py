@@ -19,7 +19,7 @@ from fleetprof.agent.main import Agent, AgentConfig
 from tests.conftest import RunningCollector, free_port, own_scope, require_bpf
 from tests.support.cpu_time import favoured
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
-from tests.support.wire import offcpu_rows, sample_rows
+from tests.support.wire import offcpu_rows, sample_rows, stacks_of
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -114,10 +114,11 @@ def test_samples_carry_the_gpu_state_at_their_time(
     proc, batches, truth = run_phases(collector, workload_bin, monkeypatch, str(MIN_CPU_S))
     by_state: dict[tuple[str, int], int] = {}
     for b in batches:
+        wire = stacks_of(b)
         for s in sample_rows(b):
             if b.processes[s.process].pid != proc.pid:
                 continue
-            leaf = b.strings[b.stacks[s.stack].functions[-1]]
+            leaf = wire[s.stack].functions[-1]
             if leaf in ("gpu_busy_phase", "gpu_idle_phase"):
                 by_state[(leaf, s.gpu)] = by_state.get((leaf, s.gpu), 0) + s.count
     print(f"samples by (phase, GPU state): {by_state}; the workload's own CPU time: {truth}")
@@ -153,8 +154,9 @@ def test_waits_carry_the_gpu_state_at_their_end(
     by_state: dict[int, int] = {}
     waits = 0
     for b in batches:
+        wire = stacks_of(b)
         for r in offcpu_rows(b):
-            functions = [b.strings[f] for f in b.stacks[r.stack].functions]
+            functions = wire[r.stack].functions
             if b.processes[r.process].pid == proc.pid and "gpu_idle_wait" in functions:
                 by_state[r.gpu] = by_state.get(r.gpu, 0) + r.count
         waits += b.offcpu_stats.recorded

@@ -12,6 +12,7 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.agent.batch import encode_window
 from fleetprof.agent.model import CgroupIdentity, Frame, ProcessInfo, ResolvedSample, Window
 from fleetprof.agent.offcpu import ACTIVE_SHARE, StolenTime, idle_threads
+from tests.support.wire import stacks_of
 
 MS = 1_000_000
 US = 1_000
@@ -105,7 +106,7 @@ def test_idle_rows_go_on_the_wire_apart_from_active_ones() -> None:
     batch = encode_window(window, pb.AgentIdentity(node="n1", agent_id="a"))
     oc = batch.offcpu_columns
     assert sorted(zip(oc.idle, oc.blocked_ns, strict=True)) == [(False, 300 * MS), (True, 17_000 * MS)]
-    assert len(batch.stacks) == 1
+    assert len(stacks_of(batch)) == 1
 
 
 def test_the_exact_wait_threshold_goes_from_the_flag_to_the_bpf_object() -> None:

@@ -10,7 +10,7 @@ import pytest
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from tests.conftest import RunningCollector, samples_of
 from tests.support.gpu_batches import gpu_batch
-from tests.support.wire import hist, make_batch, push, with_syscalls
+from tests.support.wire import hist, make_batch, packed_ints, push, unpack, with_syscalls
 
 
 def corrupt(mutate) -> pb.Batch:
@@ -27,7 +27,37 @@ def relabel(b: pb.Batch, name: str, value: str = "v") -> None:
 
 BAD_BATCHES = {
     "empty node": (lambda b: setattr(b.agent, "node", ""), "agent.node is empty"),
-    "bad string id in stack": (lambda b: b.stacks[0].functions.__setitem__(1, 99), "refers to string 99"),
+    # make_batch has one stack, main;work: frames 0 and 1 of its frame table.
+    "bad string id in stack": (
+        lambda b: unpack(b).stacks[0].functions.__setitem__(1, 99),
+        "refers to string 99",
+    ),
+    "bad string id in a packed frame": (
+        lambda b: setattr(b.frame_columns, "functions", packed_ints([1, 99])),
+        "stack 0 refers to string 99",
+    ),
+    "packed modules out of step": (
+        lambda b: setattr(b.frame_columns, "modules", packed_ints([2, 2, 2])),
+        "frame_columns have 2 functions but 3 modules",
+    ),
+    "a frame past the frame table": (
+        lambda b: setattr(b.stack_columns, "frames", packed_ints([0, 2])),
+        "stack 0 refers to frame 2, but frame_columns has 2 frames",
+    ),
+    "packed lengths not adding up": (
+        lambda b: setattr(b.stack_columns, "lengths", packed_ints([3])),
+        "lengths add up to 3 frames, but it has 2",
+    ),
+    "a packed kernel_start past the frames": (
+        lambda b: setattr(b.stack_columns, "kernel_starts", packed_ints([3])),
+        "stack 0 kernel_start 3 is past its 2 frames",
+    ),
+    "a packed column 3 bytes wide": (lambda b: setattr(b.stack_columns, "index_bytes", 3), "not 2 or 4"),
+    "a packed column cut mid-entry": (
+        lambda b: setattr(b.stack_columns, "frames", b"\x00\x00\x01"),
+        "3 bytes is no whole number of 2-byte entries",
+    ),
+    "stacks in both forms": (lambda b: b.stacks.add(functions=[1]), "both stacks and stack_columns"),
     "bad string id in label": (
         lambda b: setattr(b.processes[0].labels[0], "value", 50),
         "refers to string 50",
@@ -45,7 +75,7 @@ BAD_BATCHES = {
     "sample columns out of step": (lambda b: b.sample_columns.count.append(1), "need one per row"),
     "a stack without its id": (lambda b: b.stack_ids.pop(), "0 stack_ids for 1 stacks"),
     "a process without its id": (lambda b: b.process_ids.pop(), "0 process_ids for 1 processes"),
-    "modules out of step": (lambda b: b.stacks[0].modules.append(3), "2 functions but 3 modules"),
+    "modules out of step": (lambda b: unpack(b).stacks[0].modules.append(3), "2 functions but 3 modules"),
     "a process label posing as the node": (lambda b: relabel(b, "node", "other-node"), "'node' is one"),
     "a process label posing as the GPU state": (
         lambda b: relabel(b, "gpu_state", "idle"),

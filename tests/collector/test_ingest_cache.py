@@ -17,7 +17,7 @@ from fleetprof.collector.ingest.validate import BatchError, IngestLimits
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey
 from tests.conftest import RunningCollector, http_get
-from tests.support.wire import make_batch, push
+from tests.support.wire import make_batch, packed_ints, push, unpack
 
 NOW = time.time_ns()
 IDS = ContentIds()  # one key for the module: a decoder's ids and decode_batch's agree under it
@@ -198,9 +198,13 @@ def test_known_stacks_from_two_agents_land_under_their_own_nodes(collector: Runn
     assert "fleetprof_ingest_stack_id_collisions_total 0.0" in metrics
 
 
-def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(collector: RunningCollector) -> None:
+@pytest.mark.parametrize("form", ["packed", "messages"])
+def test_a_bad_stack_with_a_wire_id_is_refused_over_grpc(form: str, collector: RunningCollector) -> None:
     b = make_batch()
-    b.stacks[0].functions[0] = 500
+    if form == "packed":
+        b.frame_columns.functions = packed_ints([500, 1])
+    else:
+        unpack(b).stacks[0].functions[0] = 500
     with pytest.raises(grpc.RpcError) as info:
         push(collector.grpc_target, [b])
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

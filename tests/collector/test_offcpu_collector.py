@@ -16,7 +16,7 @@ from fleetprof._proto.pyroscope import profile_pb2
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from tests.collector.test_pyroscope_api import OFFCPU, SAMPLES, WALL, merge, nodes
 from tests.conftest import RunningCollector, fleetprof, http_get, start_collector
-from tests.support.wire import BatchBuilder, push
+from tests.support.wire import BatchBuilder, push, stacks_of
 
 HZ = 100
 PERIOD_NS = 10_000_000
@@ -231,7 +231,7 @@ def test_an_agent_window_with_off_cpu_rows_is_encoded_and_stored(collector: Runn
     batch.sequence = 1
     assert list(batch.offcpu_columns.blocked_ns) == [1000 * MS]
     assert not batch.offcpu_columns.idle  # no idle thread: the column is left out
-    assert len(batch.stacks) == 2 and len(batch.processes) == 1
+    assert len(stacks_of(batch)) == 2 and len(batch.processes) == 1
     assert push(collector.grpc_target, [batch]) == [1]
     off = profile(collector, type="offcpu", query='{comm="loader"}')
     assert flat(off["root"]) == {("main", "load_shard", "ksys_read"): 1000 * MS}

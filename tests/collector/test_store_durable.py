@@ -20,7 +20,7 @@ from fleetprof.collector.store.durable import DurableStore
 from fleetprof.collector.store.memory import MemoryStore
 from fleetprof.collector.store.wal import WriteAheadLog
 from tests.support.stores import EVERYTHING, Clock, crash, open_durable, rows_of, stored_samples
-from tests.support.wire import BatchBuilder, make_batch
+from tests.support.wire import BatchBuilder, make_batch, packed_ints, unpack
 
 MAIN, HOT, COLD = FrameKey("main", "app"), FrameKey("hot", "app"), FrameKey("cold", "app")
 KERNEL = FrameKey("do_syscall_64", "", True)
@@ -274,7 +274,10 @@ def test_stacks_decoded_by_ingest_and_stacks_it_knew_are_stored_alike(tmp_path: 
     store.close()
 
 
-def test_a_batch_that_reused_known_ids_for_other_content_replays_with_its_samples(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["packed", "messages"])
+def test_a_batch_that_reused_known_ids_for_other_content_replays_with_its_samples(
+    form: str, tmp_path: Path
+) -> None:
     """Ingest finds stacks and processes an agent sent before by their wire ids and decodes nothing of them;
     a restart replays the log on an empty cache, which decodes them all. A batch that sent, under known ids,
     a stack past the depth limit and a process whose comm is out of the string table was accepted with the
@@ -297,8 +300,12 @@ def test_a_batch_that_reused_known_ids_for_other_content_replays_with_its_sample
     push(batch(1, 3))
     store.flush()  # committed: the replay skips it, so its ids are unknown there
     hostile = batch(2, 5)
-    hostile.stacks[0].functions.extend([1] * 5000)  # past the depth limit, under the known wire id
-    hostile.stacks[0].modules.extend([2] * 5000)
+    if form == "packed":  # past the depth limit, under the known wire id
+        hostile.stack_columns.frames += packed_ints([0] * 5000)
+        hostile.stack_columns.lengths = packed_ints([5002])
+    else:
+        unpack(hostile).stacks[0].functions.extend([1] * 5000)
+        hostile.stacks[0].modules.extend([2] * 5000)
     hostile.processes[0].comm = 1000  # out of the string table, under the known wire id
     push(hostile)  # accepted: both found by wire id
     broken = batch(3, 7)

@@ -3,6 +3,7 @@ row by row, and pushed to a collector over gRPC."""
 
 from __future__ import annotations
 
+import struct
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -12,7 +13,7 @@ import grpc
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
-from fleetprof.agent.batch import process_wire_id, stack_wire_id
+from fleetprof.agent.batch import pack_stacks, process_wire_id, stack_wire_id
 from fleetprof.agent.model import Gap, GapStats
 
 
@@ -211,9 +212,92 @@ class BatchBuilder:
             )
         )
 
-    def build(self) -> pb.Batch:
+    def build(self, packed: bool = True) -> pb.Batch:
+        """The batch, its stacks as agents send them (packed columns) or, with `packed=False`, as Stack
+        messages (what agents sent before, which the collector still reads; tests that edit stacks use it)."""
         self.batch.strings.extend(self._strings)  # insertion order is id order
+        if packed and self.batch.stacks:
+            pack(self.batch)
         return self.batch
+
+
+def pack(batch: pb.Batch) -> None:
+    """Rewrite a batch's Stack messages as packed columns (the agent's pack_stacks), in place."""
+    table: dict[tuple[int, int], int] = {}
+    frames: list[int] = []
+    for st in batch.stacks:
+        modules = st.modules or [0] * len(st.functions)
+        frames.extend(table.setdefault(pair, len(table)) for pair in zip(st.functions, modules, strict=True))
+    fc, sc = pack_stacks(
+        [f for f, _ in table],
+        [m for _, m in table],
+        frames,
+        [len(st.functions) for st in batch.stacks],
+        [st.kernel_start for st in batch.stacks],
+    )
+    batch.ClearField("stacks")
+    batch.frame_columns.CopyFrom(fc)
+    batch.stack_columns.CopyFrom(sc)
+
+
+def unpack(batch: pb.Batch) -> pb.Batch:
+    """The batch with its packed stack columns rewritten as Stack messages, in place (tests that edit a
+    stack's frames); returns it."""
+    if batch.HasField("stack_columns") or batch.HasField("frame_columns"):
+        fc, sc = batch.frame_columns, batch.stack_columns
+        functions, modules = _ints(fc.functions, fc.index_bytes), _ints(fc.modules, fc.index_bytes)
+        frames, at = _ints(sc.frames, sc.index_bytes), 0
+        for n, ks in zip(_ints(sc.lengths, 2), _ints(sc.kernel_starts, 2), strict=True):
+            run = frames[at : at + n]
+            at += n
+            batch.stacks.add(
+                functions=[functions[i] for i in run], modules=[modules[i] for i in run], kernel_start=ks
+            )
+        batch.ClearField("frame_columns")
+        batch.ClearField("stack_columns")
+    return batch
+
+
+def _ints(data: bytes, width: int) -> tuple[int, ...]:
+    """A packed column's little-endian entries."""
+    return struct.unpack(f"<{len(data) // width}{'H' if width == 2 else 'I'}", data)
+
+
+def packed_ints(values: Sequence[int], width: int = 2) -> bytes:
+    """A packed column of `values` (tests that write one by hand)."""
+    return struct.pack(f"<{len(values)}{'H' if width == 2 else 'I'}", *values)
+
+
+class WireStack(NamedTuple):
+    functions: tuple[str, ...]
+    modules: tuple[str, ...]
+    kernel_start: int
+
+
+def stacks_of(batch: pb.Batch) -> list[WireStack]:
+    """Every stack of the batch, read from either form (packed columns or Stack messages), names resolved
+    from its string table. Read here with struct, apart from the collector's reader."""
+    strings = batch.strings
+    if not (batch.HasField("stack_columns") or batch.HasField("frame_columns")):
+        return [
+            WireStack(
+                tuple(strings[f] for f in st.functions),
+                tuple(strings[m] for m in (st.modules or [0] * len(st.functions))),
+                st.kernel_start,
+            )
+            for st in batch.stacks
+        ]
+    fc, sc = batch.frame_columns, batch.stack_columns
+    functions, modules = _ints(fc.functions, fc.index_bytes), _ints(fc.modules, fc.index_bytes)
+    frames = _ints(sc.frames, sc.index_bytes)
+    out, at = [], 0
+    for n, ks in zip(_ints(sc.lengths, 2), _ints(sc.kernel_starts, 2), strict=True):
+        run = frames[at : at + n]
+        at += n
+        out.append(
+            WireStack(tuple(strings[functions[i]] for i in run), tuple(strings[modules[i]] for i in run), ks)
+        )
+    return out
 
 
 def kernel_stack(

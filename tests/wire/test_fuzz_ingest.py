@@ -27,6 +27,7 @@ import http.client
 import itertools
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -55,7 +56,7 @@ from fleetprof.collector.model.selector import quote
 from fleetprof.collector.render.tree import KERNEL_SUFFIX, UNKNOWN_FRAME, folded_frame, parse_folded
 from tests.conftest import REPO, free_port, wait_until
 from tests.support.gpu_batches import gpu_batch
-from tests.support.wire import BatchBuilder, hist, make_batch, with_syscalls
+from tests.support.wire import BatchBuilder, hist, make_batch, pack, stacks_of, unpack, with_syscalls
 
 BIG_RUN = int(os.environ.get("FLEETPROF_FUZZ_EXAMPLES", "0"))
 # The suite's size: ~25 s on a 2-core CI machine (with tests/collector/test_fuzz_query.py, ~40 s),
@@ -620,15 +621,41 @@ def _bytes_op(payload: bytes, op: tuple[int, int, bytes]) -> bytes:
     return blob  # random bytes
 
 
+def _packed_op(batch: pb.Batch, op: tuple[int, int]) -> None:
+    """Damage a batch's packed stack columns (Batch.frame_columns, Batch.stack_columns)."""
+    kind, at = op
+    fc, sc = batch.frame_columns, batch.stack_columns
+    columns = [(fc, "functions"), (fc, "modules"), (sc, "frames"), (sc, "lengths"), (sc, "kernel_starts")]
+    msg, name = columns[at % len(columns)]
+    data = getattr(msg, name)
+    if kind == 0:  # cut mid-entry
+        setattr(msg, name, data[:-1])
+    elif kind == 1:  # one entry set to its largest value: past any table, or a huge length
+        width = 2 if name in ("lengths", "kernel_starts") else msg.index_bytes
+        if len(data) >= width:
+            pos = (at // len(columns)) % (len(data) // width) * width
+            setattr(msg, name, data[:pos] + b"\xff" * width + data[pos + width :])
+    elif kind == 2:  # a width that is not 2 or 4, or the other one
+        (fc if at % 2 else sc).index_bytes = [0, 1, 3, 8, 2, 4][at % 6]
+    elif kind == 3:  # an entry more
+        setattr(msg, name, data + data[:2])
+    else:  # both forms
+        batch.stacks.add(functions=[0])
+
+
 @dataclass(frozen=True)
 class Plan:
     """One fuzzed batch: a seed, whether the agent's ids are known to the collector first (its unmutated
-    batch pushed just before), structural steps, then byte operations on the serialized batch."""
+    batch pushed just before), structural steps (on Stack messages), its stacks then packed as agents send
+    them (`packed`, where they fit) and their columns damaged (`packed_op`), then byte operations on the
+    serialized batch."""
 
     seed: str
     warm: bool
     steps: tuple[Step, ...]
     byte_ops: tuple[tuple[int, int, bytes], ...]
+    packed: bool = True
+    packed_op: tuple[int, int] | None = None
 
 
 steps = st.builds(
@@ -647,6 +674,11 @@ plans = st.builds(
     # A quarter of the batches are also damaged byte by byte (most of those are unreadable).
     st.integers(0, 3).flatmap(
         lambda k: st.lists(byte_ops, min_size=1, max_size=3).map(tuple) if k == 0 else st.just(())
+    ),
+    st.booleans(),
+    # A quarter of the packed ones have their columns damaged.
+    st.integers(0, 3).flatmap(
+        lambda k: st.tuples(st.integers(0, 4), st.integers(0, 1 << 16)) if k == 0 else st.none()
     ),
 )
 
@@ -735,12 +767,11 @@ class Expected:
 def batch_stacks(batch: pb.Batch) -> Counter:
     """The samples of each stack of the batch, its frames as (function, module, kernel)."""
     out: Counter = Counter()
-    strings, cols = batch.strings, batch.sample_columns
+    stacks, cols = stacks_of(batch), batch.sample_columns
     for k, count in zip(cols.stack, cols.count, strict=True):
-        st = batch.stacks[k]
-        modules = st.modules or [0] * len(st.functions)
-        frames = zip(st.functions, modules, strict=True)
-        out[tuple((strings[f], strings[m], i >= st.kernel_start) for i, (f, m) in enumerate(frames))] += count
+        st = stacks[k]
+        frames = zip(st.functions, st.modules, strict=True)
+        out[tuple((f, m, i >= st.kernel_start) for i, (f, m) in enumerate(frames))] += count
     return out
 
 
@@ -856,8 +887,19 @@ class CollectorUnderTest:
         batch = pb.Batch()
         batch.CopyFrom(base)
         batch.sequence = 2 if plan.warm else 1
+        unpack(batch)
         for step in plan.steps:
             MUTATIONS[step.name].apply(batch, step)
+        if plan.packed and batch.stacks:
+            try:
+                packed = pb.Batch()
+                packed.CopyFrom(batch)
+                pack(packed)
+                batch = packed
+            except (ValueError, OverflowError, struct.error):  # what packed columns cannot say stays Stacks
+                pass
+            if plan.packed_op is not None and batch.HasField("stack_columns"):
+                _packed_op(batch, plan.packed_op)
         payload = batch.SerializeToString()
         for op in plan.byte_ops:
             payload = _bytes_op(payload, op)
@@ -901,10 +943,10 @@ class CollectorUnderTest:
         assert details.startswith(prefix) and len(details) > len(prefix) + 10, f"{details!r}\n{what}"
         self.findings.refused[" ".join(details[len(prefix) :].split()[:3])] += 1
         mutations = [MUTATIONS[s.name] for s in plan.steps]
-        assert not all(m.benign for m in mutations) or plan.byte_ops, (
+        assert not all(m.benign for m in mutations) or plan.byte_ops or plan.packed_op, (
             f"a valid batch refused: {details}\n{what}"
         )
-        if len(mutations) == 1 and not plan.byte_ops and not plan.warm:
+        if len(mutations) == 1 and not plan.byte_ops and not plan.warm and plan.packed_op is None:
             names = mutations[0].names
             assert any(word in details for word in names), f"{details!r} names none of {names}\n{what}"
 

@@ -29,7 +29,7 @@ class AgentIdentity(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_id: _Optional[str] = ..., boot_time_unix_ns: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source", "offcpu_columns", "offcpu_stats", "cuda_launch_columns", "cuda_kernel_columns", "cuda_calls", "cuda_activity", "cuda_stats")
+    __slots__ = ("agent", "sequence", "start_unix_ns", "end_unix_ns", "frequency_hz", "strings", "stacks", "processes", "stats", "sample_columns", "stack_ids", "process_ids", "frame_columns", "stack_columns", "syscalls", "syscall_latency_sample_every", "syscall_tracer", "syscall_latency_duty", "gpu_devices", "gpu_processes", "gpu_source", "offcpu_columns", "offcpu_stats", "cuda_launch_columns", "cuda_kernel_columns", "cuda_calls", "cuda_activity", "cuda_stats")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     START_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class Batch(_message.Message):
     SAMPLE_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     STACK_IDS_FIELD_NUMBER: _ClassVar[int]
     PROCESS_IDS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    STACK_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     SYSCALLS_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_LATENCY_SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
     SYSCALL_TRACER_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +70,8 @@ class Batch(_message.Message):
     sample_columns: SampleColumns
     stack_ids: _containers.RepeatedScalarFieldContainer[int]
     process_ids: _containers.RepeatedScalarFieldContainer[int]
+    frame_columns: FrameColumns
+    stack_columns: StackColumns
     syscalls: _containers.RepeatedCompositeFieldContainer[SyscallStats]
     syscall_latency_sample_every: int
     syscall_tracer: SyscallTracerStats
@@ -82,7 +86,7 @@ class Batch(_message.Message):
     cuda_calls: _containers.RepeatedCompositeFieldContainer[CudaCallStats]
     cuda_activity: _containers.RepeatedCompositeFieldContainer[CudaActivity]
     cuda_stats: CudaStats
-    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ..., offcpu_columns: _Optional[_Union[OffCpuColumns, _Mapping]] = ..., offcpu_stats: _Optional[_Union[OffCpuStats, _Mapping]] = ..., cuda_launch_columns: _Optional[_Union[CudaLaunchColumns, _Mapping]] = ..., cuda_kernel_columns: _Optional[_Union[CudaKernelColumns, _Mapping]] = ..., cuda_calls: _Optional[_Iterable[_Union[CudaCallStats, _Mapping]]] = ..., cuda_activity: _Optional[_Iterable[_Union[CudaActivity, _Mapping]]] = ..., cuda_stats: _Optional[_Union[CudaStats, _Mapping]] = ...) -> None: ...
+    def __init__(self, agent: _Optional[_Union[AgentIdentity, _Mapping]] = ..., sequence: _Optional[int] = ..., start_unix_ns: _Optional[int] = ..., end_unix_ns: _Optional[int] = ..., frequency_hz: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., stacks: _Optional[_Iterable[_Union[Stack, _Mapping]]] = ..., processes: _Optional[_Iterable[_Union[Process, _Mapping]]] = ..., stats: _Optional[_Union[SamplerStats, _Mapping]] = ..., sample_columns: _Optional[_Union[SampleColumns, _Mapping]] = ..., stack_ids: _Optional[_Iterable[int]] = ..., process_ids: _Optional[_Iterable[int]] = ..., frame_columns: _Optional[_Union[FrameColumns, _Mapping]] = ..., stack_columns: _Optional[_Union[StackColumns, _Mapping]] = ..., syscalls: _Optional[_Iterable[_Union[SyscallStats, _Mapping]]] = ..., syscall_latency_sample_every: _Optional[int] = ..., syscall_tracer: _Optional[_Union[SyscallTracerStats, _Mapping]] = ..., syscall_latency_duty: _Optional[float] = ..., gpu_devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., gpu_processes: _Optional[_Iterable[_Union[GpuProcessUsage, _Mapping]]] = ..., gpu_source: _Optional[_Union[GpuSource, _Mapping]] = ..., offcpu_columns: _Optional[_Union[OffCpuColumns, _Mapping]] = ..., offcpu_stats: _Optional[_Union[OffCpuStats, _Mapping]] = ..., cuda_launch_columns: _Optional[_Union[CudaLaunchColumns, _Mapping]] = ..., cuda_kernel_columns: _Optional[_Union[CudaKernelColumns, _Mapping]] = ..., cuda_calls: _Optional[_Iterable[_Union[CudaCallStats, _Mapping]]] = ..., cuda_activity: _Optional[_Iterable[_Union[CudaActivity, _Mapping]]] = ..., cuda_stats: _Optional[_Union[CudaStats, _Mapping]] = ...) -> None: ...
 
 class CudaLaunchColumns(_message.Message):
     __slots__ = ("process", "stack", "count", "gpu")
@@ -325,6 +329,28 @@ class Stack(_message.Message):
     modules: _containers.RepeatedScalarFieldContainer[int]
     kernel_start: int
     def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ...) -> None: ...
+
+class FrameColumns(_message.Message):
+    __slots__ = ("index_bytes", "functions", "modules")
+    INDEX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODULES_FIELD_NUMBER: _ClassVar[int]
+    index_bytes: int
+    functions: bytes
+    modules: bytes
+    def __init__(self, index_bytes: _Optional[int] = ..., functions: _Optional[bytes] = ..., modules: _Optional[bytes] = ...) -> None: ...
+
+class StackColumns(_message.Message):
+    __slots__ = ("index_bytes", "frames", "lengths", "kernel_starts")
+    INDEX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_STARTS_FIELD_NUMBER: _ClassVar[int]
+    index_bytes: int
+    frames: bytes
+    lengths: bytes
+    kernel_starts: bytes
+    def __init__(self, index_bytes: _Optional[int] = ..., frames: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., kernel_starts: _Optional[bytes] = ...) -> None: ...
 
 class Label(_message.Message):
     __slots__ = ("name", "value")
