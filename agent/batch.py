@@ -44,11 +44,12 @@ def stack_wire_id(functions: Sequence[str], modules: Sequence[str], kernel_start
     The collector caches decoded stacks under it, so equal ids must mean equal stacks. Hashed frame by
     frame: the encoder keeps each frame's digest for the batch, and a new stack then hashes 8 bytes a
     frame, not its frames' names again (C++ names run to hundreds of characters, stacks to dozens)."""
-    digests = [_frame_digest(f, m) for f, m in zip_longest(functions, modules, fillvalue="")]
+    digests = [frame_digest(f, m) for f, m in zip_longest(functions, modules, fillvalue="")]
     return _stack_wire_id(digests, len(functions), len(modules), kernel_start)
 
 
-def _frame_digest(function: str, module: str) -> bytes:
+def frame_digest(function: str, module: str) -> bytes:
+    """A frame's content id on the wire (FrameColumns.ids), 8 bytes."""
     return hashlib.blake2b(f"{function}\0{module}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
@@ -85,10 +86,12 @@ def pack_stacks(
     frames: Sequence[int],
     lengths: Sequence[int],
     kernel_starts: Sequence[int],
+    frame_ids: bytes = b"",
 ) -> tuple[pb.FrameColumns, pb.StackColumns]:
     """The wire's packed stack columns (Batch.frame_columns, Batch.stack_columns): a frame table of
-    (function, module) string ids, and every stack's `lengths[i]` frames as indexes into it, root first,
-    stack after stack; `kernel_starts` as Stack.kernel_start."""
+    (function, module) string ids with their 8-byte content ids (`frame_ids`, joined; or none), and every
+    stack's `lengths[i]` frames as indexes into it, root first, stack after stack; `kernel_starts` as
+    Stack.kernel_start."""
     fwidth = _index_bytes(max(max(functions, default=0), max(modules, default=0)) + 1)  # string ids
     swidth = _index_bytes(len(functions))
     return (
@@ -96,6 +99,7 @@ def pack_stacks(
             index_bytes=fwidth,
             functions=np.asarray(functions, dtype=f"<u{fwidth}").tobytes(),
             modules=np.asarray(modules, dtype=f"<u{fwidth}").tobytes(),
+            ids=frame_ids,
         ),
         pb.StackColumns(
             index_bytes=swidth,
@@ -151,18 +155,21 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
     frame_index: dict[tuple[int, int], int] = {}
     table_functions: list[int] = []
     table_modules: list[int] = []
+    table_ids: list[bytes] = []  # each entry's digest: the frame's content id on the wire
     stack_frames: list[int] = []
     lengths: list[int] = []
     kernel_starts: list[int] = []
 
     def frame_entry(f: Frame) -> tuple[int, bytes]:
         pair = (strings.id(f.function), strings.id(f.module))
+        digest = frame_digest(f.function, f.module)
         at = frame_index.get(pair)
         if at is None:
             at = frame_index[pair] = len(table_functions)
             table_functions.append(pair[0])
             table_modules.append(pair[1])
-        entry = frame_ids[id(f)] = (at, _frame_digest(f.function, f.module))
+            table_ids.append(digest)
+        entry = frame_ids[id(f)] = (at, digest)
         return entry
 
     def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
@@ -230,7 +237,9 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
                 lc.gpu.extend(gcol)
     batch.stack_ids.extend(stack_ids)
     if lengths:
-        fc, sc = pack_stacks(table_functions, table_modules, stack_frames, lengths, kernel_starts)
+        fc, sc = pack_stacks(
+            table_functions, table_modules, stack_frames, lengths, kernel_starts, b"".join(table_ids)
+        )
         batch.frame_columns.CopyFrom(fc)
         batch.stack_columns.CopyFrom(sc)
     for proc, st in window.syscalls:

@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from fleetprof._proto.pyroscope import querier_pb2  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2 as pb  # noqa: E402
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc  # noqa: E402
-from fleetprof.agent.batch import process_wire_id, stack_wire_id  # noqa: E402
+from fleetprof.agent.batch import frame_digest, process_wire_id, stack_wire_id  # noqa: E402
 from fleetprof.collector.ingest.decode import Decoder  # noqa: E402
 from fleetprof.collector.model.ids import ContentIds, labels_json  # noqa: E402
 from fleetprof.collector.model.profile import FrameKey  # noqa: E402
@@ -66,10 +66,13 @@ SAMPLES_PER_BATCH = CPUS * HZ * WINDOW
 
 
 # -- realistic batches -------------------------------------------------------------------------------
-def make_templates(n: int, stacks: int, procs: int, seed: int = 1, packed: bool = True) -> list[pb.Batch]:
+def make_templates(
+    n: int, stacks: int, procs: int, seed: int = 1, packed: bool = True, frame_ids: bool = True
+) -> list[pb.Batch]:
     """Batches as an agent on a busy 64-CPU node sends them: a string table, `stacks` distinct stacks drawn
     from a shared pool (the same binaries everywhere) in packed columns (or, with `packed=False`, as Stack
-    messages, as agents sent them before), `procs` processes in pods, 12,160 samples in sample columns,
+    messages, as agents sent them before; with the frames' content ids unless `frame_ids=False`), `procs`
+    processes in pods, 12,160 samples in sample columns,
     the agent's wire ids of stacks and processes packed (Batch.stack_ids, Batch.process_ids)."""
     rng = random.Random(seed)
     funcs = [f"func_{i}" for i in range(4000)]
@@ -122,7 +125,7 @@ def make_templates(n: int, stacks: int, procs: int, seed: int = 1, packed: bool 
                 break
         batch.strings.extend(strings)
         if packed:
-            pack(batch)
+            pack(batch, frame_ids)
         out.append(batch)
     return out
 
@@ -145,17 +148,20 @@ def churned(template: pb.Batch, rng: random.Random, churn: float) -> pb.Batch:
     frames = np.frombuffer(sc.frames, f"<u{sc.index_bytes}").copy()
     lengths = np.frombuffer(sc.lengths, "<u2")
     starts = np.cumsum(lengths, dtype=np.int64) - lengths
-    new_functions, new_modules = [], []
+    new_functions, new_modules, new_ids = [], [], []
     for i in picked:
         b.stack_ids[i] = rng.getrandbits(63) | 1
         if lengths[i]:
             # a frame table entry of its own: a random function in the module of the frame it replaces
             new_functions.append(rng.randrange(1, len(b.strings)))
             new_modules.append(modules[frames[starts[i]]])
+            new_ids.append(frame_digest(b.strings[new_functions[-1]], b.strings[new_modules[-1]]))
             frames[starts[i]] = len(functions) + len(new_functions) - 1
     assert len(functions) + len(new_functions) <= 1 << (8 * sc.index_bytes)
     fc.functions += np.asarray(new_functions, width).tobytes()
     fc.modules += np.asarray(new_modules, width).tobytes()
+    if fc.ids:
+        fc.ids += b"".join(new_ids)
     sc.frames = frames.tobytes()
     return b
 
@@ -721,6 +727,13 @@ def main() -> int:
     ap.add_argument("--rows-per-node", type=int, default=200, help="(label set, stack) rows per node-bucket")
     ap.add_argument("--stacks", type=int, default=3000, help="distinct stacks per batch")
     ap.add_argument("--processes", type=int, default=300, help="processes per batch")
+    ap.add_argument(
+        "--stack-form",
+        choices=("packed", "no-frame-ids", "messages"),
+        default="packed",
+        help="how the agents send stacks: packed columns with frame ids (as agents do), without them, or "
+        "as Stack messages (as agents did before)",
+    )
     args = ap.parse_args()
     seconds = 10.0 if args.quick else args.seconds
     repeats = 5 if args.quick else 11
@@ -748,7 +761,13 @@ def run_ingest_part(args: argparse.Namespace, seconds: float) -> None:
         f"{args.stacks:,} stacks with wire ids, {args.processes} processes; "
         f"{seconds:.0f} s per store)\n"
     )
-    templates = make_templates(6, args.stacks, args.processes)
+    templates = make_templates(
+        6,
+        args.stacks,
+        args.processes,
+        packed=args.stack_form != "messages",
+        frame_ids=args.stack_form == "packed",
+    )
     print(f"(batch wire size {templates[0].ByteSize() / 1024:.0f} KiB)")
     rows = []
     server = None

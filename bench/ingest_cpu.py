@@ -44,8 +44,9 @@ def main() -> int:
     ap.add_argument(
         "--stack-messages", action="store_true", help="stacks as Stack messages (older agents), not packed"
     )
+    ap.add_argument("--no-frame-ids", action="store_true", help="packed stacks without the frames' ids")
     args = ap.parse_args()
-    templates = make_templates(6, 3000, 300, packed=not args.stack_messages)
+    templates = make_templates(6, 3000, 300, packed=not args.stack_messages, frame_ids=not args.no_frame_ids)
     rng = random.Random(5)
     sequences = [0] * AGENTS
 

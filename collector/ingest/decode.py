@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +18,7 @@ from fleetprof.collector.ingest.frames import FrameTable
 from fleetprof.collector.ingest.quota import SeriesQuota
 from fleetprof.collector.ingest.stacks import StackColumns
 from fleetprof.collector.ingest.validate import IngestLimits
-from fleetprof.collector.model.id_index import IdIndex, with_room
+from fleetprof.collector.model.id_index import IdIndex, PerSource, with_room
 from fleetprof.collector.model.ids import ContentIds, stack_ids_of
 from fleetprof.collector.model.profile import (
     CUDA_CALLS,
@@ -41,38 +40,6 @@ log = logging.getLogger(__name__)
 GPU_STATE_LABEL = {pb.GPU_STATE_NONE: "", pb.GPU_STATE_IDLE: "idle", pb.GPU_STATE_BUSY: "busy"}
 
 ProcessEntry = tuple[int, Labels]  # (content id, label set)
-
-
-class _PerAgent(OrderedDict):
-    """agent id -> that agent's wire-id table, least recently used first, bounded in entries over all
-    agents: the least recent agents' tables go first, and one agent past a quarter of the bound starts over
-    alone (an agent churning ids must not evict everyone else)."""
-
-    def __init__(self, new: Callable[[], IdIndex | dict], max_entries: int) -> None:
-        super().__init__()
-        self._new = new
-        self._max = max_entries
-        self._entries = 0
-
-    def table(self, agent_id: Hashable) -> IdIndex | dict:
-        table = self.get(agent_id)
-        if table is None:
-            table = self[agent_id] = self._new()
-        else:
-            self.move_to_end(agent_id)
-        return table
-
-    def learned(self, agent_id: Hashable, added: int) -> None:
-        self._entries += added
-        if len(self[agent_id]) > self._max // 4:
-            self._entries -= len(self.pop(agent_id))
-        while self._entries > self._max and self:
-            _, old = self.popitem(last=False)
-            self._entries -= len(old)
-
-    def drop_oldest(self) -> None:
-        _, old = self.popitem(last=False)
-        self._entries -= len(old)
 
 
 @dataclass
@@ -113,7 +80,7 @@ class StackCache:
         # is what ingest costs: bench/README.md, Collector scale); and of those decoded, how many found their
         # content id held by other frames.
         self.counts = {"known": 0, "decoded": 0, "collisions": 0}
-        self._agents = _PerAgent(IdIndex, self.MAX_WIRE_IDS)
+        self._agents = PerSource(IdIndex, self.MAX_WIRE_IDS)
         # `_frames` is only appended to (StackTables handed out keep reading it); _compact makes a new one.
         self._frames: list[Stack] = []
         self._slot_ids = np.zeros(1024, dtype=np.int64)
@@ -142,7 +109,7 @@ class StackCache:
         self.counts["decoded"] += len(missing)
         decoded = None
         if plan.columns is not None:
-            ids, stack, frame_ids = _decode_stacks(plan.columns, strings, self._frame_table)
+            ids, stack, frame_ids = _decode_stacks(plan.columns, strings, self._frame_table, plan.source)
             new = slots[missing] = self._slots(ids, stack)
             self._agents.table(plan.source).add(plan.wire[missing], new)
             self._agents.learned(plan.source, len(missing))
@@ -164,6 +131,7 @@ class StackCache:
             "frames": len(frames.keys),
             "frame_strings": len(frames._strings),
             "frame_string_chars": frames._chars,
+            "frame_wire_ids": sum(len(t) for t in frames._by_wire_id.values()),
         }
 
     def _slots(self, ids: np.ndarray, stack: Callable[[int], Stack]) -> np.ndarray:
@@ -233,18 +201,24 @@ class StackCache:
 
 
 def _decode_stacks(
-    columns: StackColumns, strings: Sequence[str], frames: FrameTable
+    columns: StackColumns, strings: Sequence[str], frames: FrameTable, source: str
 ) -> tuple[np.ndarray, Callable[[int], Stack], np.ndarray]:
     """Decode checked new stacks together: their content ids (int64 column), a function giving the k-th
     one's frames, and the ids of all their frames, one stack after another (int64 column).
     Their frames are found as columns in `frames`, and the ids come from numpy passes over frame-id
-    columns, so a new stack costs a few list appends, not a string lookup and a hash per frame."""
-    fcol, mcol, lens, kernel_starts = columns
+    columns, so a new stack costs a few list appends, not a string lookup and a hash per frame; where the
+    agent sent frame ids, the frames it sent before (`source`) cost no string lookup either."""
+    fcol, mcol, lens, kernel_starts, wire = columns
     ends = np.cumsum(lens)
     starts = ends - lens
     position = np.arange(len(fcol), dtype=np.int64) - np.repeat(starts, lens)
     kernel = position >= np.repeat(kernel_starts, lens)
-    slots = frames.slots(strings, fcol, mcol, kernel) if len(fcol) else fcol
+    if not len(fcol):
+        slots = fcol
+    elif wire is not None:
+        slots = frames.wire_slots(source, wire, strings, kernel)
+    else:
+        slots = frames.slots(strings, fcol, mcol, kernel)
     frame_ids = frames.ids(slots)
     ids = stack_ids_of(frame_ids, lens)
     flat = list(map(frames.keys.__getitem__, slots.tolist()))
@@ -279,7 +253,7 @@ class ProcessCache:
     def __init__(self, ids: ContentIds) -> None:
         self._ids = ids
         self._lock = threading.Lock()  # _label_ids, which label_id reaches without the Decoder's lock
-        self._agents = _PerAgent(dict, self.MAX_WIRE_IDS)
+        self._agents = PerSource(dict, self.MAX_WIRE_IDS)
         self._by_content: dict[tuple, ProcessEntry] = {}
         self._label_ids: dict[Labels, int] = {}
 

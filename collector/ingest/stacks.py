@@ -20,13 +20,25 @@ _WIDTHS = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 _SHAPE = np.dtype("<u2")  # StackColumns.lengths and kernel_starts
 
 
+class WireFrames(NamedTuple):
+    """Where the agent sent frame ids: each frame of the picked stacks as an index into the batch's frame
+    table (`entries`), and the table's columns (`ids`: the agent's content ids; string ids)."""
+
+    entries: np.ndarray
+    ids: np.ndarray
+    functions: np.ndarray
+    modules: np.ndarray
+
+
 class StackColumns(NamedTuple):
-    """Stacks' frames as int64 columns of string ids (checked in range), and their shapes."""
+    """Stacks' frames as int64 columns of string ids (checked in range), and their shapes; `wire`: the same
+    frames by the agent's frame ids, where it sent them."""
 
     functions: np.ndarray
     modules: np.ndarray
     lengths: np.ndarray
     kernel_starts: np.ndarray
+    wire: WireFrames | None = None
 
 
 class _Packed(NamedTuple):
@@ -37,6 +49,7 @@ class _Packed(NamedTuple):
     frames: np.ndarray
     lengths: np.ndarray
     kernel_starts: np.ndarray
+    ids: np.ndarray | None  # the frames' content ids, where the agent sent them
 
 
 def packed(batch: pb.Batch) -> bool:
@@ -78,7 +91,14 @@ def _read(batch: pb.Batch) -> _Packed:
     total = int(lengths.sum(dtype=np.int64))
     if total != len(frames):
         fail(seq, "bad_stack", f"stack_columns' lengths add up to {total} frames, but it has {len(frames)}")
-    return _Packed(functions, modules, frames, lengths, kernel_starts)
+    ids = None
+    if fc.ids:
+        if len(fc.ids) != 8 * len(functions):
+            fail(
+                seq, "bad_stack", f"frame_columns have {len(fc.ids)} bytes of ids for {len(functions)} frames"
+            )
+        ids = np.frombuffer(fc.ids, dtype="<i8")
+    return _Packed(functions, modules, frames, lengths, kernel_starts, ids)
 
 
 def check_form(batch: pb.Batch) -> None:
@@ -152,7 +172,8 @@ def new_stack_columns(batch: pb.Batch, nstr: int, which: list[int]) -> StackColu
         validate.check_string(
             seq, max(fcol[first], mcol[first]), nstr, f"stack {which[_stack_of(lens, first)]}"
         )
-    return StackColumns(fcol, mcol, lens, kernel_starts)
+    wire = None if p.ids is None else WireFrames(frame, p.ids, p.functions, p.modules)
+    return StackColumns(fcol, mcol, lens, kernel_starts, wire)
 
 
 def _stack_of(lengths: np.ndarray, frame: int) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
 import numpy as np
 
 _NONE = np.zeros(0, dtype=np.int64)
@@ -104,3 +107,35 @@ class IdIndex:
         values = new_value[values]
         keep = values >= 0
         self._keys, self._values = keys[keep], values[keep]
+
+
+class PerSource(OrderedDict):
+    """Source (an agent id) -> that source's table of wire ids (an IdIndex or a dict), least recently used
+    first, bounded in entries over all sources: the least recent sources' tables go first, and one source
+    past a quarter of the bound starts over alone (an agent churning ids must not evict everyone else)."""
+
+    def __init__(self, new: Callable[[], IdIndex | dict], max_entries: int) -> None:
+        super().__init__()
+        self._new = new
+        self._max = max_entries
+        self._entries = 0
+
+    def table(self, agent_id: Hashable) -> IdIndex | dict:
+        table = self.get(agent_id)
+        if table is None:
+            table = self[agent_id] = self._new()
+        else:
+            self.move_to_end(agent_id)
+        return table
+
+    def learned(self, agent_id: Hashable, added: int) -> None:
+        self._entries += added
+        if len(self[agent_id]) > self._max // 4:
+            self._entries -= len(self.pop(agent_id))
+        while self._entries > self._max and self:
+            _, old = self.popitem(last=False)
+            self._entries -= len(old)
+
+    def drop_oldest(self) -> None:
+        _, old = self.popitem(last=False)
+        self._entries -= len(old)

@@ -17,7 +17,7 @@ from fleetprof.collector.ingest.validate import BatchError, IngestLimits
 from fleetprof.collector.model.ids import ContentIds
 from fleetprof.collector.model.profile import FrameKey
 from tests.conftest import RunningCollector, http_get
-from tests.support.wire import make_batch, packed_ints, push, unpack
+from tests.support.wire import make_batch, pack, packed_ints, push, unpack
 
 NOW = time.time_ns()
 IDS = ContentIds()  # one key for the module: a decoder's ids and decode_batch's agree under it
@@ -31,6 +31,7 @@ def batch_of(
     shuffle: bool = False,
     gpu: int = 0,
     process_id: int = 77,
+    packed: bool = False,
 ) -> pb.Batch:
     """Sample i is i + 1 samples of stack i, of ([function, ...], wire id); `shuffle` reverses the string
     table's order. One process, pid 7, under the wire id `process_id`."""
@@ -60,6 +61,8 @@ def batch_of(
         cols.count.append(i + 1)
         if gpu:
             cols.gpu.append(gpu)
+    if packed:
+        pack(b)
     return b
 
 
@@ -235,12 +238,14 @@ def test_compaction_keeps_the_stacks_agents_point_to_and_earlier_rows_readable()
     assert [st for _, st, _ in first.rows] == [frames("main", "a"), frames("main", "b", "c"), frames("main")]
 
 
-def test_a_full_frame_table_starts_over_without_changing_rows() -> None:
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_full_frame_table_starts_over_without_changing_rows(packed: bool) -> None:
+    """Packed, "main" is found by its frame id in the batches after the first, until a start-over."""
     decoder = Decoder(IDS)
     decoder.stacks._frame_table.MAX_STRINGS = 12
     for seq in range(1, 6):
         stacks = [([f"f{seq}-{i}", "main"], seq * 100 + i) for i in range(3)]
-        rows = decoder.decode(batch_of(stacks, seq=seq)).rows
+        rows = decoder.decode(batch_of(stacks, seq=seq, packed=packed)).rows
         assert [st for _, st, _ in rows] == [frames(f"f{seq}-{i}", "main") for i in range(3)]
     # Content ids do not depend on which frame-table generation decoded a stack.
     plain = decode_batch(batch_of(stacks, seq=9), IDS)

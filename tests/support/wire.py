@@ -13,7 +13,7 @@ import grpc
 
 from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof._proto.v1 import ingest_pb2_grpc as pb_grpc
-from fleetprof.agent.batch import pack_stacks, process_wire_id, stack_wire_id
+from fleetprof.agent.batch import frame_digest, pack_stacks, process_wire_id, stack_wire_id
 from fleetprof.agent.model import Gap, GapStats
 
 
@@ -221,19 +221,22 @@ class BatchBuilder:
         return self.batch
 
 
-def pack(batch: pb.Batch) -> None:
-    """Rewrite a batch's Stack messages as packed columns (the agent's pack_stacks), in place."""
+def pack(batch: pb.Batch, frame_ids: bool = True) -> None:
+    """Rewrite a batch's Stack messages as packed columns (the agent's pack_stacks), in place; with the
+    frames' content ids, as agents send them, or without (`frame_ids=False`)."""
     table: dict[tuple[int, int], int] = {}
     frames: list[int] = []
     for st in batch.stacks:
         modules = st.modules or [0] * len(st.functions)
         frames.extend(table.setdefault(pair, len(table)) for pair in zip(st.functions, modules, strict=True))
+    strings = batch.strings
     fc, sc = pack_stacks(
         [f for f, _ in table],
         [m for _, m in table],
         frames,
         [len(st.functions) for st in batch.stacks],
         [st.kernel_start for st in batch.stacks],
+        b"".join(frame_digest(strings[f], strings[m]) for f, m in table) if frame_ids else b"",
     )
     batch.ClearField("stacks")
     batch.frame_columns.CopyFrom(fc)

@@ -625,13 +625,20 @@ def _packed_op(batch: pb.Batch, op: tuple[int, int]) -> None:
     """Damage a batch's packed stack columns (Batch.frame_columns, Batch.stack_columns)."""
     kind, at = op
     fc, sc = batch.frame_columns, batch.stack_columns
-    columns = [(fc, "functions"), (fc, "modules"), (sc, "frames"), (sc, "lengths"), (sc, "kernel_starts")]
+    columns = [
+        (fc, "functions"),
+        (fc, "modules"),
+        (fc, "ids"),
+        (sc, "frames"),
+        (sc, "lengths"),
+        (sc, "kernel_starts"),
+    ]
     msg, name = columns[at % len(columns)]
     data = getattr(msg, name)
     if kind == 0:  # cut mid-entry
         setattr(msg, name, data[:-1])
     elif kind == 1:  # one entry set to its largest value: past any table, or a huge length
-        width = 2 if name in ("lengths", "kernel_starts") else msg.index_bytes
+        width = {"lengths": 2, "kernel_starts": 2, "ids": 8}.get(name, msg.index_bytes)
         if len(data) >= width:
             pos = (at // len(columns)) % (len(data) // width) * width
             setattr(msg, name, data[:pos] + b"\xff" * width + data[pos + width :])

@@ -1,6 +1,7 @@
 """Stacks in packed columns (Batch.frame_columns, Batch.stack_columns), as agents send them, decode to the
 rows the same stacks as Stack messages (as agents sent them before) decode to; wide tables take 4-byte
-entries; stacks the collector knows by wire id are not read again."""
+entries; stacks the collector knows by wire id are not read again, nor the frames of new stacks that it
+knows by the agent's frame ids."""
 
 from __future__ import annotations
 
@@ -76,3 +77,34 @@ def test_stacks_known_by_wire_id_are_not_read_again() -> None:
     other.stack_columns.frames = again.stack_columns.frames
     with pytest.raises(BatchError, match="refers to frame 60000"):  # another agent's ids: new, so checked
         decoder.decode(other, IngestLimits())
+
+
+def test_frames_known_by_the_agents_frame_ids_are_not_read_again() -> None:
+    """A new stack whose frames the agent sent before is found by their frame ids: here the frame table
+    names other strings under the same ids, and the frames the collector knows win (as with stack ids, an
+    agent that lies garbles only its own data). Another agent's ids are its own."""
+    decoder = Decoder(ContentIds())
+    rows(decoder, batch(packed=True))
+    b = BatchBuilder(agent_id="a", sequence=2)
+    p = b.process(10, "p0", {"pod": "pod-0"})
+    b.sample(p, b.stack([("main", "app"), ("read", "libc.so.6")]), 5)  # a new stack of known frames
+    b.sample(p, b.stack([("main", "app"), ("write", "libc.so.6")]), 6)  # and one of a new frame
+    honest = b.build()
+    lying = pb.Batch()
+    lying.CopyFrom(honest)
+    strings = list(lying.strings)
+    lying.strings[strings.index("read")] = "not-read"
+    lying.strings[strings.index("main")] = "not-main"
+    got = {count: [f.function for f in stack] for _, stack, count in rows(decoder, lying)}
+    assert got == {5: ["main", "read"], 6: ["main", "write"]}
+    lying.agent.agent_id = "b"
+    got = {count: [f.function for f in stack] for _, stack, count in rows(Decoder(ContentIds()), lying)}
+    assert got == {5: ["not-main", "not-read"], 6: ["not-main", "write"]}
+    assert {count: [f.function for f in stack] for _, stack, count in rows(decoder, lying)} == got
+
+
+def test_frame_ids_must_be_eight_bytes_a_frame() -> None:
+    b = batch(packed=True)
+    b.frame_columns.ids = b.frame_columns.ids[:-1]
+    with pytest.raises(BatchError, match=r"bytes of ids for \d+ frames"):
+        Decoder(ContentIds()).decode(b, IngestLimits())

@@ -331,14 +331,16 @@ class Stack(_message.Message):
     def __init__(self, functions: _Optional[_Iterable[int]] = ..., modules: _Optional[_Iterable[int]] = ..., kernel_start: _Optional[int] = ...) -> None: ...
 
 class FrameColumns(_message.Message):
-    __slots__ = ("index_bytes", "functions", "modules")
+    __slots__ = ("index_bytes", "functions", "modules", "ids")
     INDEX_BYTES_FIELD_NUMBER: _ClassVar[int]
     FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     MODULES_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
     index_bytes: int
     functions: bytes
     modules: bytes
-    def __init__(self, index_bytes: _Optional[int] = ..., functions: _Optional[bytes] = ..., modules: _Optional[bytes] = ...) -> None: ...
+    ids: bytes
+    def __init__(self, index_bytes: _Optional[int] = ..., functions: _Optional[bytes] = ..., modules: _Optional[bytes] = ..., ids: _Optional[bytes] = ...) -> None: ...
 
 class StackColumns(_message.Message):
     __slots__ = ("index_bytes", "frames", "lengths", "kernel_starts")
