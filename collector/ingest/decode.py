@@ -87,9 +87,16 @@ class StackCache:
         self._slot_of: dict[int, int] = {}
         self._frame_table = FrameTable(self._ids)
 
-    def plan(self, batch: pb.Batch, strings: Sequence[str], source: str) -> _StackPlan:
+    def plan(
+        self,
+        batch: pb.Batch,
+        strings: Sequence[str],
+        source: str,
+        packed: wire_stacks.PackedStacks | None = None,
+    ) -> _StackPlan:
         """Look the batch's stacks up (its stack_ids were checked to be one per stack) and check the ones
-        new to `source`; raises BatchError, changing nothing but the cache's own housekeeping."""
+        new to `source` (`packed`: its packed columns as check_form read them); raises BatchError, changing
+        nothing but the cache's own housekeeping."""
         if len(self._frames) >= self.MAX_STACKS:
             self._compact()
         n = wire_stacks.stack_count(batch)
@@ -99,7 +106,7 @@ class StackCache:
         missing = np.flatnonzero(slots < 0)
         columns = None
         if len(missing):
-            columns = wire_stacks.new_stack_columns(batch, len(strings), missing.tolist())
+            columns = wire_stacks.new_stack_columns(batch, len(strings), missing.tolist(), packed)
         return _StackPlan(source, wire, slots, missing, columns)
 
     def commit(self, plan: _StackPlan, strings: Sequence[str]) -> StackTable:
@@ -385,7 +392,7 @@ class Decoder:
         if limits is not None:
             validate.check_header(batch, limits, batch.ByteSize() if size is None else size, now)
         validate.check_string_table(batch)
-        wire_stacks.check_form(batch)
+        packed = wire_stacks.check_form(batch)
         nproc, nstack = len(batch.processes), wire_stacks.stack_count(batch)
         validate.check_wire_ids(batch, nstack)
         validate.check_sample_column_lengths(batch)
@@ -419,7 +426,7 @@ class Decoder:
         source = source_key(identity, batch.agent.agent_id)
         tenant = (identity, batch.agent.node)
         with self._lock:
-            stack_plan = self.stacks.plan(batch, strings, source)
+            stack_plan = self.stacks.plan(batch, strings, source, packed)
             process_plan = self.processes.plan(batch, strings, source, limits)
             if limits is not None:
                 self.quota.check(seq, batch.agent.node, tenant, process_plan.entries, limits)

@@ -41,7 +41,7 @@ class StackColumns(NamedTuple):
     wire: WireFrames | None = None
 
 
-class _Packed(NamedTuple):
+class PackedStacks(NamedTuple):
     """Batch.frame_columns and Batch.stack_columns as numpy views of their bytes."""
 
     functions: np.ndarray
@@ -70,7 +70,7 @@ def _column(seq: int, data: bytes, width: int, what: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype)
 
 
-def _read(batch: pb.Batch) -> _Packed:
+def _read(batch: pb.Batch) -> PackedStacks:
     """The packed columns, their shapes checked: whole entries, a module for each function, a kernel_start
     for each length, and the lengths adding up to the frames (what every stack's place in `frames` rests on).
     What the frames say is checked only for stacks that are decoded (new_stack_columns)."""
@@ -98,19 +98,18 @@ def _read(batch: pb.Batch) -> _Packed:
                 seq, "bad_stack", f"frame_columns have {len(fc.ids)} bytes of ids for {len(functions)} frames"
             )
         ids = np.frombuffer(fc.ids, dtype="<i8")
-    return _Packed(functions, modules, frames, lengths, kernel_starts, ids)
+    return PackedStacks(functions, modules, frames, lengths, kernel_starts, ids)
 
 
-def check_form(batch: pb.Batch) -> None:
-    """One form of stacks, and packed columns of a consistent shape."""
-    if packed(batch):
-        if batch.stacks:
-            fail(
-                batch.sequence,
-                "bad_stack",
-                "the batch has both stacks and stack_columns: one form or the other",
-            )
-        _read(batch)
+def check_form(batch: pb.Batch) -> PackedStacks | None:
+    """One form of stacks, and packed columns of a consistent shape; the packed columns, where they are."""
+    if not packed(batch):
+        return None
+    if batch.stacks:
+        fail(
+            batch.sequence, "bad_stack", "the batch has both stacks and stack_columns: one form or the other"
+        )
+    return _read(batch)
 
 
 def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str, str, str, int]) -> None:
@@ -132,13 +131,15 @@ def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str,
         )
 
 
-def new_stack_columns(batch: pb.Batch, nstr: int, which: list[int]) -> StackColumns:
+def new_stack_columns(
+    batch: pb.Batch, nstr: int, which: list[int], columns: PackedStacks | None = None
+) -> StackColumns:
     """The frames of the stacks at `which` (sorted, in range) as columns of string ids, after checking them:
     their depth, kernel_start, and every frame and string they refer to in range (BatchError otherwise)."""
     if not packed(batch):
         return _message_columns(batch.sequence, batch.stacks, nstr, which)
     seq = batch.sequence
-    p = _read(batch)
+    p = _read(batch) if columns is None else columns
     at = np.asarray(which, dtype=np.int64)
     lens = p.lengths[at].astype(np.int64)
     kernel_starts = p.kernel_starts[at].astype(np.int64)
