@@ -16,7 +16,7 @@ from fleetprof.collector.ingest import stacks as wire_stacks
 from fleetprof.collector.ingest import validate
 from fleetprof.collector.ingest.frames import FrameTable
 from fleetprof.collector.ingest.quota import SeriesQuota
-from fleetprof.collector.ingest.stacks import StackColumns
+from fleetprof.collector.ingest.stacks import NewStacks
 from fleetprof.collector.ingest.validate import IngestLimits
 from fleetprof.collector.model.id_index import IdIndex, PerSource, with_room
 from fleetprof.collector.model.ids import ContentIds, stack_ids_of
@@ -51,7 +51,7 @@ class _StackPlan:
     wire: np.ndarray
     slots: np.ndarray
     missing: np.ndarray
-    columns: StackColumns | None
+    columns: NewStacks | None
 
 
 class StackCache:
@@ -208,7 +208,7 @@ class StackCache:
 
 
 def _decode_stacks(
-    columns: StackColumns, strings: Sequence[str], frames: FrameTable, source: str
+    columns: NewStacks, strings: Sequence[str], frames: FrameTable, source: str
 ) -> tuple[np.ndarray, Callable[[int], Stack], np.ndarray]:
     """Decode checked new stacks together: their content ids (int64 column), a function giving the k-th
     one's frames, and the ids of all their frames, one stack after another (int64 column).

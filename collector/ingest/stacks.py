@@ -17,7 +17,7 @@ from fleetprof.collector.ingest import validate
 from fleetprof.collector.ingest.validate import MAX_STACK_DEPTH, fail
 
 _WIDTHS = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
-_SHAPE = np.dtype("<u2")  # StackColumns.lengths and kernel_starts
+_SHAPE = np.dtype("<u2")  # the wire's StackColumns.lengths and kernel_starts
 
 
 class WireFrames(NamedTuple):
@@ -30,7 +30,7 @@ class WireFrames(NamedTuple):
     modules: np.ndarray
 
 
-class StackColumns(NamedTuple):
+class NewStacks(NamedTuple):
     """Stacks' frames as int64 columns of string ids (checked in range), and their shapes; `wire`: the same
     frames by the agent's frame ids, where it sent them."""
 
@@ -133,7 +133,7 @@ def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str,
 
 def new_stack_columns(
     batch: pb.Batch, nstr: int, which: list[int], columns: PackedStacks | None = None
-) -> StackColumns:
+) -> NewStacks:
     """The frames of the stacks at `which` (sorted, in range) as columns of string ids, after checking them:
     their depth, kernel_start, and every frame and string they refer to in range (BatchError otherwise)."""
     if not packed(batch):
@@ -174,7 +174,7 @@ def new_stack_columns(
             seq, max(fcol[first], mcol[first]), nstr, f"stack {which[_stack_of(lens, first)]}"
         )
     wire = None if p.ids is None else WireFrames(frame, p.ids, p.functions, p.modules)
-    return StackColumns(fcol, mcol, lens, kernel_starts, wire)
+    return NewStacks(fcol, mcol, lens, kernel_starts, wire)
 
 
 def _stack_of(lengths: np.ndarray, frame: int) -> int:
@@ -182,7 +182,7 @@ def _stack_of(lengths: np.ndarray, frame: int) -> int:
     return int(np.searchsorted(np.cumsum(lengths), frame, side="right"))
 
 
-def _message_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[int]) -> StackColumns:
+def _message_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: list[int]) -> NewStacks:
     """new_stack_columns for Stack messages."""
     picked = list(map(stacks.__getitem__, which))
     fs = [st.functions for st in picked]
@@ -205,7 +205,7 @@ def _message_columns(seq: int, stacks: Sequence[pb.Stack], nstr: int, which: lis
         first = int(np.flatnonzero((fcol >= nstr) | (mcol >= nstr))[0])
         k = _stack_of(lens, first)
         validate.check_stack_strings(seq, which[k], stacks[which[k]], nstr)
-    return StackColumns(fcol, mcol, lens, kernel_starts)
+    return NewStacks(fcol, mcol, lens, kernel_starts)
 
 
 def to_messages(batch: pb.Batch) -> None:
