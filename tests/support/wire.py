@@ -279,28 +279,19 @@ class WireStack(NamedTuple):
 
 def stacks_of(batch: pb.Batch) -> list[WireStack]:
     """Every stack of the batch, read from either form (packed columns or Stack messages), names resolved
-    from its string table. Read here with struct, apart from the collector's reader."""
-    strings = batch.strings
-    if not (batch.HasField("stack_columns") or batch.HasField("frame_columns")):
-        return [
-            WireStack(
-                tuple(strings[f] for f in st.functions),
-                tuple(strings[m] for m in (st.modules or [0] * len(st.functions))),
-                st.kernel_start,
-            )
-            for st in batch.stacks
-        ]
-    fc, sc = batch.frame_columns, batch.stack_columns
-    functions, modules = _ints(fc.functions, fc.index_bytes), _ints(fc.modules, fc.index_bytes)
-    frames = _ints(sc.frames, sc.index_bytes)
-    out, at = [], 0
-    for n, ks in zip(_ints(sc.lengths, 2), _ints(sc.kernel_starts, 2), strict=True):
-        run = frames[at : at + n]
-        at += n
-        out.append(
-            WireStack(tuple(strings[functions[i]] for i in run), tuple(strings[modules[i]] for i in run), ks)
+    from its string table. Packed columns are read here with struct (unpack), apart from the collector's
+    reader."""
+    strings, stacks = batch.strings, batch.stacks
+    if batch.HasField("stack_columns") or batch.HasField("frame_columns"):
+        stacks = unpack(pb.Batch(frame_columns=batch.frame_columns, stack_columns=batch.stack_columns)).stacks
+    return [
+        WireStack(
+            tuple(strings[f] for f in st.functions),
+            tuple(strings[m] for m in (st.modules or [0] * len(st.functions))),
+            st.kernel_start,
         )
-    return out
+        for st in stacks
+    ]
 
 
 def kernel_stack(
