@@ -115,7 +115,7 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
     (the shipper assigns it). A pure function of its arguments."""
     strings = _Strings()
     stacks: dict[tuple, int] = {}
-    stack_ids: list[int] = []  # Batch.stack_ids, parallel to batch.stacks
+    stack_ids: list[int] = []  # Batch.stack_ids, one per stack, in stack_columns' order
     processes: dict[tuple[int, int], int] = {}
     batch = pb.Batch(
         agent=identity,

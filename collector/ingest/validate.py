@@ -535,7 +535,8 @@ def stand_in_undecodable(batch: pb.Batch) -> tuple[int, int]:
     that fails its checks becomes the one frame UNREPLAYABLE_STACK; each process's comm, exe and labels
     that fail theirs are emptied or dropped. Only a batch that reused a wire id the collector knew, with
     other content, needs it: ingest found those stacks and processes by id and decoded nothing of them.
-    Returns how many stacks and processes it changed."""
+    Its stacks are Stack messages (the decoder rewrites packed ones first: stacks.to_messages). Returns how
+    many stacks and processes it changed."""
     seq, strings = batch.sequence, batch.strings
     nstr = len(strings)
     stand_in = None
