@@ -11,7 +11,7 @@ from fleetprof._proto.v1 import ingest_pb2 as pb
 from fleetprof.collector.ingest.decode import Decoder
 from fleetprof.collector.ingest.validate import BatchError, IngestLimits
 from fleetprof.collector.model.ids import ContentIds
-from tests.support.wire import BatchBuilder, packed_ints, stacks_of
+from tests.support.wire import BatchBuilder, pack, packed_ints, stacks_of
 
 STACKS = [
     [("main", "app"), ("work", "app"), ("read", "libc.so.6"), ("ksys_read", "[kernel]")],
@@ -42,8 +42,11 @@ def test_packed_and_message_stacks_decode_to_the_same_rows() -> None:
     assert packed.HasField("stack_columns") and not packed.stacks and len(messages.stacks) == len(STACKS)
     assert stacks_of(packed) == stacks_of(messages)
     assert list(packed.stack_ids) == list(messages.stack_ids)
+    no_ids = batch(packed=False)
+    pack(no_ids, frame_ids=False)  # frame ids are optional: names are read instead
+    assert packed.frame_columns.ids and not no_ids.frame_columns.ids
     got = rows(Decoder(ids), packed)
-    assert got == rows(Decoder(ids), messages)
+    assert got == rows(Decoder(ids), messages) == rows(Decoder(ids), no_ids)
     assert len(got) == 3 * len(STACKS) and sum(c for _, _, c in got) == sum(
         1 + k + 7 * i for k in range(len(STACKS)) for i in range(3)
     )
