@@ -406,12 +406,12 @@ class Decoder:
         if launch_rows:
             launches = _columns(batch.cuda_launch_columns, "count")
             validate.check_sample_columns(seq, launches, nproc, nstack, kind=validate.CUDA_LAUNCHES)
-            wire_stacks.check_kernel_leaves(batch, launches[1], validate.CUDA_LAUNCHES)
+            wire_stacks.check_kernel_leaves(batch, packed, launches[1], validate.CUDA_LAUNCHES)
         kernel_rows = len(batch.cuda_kernel_columns.process)
         if kernel_rows:
             kernels = _columns(batch.cuda_kernel_columns, "kernel_ns")
             validate.check_sample_columns(seq, kernels, nproc, nstack, kind=validate.GPU_KERNELS)
-            wire_stacks.check_kernel_leaves(batch, kernels[1], validate.GPU_KERNELS)
+            wire_stacks.check_kernel_leaves(batch, packed, kernels[1], validate.GPU_KERNELS)
         strings = batch.strings  # read only where something is decoded: most of a batch is known
         if batch.syscalls:
             validate.check_syscalls(batch, nproc, len(strings))

@@ -112,13 +112,16 @@ def check_form(batch: pb.Batch) -> PackedStacks | None:
     return _read(batch)
 
 
-def check_kernel_leaves(batch: pb.Batch, stack_col: np.ndarray, kind: tuple[str, str, str, int]) -> None:
+def check_kernel_leaves(
+    batch: pb.Batch, columns: PackedStacks | None, stack_col: np.ndarray, kind: tuple[str, str, str, int]
+) -> None:
     """The stacks CUDA rows refer to (checked in range) end in their kernel: none is empty. Read from the
-    batch's stacks as sent, so a known stack sent again empty is refused too."""
+    batch's stacks as sent (`columns`: its packed columns as check_form read them, or None for Stack
+    messages), so a known stack sent again empty is refused too."""
     row, reason, _, _ = kind
     which = np.unique(stack_col)
-    if packed(batch):
-        lengths = np.frombuffer(batch.stack_columns.lengths, dtype=_SHAPE)[which]
+    if columns is not None:
+        lengths = columns.lengths[which]
     else:
         lengths = np.fromiter((len(batch.stacks[k].functions) for k in which.tolist()), np.int64, len(which))
     if not lengths.all():
@@ -146,11 +149,7 @@ def new_stack_columns(
     bad = (lens > MAX_STACK_DEPTH) | (kernel_starts > lens)
     if bad.any():
         k = which[int(np.flatnonzero(bad)[0])]
-        if p.lengths[k] > MAX_STACK_DEPTH:
-            fail(seq, "bad_stack", f"stack {k} is {p.lengths[k]} frames deep (limit {MAX_STACK_DEPTH})")
-        fail(
-            seq, "bad_stack", f"stack {k} kernel_start {p.kernel_starts[k]} is past its {p.lengths[k]} frames"
-        )
+        validate.check_stack_size(seq, k, int(p.lengths[k]), int(p.kernel_starts[k]))
     ends = np.cumsum(p.lengths, dtype=np.int64)
     total = int(lens.sum())
     # Each picked stack's run of `frames`: its start, then one step a frame.

@@ -190,14 +190,15 @@ def check_stack_shape(seq: int, si: int, st: pb.Stack) -> None:
     """What indexing the string table does not check (that is check_stack_strings)."""
     if len(st.modules) and len(st.modules) != len(st.functions):
         fail(seq, "bad_stack", f"stack {si} has {len(st.functions)} functions but {len(st.modules)} modules")
-    if len(st.functions) > MAX_STACK_DEPTH:
-        fail(seq, "bad_stack", f"stack {si} is {len(st.functions)} frames deep (limit {MAX_STACK_DEPTH})")
-    if st.kernel_start > len(st.functions):
-        fail(
-            seq,
-            "bad_stack",
-            f"stack {si} kernel_start {st.kernel_start} is past its {len(st.functions)} frames",
-        )
+    check_stack_size(seq, si, len(st.functions), st.kernel_start)
+
+
+def check_stack_size(seq: int, si: int, frames: int, kernel_start: int) -> None:
+    """A stack's depth and kernel_start, in either form of stacks."""
+    if frames > MAX_STACK_DEPTH:
+        fail(seq, "bad_stack", f"stack {si} is {frames} frames deep (limit {MAX_STACK_DEPTH})")
+    if kernel_start > frames:
+        fail(seq, "bad_stack", f"stack {si} kernel_start {kernel_start} is past its {frames} frames")
 
 
 def check_stack_strings(seq: int, si: int, st: pb.Stack, nstr: int) -> NoReturn:

@@ -172,7 +172,8 @@ class ChunkWriter:
         )
 
 
-_STACK_LISTS = na.struct({"sid": na.int64(), "frames": na.large_list(na.int64())})
+_FRAME_LISTS = na.large_list(na.int64())
+_STACK_LISTS = na.struct({"sid": na.int64(), "frames": _FRAME_LISTS})
 
 
 def _stack_lists(sids: np.ndarray, lengths: np.ndarray, fids: np.ndarray) -> na.ArrayStream:
@@ -183,7 +184,7 @@ def _stack_lists(sids: np.ndarray, lengths: np.ndarray, fids: np.ndarray) -> na.
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     frames = na.c_array_from_buffers(
-        na.large_list(na.int64()),
+        _FRAME_LISTS,
         len(lengths),
         [None, offsets],
         children=[na.c_array(np.ascontiguousarray(fids, dtype=np.int64), na.int64())],
