@@ -162,14 +162,13 @@ def encode_window(window: Window, identity: pb.AgentIdentity) -> pb.Batch:
 
     def frame_entry(f: Frame) -> tuple[int, bytes]:
         pair = (strings.id(f.function), strings.id(f.module))
-        digest = frame_digest(f.function, f.module)
         at = frame_index.get(pair)
-        if at is None:
+        if at is None:  # the digest is of the names alone: frames of one pair share their entry's
             at = frame_index[pair] = len(table_functions)
             table_functions.append(pair[0])
             table_modules.append(pair[1])
-            table_ids.append(digest)
-        entry = frame_ids[id(f)] = (at, digest)
+            table_ids.append(frame_digest(f.function, f.module))
+        entry = frame_ids[id(f)] = (at, table_ids[at])
         return entry
 
     def stack_index(key: tuple, frames: tuple[Frame, ...], kernel_start: int) -> int:
