@@ -75,6 +75,8 @@ class ChdbConnection:
 
 
 def _plain(v: Any) -> Any:
+    if isinstance(v, bytes):  # a String column given as numpy byte strings (the writer's `rows`)
+        return v.decode("utf-8", "surrogatepass")
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):

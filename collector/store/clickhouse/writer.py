@@ -29,12 +29,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import accumulate
 
 import numpy as np
 
+from fleetprof.collector.model.id_index import IdIndex, distinct
 from fleetprof.collector.model.ids import ContentIds, labels_json
-from fleetprof.collector.model.profile import Labels, Stack
+from fleetprof.collector.model.profile import Labels
 from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
 from fleetprof.collector.store.clickhouse.connection import (
     UNSATISFIED_QUORUM_FOR_PREVIOUS_WRITE,
@@ -42,6 +43,7 @@ from fleetprof.collector.store.clickhouse.connection import (
     Connection,
 )
 from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, MARKER, ROLLUPS, SYSCALL, Layout
+from fleetprof.collector.store.stack_definitions import new_frames, stack_definitions
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +78,17 @@ def _once(per_table: dict[str, int]) -> bool:
 
 class _Known:
     """Definitions known to be in ClickHouse, per day partition (a definition is written again on each new
-    day it is used, so that retention can drop a day of definitions with that day's rows)."""
+    day it is used, so that retention can drop a day of definitions with that day's rows). Stacks and
+    frames in IdIndexes (value 0): a group asks about ~15,000 of each at once, and a day's run to millions."""
 
     def __init__(self) -> None:
-        self._days: dict[int, tuple[set[int], set[int], set[int]]] = {}
+        self._days: dict[int, tuple[IdIndex, IdIndex, set[int]]] = {}
 
-    def day(self, day: int) -> tuple[set[int], set[int], set[int]]:
+    def day(self, day: int) -> tuple[IdIndex, IdIndex, set[int]]:
         """(stacks, frames, label sets) known for `day`."""
         sets = self._days.get(day)
         if sets is None:
-            sets = self._days[day] = (set(), set(), set())
+            sets = self._days[day] = (IdIndex(), IdIndex(), set())
             for old in [d for d in self._days if d < day - 2]:  # batches older than 2 h are refused
                 del self._days[old]
         return sets
@@ -370,43 +373,31 @@ class GroupWriter:
     def _definitions(self, group: list[Pending]) -> list[tuple[str, dict, Callable[[], None]]]:
         """Inserts of the frames, stacks and label sets the group uses that are not known to be in
         ClickHouse for their day yet, each with what to remember once it went in."""
-        new_stacks: dict[int, dict[int, Stack]] = {}  # day -> id -> frames
-        new_labels: dict[int, dict[int, Labels]] = {}
+        days: dict[int, list[Pending]] = {}
         for p in group:
-            day = p.bucket // DAY
-            known_stacks, _, known_labels = self._known.day(day)
-            prof = p.profile
-            ids = prof.stack_table_ids
-            if len(ids):
-                # Known ones found by a set difference in C; only the new ones are looked at one by one.
-                new = set(ids.tolist()).difference(known_stacks)
-                if new:
-                    stacks = new_stacks.setdefault(day, {})
-                    for i in np.flatnonzero(np.isin(ids, np.fromiter(new, np.int64, len(new)))).tolist():
-                        cid, stack = prof.stacks[i]
-                        stacks.setdefault(cid, stack)
+            days.setdefault(p.bucket // DAY, []).append(p)
+        new_labels: dict[int, dict[int, Labels]] = {}
+        for day, batches in days.items():
+            known_labels = self._known.day(day)[2]
             labels = new_labels.setdefault(day, {})
-            for lid, lb in prof.label_sets:
-                if lid not in known_labels:
-                    labels.setdefault(lid, lb)
-            for lb, _, _ in prof.syscalls:
-                lid = self._ids.labels_id(lb)
-                if lid not in known_labels:
-                    labels.setdefault(lid, lb)
+            for p in batches:
+                for lid, lb in p.profile.label_sets:  # the syscall rows' label sets among them
+                    if lid not in known_labels:
+                        labels.setdefault(lid, lb)
         out = []
-        frames_cols, stack_cols, frame_ids_new, stack_ids_new = self._stack_columns(new_stacks)
+        frames_cols, stack_cols, frame_ids_new, stack_ids_new = self._stack_columns(days)
         if frames_cols is not None:
 
-            def frames_done(new: dict[int, list[int]] = frame_ids_new) -> None:
+            def frames_done(new: dict[int, np.ndarray] = frame_ids_new) -> None:
                 for day, fids in new.items():
-                    self._known.day(day)[1].update(fids)
+                    self._known.day(day)[1].add(fids, np.zeros(len(fids), np.int64))
 
             out.append((self._layout.table("frames"), frames_cols, frames_done))
         if stack_cols is not None:
 
-            def stacks_done(new: dict[int, list[int]] = stack_ids_new) -> None:
+            def stacks_done(new: dict[int, np.ndarray] = stack_ids_new) -> None:
                 for day, sids in new.items():
-                    self._known.day(day)[0].update(sids)
+                    self._known.day(day)[0].add(sids, np.zeros(len(sids), np.int64))
 
             out.append((self._layout.table("stacks"), stack_cols, stacks_done))
         label_rows = [(day, lid, lb) for day, sets in new_labels.items() for lid, lb in sets.items()]
@@ -429,38 +420,38 @@ class GroupWriter:
             )
         return out
 
-    def _stack_columns(self, new_stacks: dict[int, dict[int, Stack]]) -> tuple:
-        """Columns of the new frames and stacks, per day (frames of a stack written again with it on a new
-        day), and the ids each insert makes known. Per stack and per frame only C-level calls (map, zip,
-        set and dict operations): at 5% new stacks a batch brings ~150 stacks of ~3,000 frames."""
+    def _stack_columns(self, days: dict[int, list[Pending]]) -> tuple:
+        """Columns of the stacks and frames the group's batches use that are new for their day (a stack's
+        frames written again with it on a new day), and the ids each insert makes known. The stacks ingest
+        decoded come with their frames' ids as columns (stack_definitions.py); a frame's names are read
+        only for frames new for the day."""
         f_day, f_id, f_fn, f_mod, f_kern = [], [], [], [], []
         s_day, s_id, s_frames = [], [], []
-        frames_new: dict[int, list[int]] = {}
-        stacks_new: dict[int, list[int]] = {}
-        for day, stacks in new_stacks.items():
-            if not stacks:
+        frames_new: dict[int, np.ndarray] = {}
+        stacks_new: dict[int, np.ndarray] = {}
+        for day, batches in days.items():
+            known_stacks, known_frames, _ = self._known.day(day)
+            tables = [(p.profile.stack_table_ids, p.profile.stacks) for p in batches]
+            used = distinct(np.concatenate([np.zeros(0, np.int64)] + [ids for ids, _ in tables]))
+            new_ids = used[known_stacks.get(used) < 0]
+            if not len(new_ids):
                 continue
-            known_frames = self._known.day(day)[1]
-            # Every frame of every new stack in one flat list, their ids in one call (ingest interned the
-            # frames, so this is a dict lookup each), then cut back into one id list per stack.
-            flat = list(chain.from_iterable(stacks.values()))
-            fids = self._ids.frame_ids(flat)
-            lens = list(map(len, stacks.values()))
-            s_frames.extend(map(fids.__getitem__, map(slice, accumulate(lens, initial=0), accumulate(lens))))
-            s_day.append(np.full(len(stacks), day, np.uint32))
-            s_id.append(np.fromiter(stacks, np.int64, len(stacks)))
-            by_id = dict(zip(fids, flat, strict=True))
-            fresh = [by_id[fid] for fid in by_id.keys() - known_frames]
-            fresh_ids = self._ids.frame_ids(fresh)
-            stacks_new[day] = list(stacks)
+            parts = stack_definitions(tables, new_ids, self._ids)
+            lengths = np.concatenate([p.lengths for p in parts])
+            fids = np.concatenate([p.frame_ids for p in parts]).tolist()
+            ends = list(accumulate(lengths.tolist()))
+            s_frames.extend(map(fids.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+            s_day.append(np.full(len(lengths), day, np.uint32))
+            s_id.append(np.concatenate([p.ids for p in parts]))
+            stacks_new[day] = s_id[-1]
+            fresh_ids, fresh = new_frames(parts, known_frames)
             frames_new[day] = fresh_ids
             if fresh:
-                functions, modules, kernel = zip(*fresh, strict=True)
                 f_day.append(np.full(len(fresh), day, np.uint32))
-                f_id.append(np.array(fresh_ids, np.int64))
-                f_fn.extend(functions)
-                f_mod.extend(modules)
-                f_kern.append(np.array(kernel, np.uint8))
+                f_id.append(fresh_ids)
+                f_fn.extend([f.function for f in fresh])
+                f_mod.extend([f.module for f in fresh])
+                f_kern.append(np.array([f.kernel for f in fresh], np.uint8))
         frames_cols = stack_cols = None
         if f_id:
             frames_cols = {
@@ -478,11 +469,14 @@ class GroupWriter:
 
     def _rows_of(self, group: list[Pending]) -> dict[str, np.ndarray]:
         """The group's rows as columns of `rows`: per batch its samples, syscall rows, latency buckets and
-        marker."""
+        marker. The String columns (`syscall`, `node`: one value a batch or a row kind) are numpy byte
+        strings: clickhouse-driver writes those as they are, where it checks an object column for nulls and
+        encodes it value by value (a group's 25,000 rows: 16 -> 8 ms of CPU, bench/README.md)."""
         kind, bucket, lid, sid, freq, count = [], [], [], [], [], []
         sys_name, hist_i, timed, timed_ns, batch, node = [], [], [], [], [], []
         for p in group:
             prof, b = p.profile, p.bucket
+            node_name = _utf8(p.node)
             n = len(prof.counts)
             if n:
                 kind.append(np.full(n, CPU, np.uint8))
@@ -491,12 +485,12 @@ class GroupWriter:
                 sid.append(prof.stack_ids())
                 freq.append(np.full(n, prof.frequency_hz, np.uint32))
                 count.append(prof.counts.astype(np.int64, copy=False))
-                sys_name.append(np.full(n, "", dtype=object))
+                sys_name.append(np.full(n, b"", dtype="S1"))
                 hist_i.append(np.zeros(n, np.uint8))
                 timed.append(np.zeros(n, np.int64))
                 timed_ns.append(np.zeros(n, np.int64))
                 batch.append(np.zeros(n, np.int64))
-                node.append(np.full(n, p.node, dtype=object))
+                node.append(np.full(n, node_name))
             extra: list[
                 tuple[int, int, str, int, int, int, int]
             ] = []  # kind, lid, syscall, i, count, timed, ns
@@ -515,7 +509,7 @@ class GroupWriter:
             lid.append(np.array(cols[1], np.int64))
             sid.append(np.zeros(m, np.int64))
             freq.append(np.zeros(m, np.uint32))
-            sys_name.append(np.array(cols[2], dtype=object))
+            sys_name.append(np.array(list(map(_utf8, cols[2]))))
             hist_i.append(np.array(cols[3], np.uint8))
             count.append(np.array(cols[4], np.int64))
             timed.append(np.array(cols[5], np.int64))
@@ -523,7 +517,7 @@ class GroupWriter:
             marker = np.zeros(m, np.int64)
             marker[-1] = p.key
             batch.append(marker)
-            node.append(np.full(m, p.node, dtype=object))
+            node.append(np.full(m, node_name))
         cat = np.concatenate
         return {
             "kind": cat(kind),
@@ -539,3 +533,9 @@ class GroupWriter:
             "batch": cat(batch),
             "node": cat(node),
         }
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as a String column's bytes. Numpy byte strings drop trailing NUL bytes: a node name ending
+    in one shards as the name without them (`node` only shards and is not read back)."""
+    return text.encode("utf-8", "surrogatepass")

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
 from fleetprof.collector.model.id_index import distinct
-from fleetprof.collector.model.profile import FrameKey, Labels, Stack
-from fleetprof.collector.model.rows import BUCKET_S, ProfileRows, contents_at
+from fleetprof.collector.model.profile import Labels, Stack
+from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
+from fleetprof.collector.store.stack_definitions import stacks_for
 
 
 @dataclass
@@ -71,47 +71,7 @@ class Chunk:
 
     def stacks_for(self, ids: Iterable[int]) -> dict[int, Stack]:
         """The frames of those of `ids` that this chunk's windows define (each read from one window)."""
-        wanted = np.unique(np.fromiter(ids, dtype=np.int64))
-        found = np.zeros(len(wanted), dtype=bool)
-        out: dict[int, Stack] = {}
-        for table_ids, table in self.stack_tables:
-            if found.all():
-                break
-            at = _first_hits(wanted, found, table_ids)
-            out.update(zip(table_ids[at].tolist(), contents_at(table, at), strict=True))
-        return out
-
-    def decoded_stacks(self, ids: np.ndarray) -> tuple[StackDefinitions | None, np.ndarray]:
-        """The definitions of those of `ids` (sorted, distinct) that this chunk's windows decoded, as
-        columns (each stack taken from the first window that decoded it), and the ids left: those no
-        window decoded (stacks_for has them). All windows' columns are joined first, so this costs a few
-        numpy passes over the chunk, not a few per window."""
-        decoded = [d for _, t in self.stack_tables if (d := getattr(t, "decoded", None)) is not None]
-        found = np.zeros(len(ids), dtype=bool)
-        if not decoded:
-            return None, ids
-        all_lengths = np.concatenate([d.lengths for d in decoded])
-        at = _first_hits(ids, found, np.concatenate([d.ids for d in decoded]))
-        lengths = all_lengths[at]
-        starts = np.cumsum(all_lengths) - all_lengths
-        # the frame rows of the stacks at `at`, one stack after another
-        shift = np.repeat(starts[at] - (np.cumsum(lengths) - lengths), lengths)
-        rows = np.arange(int(lengths.sum()), dtype=np.int64) + shift
-        frame_ids = np.concatenate([d.frame_ids for d in decoded])[rows]
-        window_ends = np.cumsum([len(d.frame_ids) for d in decoded])
-
-        def frame_at(row: int) -> FrameKey:  # the window, then the stack, then the frame of a row
-            w = int(np.searchsorted(window_ends, row, side="right"))
-            d = decoded[w]
-            local = row - int(window_ends[w]) + len(d.frame_ids)
-            stack_ends = np.cumsum(d.lengths)
-            k = int(np.searchsorted(stack_ends, local, side="right"))
-            return d.stacks[k][local - int(stack_ends[k]) + int(d.lengths[k])]
-
-        chosen = StackDefinitions(
-            np.concatenate([d.ids for d in decoded])[at], lengths, frame_ids, rows, frame_at
-        )
-        return chosen, ids[~found]
+        return stacks_for(self.stack_tables, ids)
 
     def sample_columns(self) -> dict[str, np.ndarray]:
         parts = self.parts
@@ -125,30 +85,6 @@ class Chunk:
             "freq": np.repeat(np.array([p[3] for p in parts], dtype=np.int32), sizes),
             "count": np.concatenate([p[4] for p in parts]),
         }
-
-
-class StackDefinitions(NamedTuple):
-    """Stacks as columns (stack i: `ids[i]`, `lengths[i]` frames in `frame_ids`, one after another), and
-    frame row j's FrameKey as `frame_at(rows[j])`."""
-
-    ids: np.ndarray
-    lengths: np.ndarray
-    frame_ids: np.ndarray
-    rows: np.ndarray
-    frame_at: Callable[[int], FrameKey]
-
-
-def _first_hits(wanted: np.ndarray, found: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Positions in `ids` of the `wanted` (sorted) ids not `found` yet, the first of each; marks them
-    found."""
-    if not len(wanted) or not len(ids):
-        return np.zeros(0, dtype=np.int64)
-    pos = np.minimum(np.searchsorted(wanted, ids), len(wanted) - 1)
-    hit = np.flatnonzero((wanted[pos] == ids) & ~found[pos])
-    _, first = np.unique(pos[hit], return_index=True)  # an id twice in one table: its first entry
-    hit = hit[first]
-    found[pos[hit]] = True
-    return hit
 
 
 def _empty_columns() -> dict[str, np.ndarray]:

@@ -52,7 +52,7 @@ class KnownIds:
 
     stacks: IdIndex = field(default_factory=IdIndex)  # value 0: only membership counts
     labels: set[int] = field(default_factory=set)
-    frames: set[int] = field(default_factory=set)
+    frames: IdIndex = field(default_factory=IdIndex)  # value 0, as stacks
 
 
 class Database:

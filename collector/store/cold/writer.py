@@ -4,18 +4,16 @@ dedupe entries; nothing is remembered as written unless the transaction commits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import chain
 
 import duckdb
 import nanoarrow as na
 import numpy as np
 
-from fleetprof.collector.model.id_index import distinct
 from fleetprof.collector.model.ids import ContentIds, labels_json
-from fleetprof.collector.model.profile import Stack
 from fleetprof.collector.model.rows import BUCKET_S
-from fleetprof.collector.store.cold.chunk import Chunk, StackDefinitions
+from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database, rollback
+from fleetprof.collector.store.stack_definitions import new_frames, stack_definitions
 
 
 class ChunkWriter:
@@ -36,7 +34,7 @@ class ChunkWriter:
             con.execute("BEGIN")
             try:
                 self._fault("definitions")
-                new_stacks, new_frames = self._insert_definitions(con, chunk)
+                added_stacks, added_frames = self._insert_definitions(con, chunk)
                 self._fault("rows")
                 if chunk.rows:
                     con.register("chunk_samples", chunk.sample_columns())
@@ -69,8 +67,8 @@ class ChunkWriter:
                 rollback(con)
                 raise
             known = self._db.known
-            known.stacks.add(new_stacks, np.zeros(len(new_stacks), dtype=np.int64))
-            known.frames.update(new_frames)
+            known.stacks.add(added_stacks, np.zeros(len(added_stacks), dtype=np.int64))
+            known.frames.add(added_frames, np.zeros(len(added_frames), dtype=np.int64))
             known.labels.update(chunk.labels)
         self._fault("committed")
 
@@ -92,14 +90,14 @@ class ChunkWriter:
 
     def _insert_definitions(
         self, con: duckdb.DuckDBPyConnection, chunk: Chunk
-    ) -> tuple[np.ndarray, list[int]]:
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Insert the stack, frame and label definitions the database lacks; returns the new stack and
         frame ids (remembered as known only once the transaction commits)."""
         ids = chunk.stack_ids()
         new_ids = ids[self._db.known.stacks.get(ids) < 0]
-        new_frames: list[int] = []
+        added_frames = np.zeros(0, dtype=np.int64)
         if len(new_ids):
-            new_frames = self._insert_stacks(con, chunk, new_ids)
+            added_frames = self._insert_stacks(con, chunk, new_ids)
         new_labels = {lid: lb for lid, lb in chunk.labels.items() if lid not in self._db.known.labels}
         if new_labels:
             con.execute(
@@ -107,44 +105,28 @@ class ChunkWriter:
                 "unnest($2::VARCHAR[])) n WHERE n.id NOT IN (SELECT id FROM label_sets)",
                 [list(new_labels), [labels_json(lb) for lb in new_labels.values()]],
             )
-        return new_ids, new_frames
+        return new_ids, added_frames
 
-    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, chunk: Chunk, new_ids: np.ndarray) -> list[int]:
+    def _insert_stacks(self, con: duckdb.DuckDBPyConnection, chunk: Chunk, new_ids: np.ndarray) -> np.ndarray:
         """Stacks (and frames) as columns, the frame lists built by DuckDB. The stacks ingest decoded come
-        with their frames' ids (Chunk.decoded_stacks); only the others (stacks ingest knew before this
+        with their frames' ids (stack_definitions.py); only the others (stacks ingest knew before this
         database did: after a restart, or a dropped duplicate's) have their frames flattened and looked up
         here. A frame's definition is read only for frames new to the database."""
-        decoded, rest = chunk.decoded_stacks(new_ids)
-        parts = [] if decoded is None else [decoded]
-        if len(rest):
-            parts.append(self._definitions(chunk.stacks_for(rest.tolist())))
+        parts = stack_definitions(chunk.stack_tables, new_ids, self._ids)
         sids = np.concatenate([p.ids for p in parts])
         lengths = np.concatenate([p.lengths for p in parts])
         fids = np.concatenate([p.frame_ids for p in parts])
-        known = self._db.known.frames
-        new_fids = np.array([f for f in distinct(fids).tolist() if f not in known], dtype=np.int64)
+        new_fids, frames = new_frames(parts, self._db.known.frames)
         if len(new_fids):
-            # each new frame's FrameKey read from its first row: found among the rows of new frames only
-            pos = np.minimum(np.searchsorted(new_fids, fids), len(new_fids) - 1)
-            hit = np.flatnonzero(new_fids[pos] == fids)
-            _, first = np.unique(pos[hit], return_index=True)
-            at = hit[first]
-            sizes = np.array([len(p.frame_ids) for p in parts], dtype=np.int64)
-            which = np.searchsorted(np.cumsum(sizes), at, side="right")
-            local = at - (np.cumsum(sizes) - sizes)[which]
-            new_frames = [
-                parts[w].frame_at(int(parts[w].rows[j]))
-                for w, j in zip(which.tolist(), local.tolist(), strict=True)
-            ]
             con.execute(
                 "INSERT INTO frames SELECT * FROM (SELECT unnest($1::BIGINT[]) AS id, "
                 "unnest($2::VARCHAR[]), unnest($3::VARCHAR[]), unnest($4::BOOLEAN[])) n "
                 "WHERE n.id NOT IN (SELECT id FROM frames)",
                 [
                     new_fids.tolist(),
-                    [f.function for f in new_frames],
-                    [f.module for f in new_frames],
-                    [bool(f.kernel) for f in new_frames],
+                    [f.function for f in frames],
+                    [f.module for f in frames],
+                    [bool(f.kernel) for f in frames],
                 ],
             )
         con.register("new_stacks", _stack_lists(sids, lengths, fids))
@@ -152,24 +134,7 @@ class ChunkWriter:
             "INSERT INTO stacks SELECT sid, frames FROM new_stacks WHERE sid NOT IN (SELECT id FROM stacks)"
         )
         con.unregister("new_stacks")
-        return new_fids.tolist()
-
-    def _definitions(self, stacks: dict[int, Stack]) -> StackDefinitions:
-        """Stacks given by their frames as columns: every frame of every stack in one flat column, each
-        distinct frame's id looked up once. Frames are told apart by object identity first (ingest shares
-        one FrameKey per frame), a numpy pass instead of a hash per frame."""
-        lengths = np.fromiter(map(len, stacks.values()), dtype=np.int64, count=len(stacks))
-        flat = list(chain.from_iterable(stacks.values()))
-        addresses = np.fromiter(map(id, flat), dtype=np.int64, count=len(flat))
-        _, first, which = np.unique(addresses, return_index=True, return_inverse=True)
-        fids = np.array(self._ids.frame_ids([flat[i] for i in first.tolist()]), dtype=np.int64)
-        return StackDefinitions(
-            np.fromiter(stacks.keys(), dtype=np.int64, count=len(stacks)),
-            lengths,
-            fids[which.reshape(-1)],
-            np.arange(len(flat), dtype=np.int64),
-            flat.__getitem__,
-        )
+        return new_fids
 
 
 _FRAME_LISTS = na.large_list(na.int64())
