@@ -67,9 +67,10 @@ def _warn(command: str, data: dict) -> dict:
 
 
 def cmd_collector(args: argparse.Namespace) -> int:
-    from fleetprof.collector.main import Collector, CollectorConfig
+    from fleetprof.collector.main import Collector, CollectorConfig, tune_gc
     from fleetprof.httpserve import HttpLimits
 
+    tune_gc()
     try:
         col = Collector(
             CollectorConfig(
