@@ -297,6 +297,11 @@ class SyscallTracer:
         with self._lock:
             return sum(len(table) for table in (*self._counts, *self._latency))
 
+    def table_tgids(self) -> set[int]:
+        """The processes with keys in the kernel's count and latency maps now, both sets."""
+        with self._lock:
+            return {key.tgid for table in (*self._counts, *self._latency) for key in table.keys()}
+
     def close(self) -> None:
         if self._cycle is not None:
             self._cycle.stop()
