@@ -46,6 +46,20 @@ def stack_definitions(tables: Tables, ids: np.ndarray, content_ids: ContentIds) 
     return parts
 
 
+def used_ids(tables: Tables) -> np.ndarray:
+    """The distinct content ids (sorted) of the stacks in `tables`."""
+    return distinct(np.concatenate([np.zeros(0, np.int64)] + [ids for ids, _ in tables]))
+
+
+def joined(parts: Sequence[StackDefinitions]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The stacks of `parts` as one set of columns: (ids, lengths, frame_ids)."""
+    return (
+        np.concatenate([p.ids for p in parts]),
+        np.concatenate([p.lengths for p in parts]),
+        np.concatenate([p.frame_ids for p in parts]),
+    )
+
+
 def stacks_for(tables: Tables, ids: Iterable[int]) -> dict[int, Stack]:
     """The frames of those of `ids` that `tables` define (each read from the first table that does)."""
     wanted = np.unique(np.fromiter(ids, dtype=np.int64))
@@ -68,8 +82,9 @@ def decoded_stacks(tables: Tables, ids: np.ndarray) -> tuple[StackDefinitions | 
     found = np.zeros(len(ids), dtype=bool)
     if not decoded:
         return None, ids
+    all_ids = np.concatenate([d.ids for d in decoded])
     all_lengths = np.concatenate([d.lengths for d in decoded])
-    at = _first_hits(ids, found, np.concatenate([d.ids for d in decoded]))
+    at = _first_hits(ids, found, all_ids)
     lengths = all_lengths[at]
     starts = np.cumsum(all_lengths) - all_lengths
     # the frame rows of the stacks at `at`, one stack after another
@@ -86,8 +101,7 @@ def decoded_stacks(tables: Tables, ids: np.ndarray) -> tuple[StackDefinitions | 
         stacks = list(chain.from_iterable(d.stacks for d in decoded))
         return [stacks[i][j] for i, j in zip(k.tolist(), place.tolist(), strict=True)]
 
-    chosen_ids = np.concatenate([d.ids for d in decoded])[at]
-    return StackDefinitions(chosen_ids, lengths, frame_ids, rows, frames_at), ids[~found]
+    return StackDefinitions(all_ids[at], lengths, frame_ids, rows, frames_at), ids[~found]
 
 
 def flattened(stacks: dict[int, Stack], content_ids: ContentIds) -> StackDefinitions:

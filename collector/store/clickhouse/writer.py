@@ -33,7 +33,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from fleetprof.collector.model.id_index import IdIndex, distinct
+from fleetprof.collector.model.id_index import IdIndex
 from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.profile import Labels
 from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
@@ -43,7 +43,7 @@ from fleetprof.collector.store.clickhouse.connection import (
     Connection,
 )
 from fleetprof.collector.store.clickhouse.schema import CPU, DAY, HIST, MARKER, ROLLUPS, SYSCALL, Layout
-from fleetprof.collector.store.stack_definitions import new_frames, stack_definitions
+from fleetprof.collector.store.stack_definitions import joined, new_frames, stack_definitions, used_ids
 
 log = logging.getLogger(__name__)
 
@@ -432,18 +432,18 @@ class GroupWriter:
         for day, batches in days.items():
             known_stacks, known_frames, _ = self._known.day(day)
             tables = [(p.profile.stack_table_ids, p.profile.stacks) for p in batches]
-            used = distinct(np.concatenate([np.zeros(0, np.int64)] + [ids for ids, _ in tables]))
+            used = used_ids(tables)
             new_ids = used[known_stacks.get(used) < 0]
             if not len(new_ids):
                 continue
             parts = stack_definitions(tables, new_ids, self._ids)
-            lengths = np.concatenate([p.lengths for p in parts])
-            fids = np.concatenate([p.frame_ids for p in parts]).tolist()
+            sids, lengths, fids = joined(parts)
+            flat = fids.tolist()
             ends = list(accumulate(lengths.tolist()))
-            s_frames.extend(map(fids.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+            s_frames.extend(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
             s_day.append(np.full(len(lengths), day, np.uint32))
-            s_id.append(np.concatenate([p.ids for p in parts]))
-            stacks_new[day] = s_id[-1]
+            s_id.append(sids)
+            stacks_new[day] = sids
             fresh_ids, fresh = new_frames(parts, known_frames)
             frames_new[day] = fresh_ids
             if fresh:
@@ -483,9 +483,7 @@ class GroupWriter:
             prof, before = p.profile, len(extra)
             ids = {lset: i for i, lset in prof.label_sets} if prof.syscalls else {}
             for lset, name, agg in prof.syscalls:
-                lid_s = ids.get(lset)
-                if lid_s is None:
-                    lid_s = ids[lset] = self._ids.labels_id(lset)
+                lid_s = ids[lset]  # a syscall row's label set is in the window's table (ProfileRows)
                 call = _utf8(name)
                 extra.append((SYSCALL, lid_s, call, 0, agg.count, agg.timed, agg.timed_ns, 0))
                 extra.extend((HIST, lid_s, call, i, v, 0, 0, 0) for i, v in enumerate(agg.hist) if v)

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetprof.collector.model.id_index import distinct
 from fleetprof.collector.model.profile import Labels, Stack
 from fleetprof.collector.model.rows import BUCKET_S, ProfileRows
-from fleetprof.collector.store.stack_definitions import stacks_for
+from fleetprof.collector.store.stack_definitions import stacks_for, used_ids
 
 
 @dataclass
@@ -67,7 +66,7 @@ class Chunk:
 
     def stack_ids(self) -> np.ndarray:
         """The distinct content ids of the stacks in this chunk's windows."""
-        return distinct(np.concatenate([np.zeros(0, np.int64)] + [ids for ids, _ in self.stack_tables]))
+        return used_ids(self.stack_tables)
 
     def stacks_for(self, ids: Iterable[int]) -> dict[int, Stack]:
         """The frames of those of `ids` that this chunk's windows define (each read from one window)."""

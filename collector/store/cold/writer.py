@@ -13,7 +13,7 @@ from fleetprof.collector.model.ids import ContentIds, labels_json
 from fleetprof.collector.model.rows import BUCKET_S
 from fleetprof.collector.store.cold.chunk import Chunk
 from fleetprof.collector.store.cold.database import Database, rollback
-from fleetprof.collector.store.stack_definitions import new_frames, stack_definitions
+from fleetprof.collector.store.stack_definitions import joined, new_frames, stack_definitions
 
 
 class ChunkWriter:
@@ -113,9 +113,7 @@ class ChunkWriter:
         database did: after a restart, or a dropped duplicate's) have their frames flattened and looked up
         here. A frame's definition is read only for frames new to the database."""
         parts = stack_definitions(chunk.stack_tables, new_ids, self._ids)
-        sids = np.concatenate([p.ids for p in parts])
-        lengths = np.concatenate([p.lengths for p in parts])
-        fids = np.concatenate([p.frame_ids for p in parts])
+        sids, lengths, fids = joined(parts)
         new_fids, frames = new_frames(parts, self._db.known.frames)
         if len(new_fids):
             con.execute(
