@@ -188,6 +188,7 @@ class Resolver:
         # (pid, start, correlation id) -> the launching stack (root first, ending in the CUDA API function)
         # of a launch our CUPTI library sampled, until its kernel's record is read (a window or two later)
         self._launch_stacks = _Lru(cache_size)
+        self._window_processes: dict[tuple[int, bool], ProcessInfo] = {}  # (pid, mappings) -> as in resolve
 
     def resolve(
         self,
@@ -211,6 +212,10 @@ class Resolver:
             self._user_cache.clear()
             self._py_merged.clear()
         samples: list[ResolvedSample] = []
+        # The window's processes as first looked up (or remapped, or renamed) in it: a window's rows name
+        # few processes thousands of times, and each table lookup took the table's lock (9% of the agent's
+        # CPU on a PyTorch job).
+        self._window_processes = {}
         unknown_process = 0
         remapped: set[int] = set()
         python = (
@@ -402,11 +407,15 @@ class Resolver:
         """The process as captured, or (gone before it could be described) what the kernel told us. A row
         of its main thread (`tid` == `tgid`) carries the process's name at sample time: one that named
         itself after it was described (a Python program, once its imports are done) is renamed."""
-        proc = self._processes.get(tgid, mappings)
+        key = (tgid, mappings)
+        proc = self._window_processes.get(key)
         if proc is None:
-            proc = ProcessInfo(tgid, 0, comm, "", CgroupIdentity(path=""), ())
-        elif tid == tgid and comm and proc.comm != comm:
-            proc = self._processes.renamed(tgid, comm) or proc
+            proc = self._processes.get(tgid, mappings)
+            if proc is None:
+                return ProcessInfo(tgid, 0, comm, "", CgroupIdentity(path=""), ())
+            self._window_processes[key] = proc
+        if tid == tgid and comm and proc.comm != comm:
+            proc = self._window_processes[key] = self._processes.renamed(tgid, comm) or proc
         return proc
 
     def _user(
@@ -437,6 +446,8 @@ class Resolver:
             # An address outside the captured mappings: the process mapped something new (dlopen).
             remapped.add(proc.pid)
             fresh = self._processes.remap(proc.pid)
+            if fresh is not None:
+                self._window_processes[(proc.pid, True)] = fresh  # the window's later rows read these
             if fresh is not None and fresh.mappings is not mappings:
                 mappings = fresh.mappings
                 frames = self._symbolizer.user_frames(proc.pid, mappings, addrs, return_addresses=True)

@@ -19,6 +19,7 @@ last evaluation frame are trusted, and the Python frames become the root: `outer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 from fleetprof.agent.model import Frame
 
@@ -54,28 +55,27 @@ _EVALUATOR = frozenset({"_PyEval_EvalFrameDefault", "_PyEval_EvalFrameDefault.co
 
 def merge(native: Sequence[Frame], python: PythonFrames) -> tuple[Frame, ...]:
     """One user stack, root first, from native frames (root first) and the thread's Python frames."""
-    flat = tuple(f for group in python for f in group)
+    flat = tuple(chain.from_iterable(python))
     if not flat:
         return tuple(native)
     complete = bool(native) and native[0].function in ENTRY_FUNCTIONS
-    evaluators = [i for i, f in enumerate(native) if f.function in _EVALUATOR]
+    # Names tested inline, not through is_eval_frame: every new stack of a Python process is merged, and a
+    # call a frame was the agent's largest single cost on a PyTorch job (bench/README.md).
+    functions = [f.function for f in native]
+    at = [i for i, name in enumerate(functions) if name in EVAL_FUNCTIONS]
+    evaluators = [i for i in at if functions[i] in _EVALUATOR]
     if complete and evaluators and len(evaluators) == len(python):
         out: list[Frame] = []
         done = 0
         for i, group in zip(evaluators, python, strict=True):
-            out.extend(f for f in native[done:i] if not is_eval_frame(f))
+            out.extend(native[j] for j in range(done, i) if functions[j] not in EVAL_FUNCTIONS)
             out.extend(group)
             done = i + 1
         out.extend(native[done:])
         return tuple(out)
-    first = last = -1
-    for i, f in enumerate(native):
-        if is_eval_frame(f):
-            if first < 0:
-                first = i
-            last = i
-    if first < 0:
+    if not at:
         return (*flat, *native)
+    first, last = at[0], at[-1]
     if not complete:
         return (*flat, *native[last + 1 :])
     return (*native[:first], *flat, *native[last + 1 :])
