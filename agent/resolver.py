@@ -182,6 +182,7 @@ class Resolver:
         self._kernel_cache = _Lru(cache_size)
         self._py_named = _Lru(cache_size // 2)
         self._py_merged = _Described(cache_size)
+        self._py_by_content = _Lru(cache_size)  # (native frames, Python frames) -> merged, any process
         self._cut = 0  # samples of this window whose user stack was cut at an unmapped address
         self._unsymbolized = 0  # ... and whose user stack holds code of a file that no symbol covers
         self._symbol_generation = symbolizer.generation
@@ -211,6 +212,7 @@ class Resolver:
             self._symbol_generation = self._symbolizer.generation
             self._user_cache.clear()
             self._py_merged.clear()
+            self._py_by_content.clear()
         samples: list[ResolvedSample] = []
         # The window's processes as first looked up (or remapped, or renamed) in it: a window's rows name
         # few processes thousands of times, and each table lookup took the table's lock (9% of the agent's
@@ -219,7 +221,9 @@ class Resolver:
         unknown_process = 0
         remapped: set[int] = set()
         python = (
-            _PythonWindow(self._python, self._py_named, self._py_merged) if self._python is not None else None
+            _PythonWindow(self._python, self._py_named, self._py_merged, self._py_by_content)
+            if self._python is not None
+            else None
         )
         gpu_state = self._gpu_states()
         self._cut = self._unsymbolized = 0
@@ -510,11 +514,12 @@ class _PythonWindow:
     kept. Without this, every window re-read every sampled code object and re-decoded its line table:
     ~1% of a core for a handful of Python processes, most of the agent's CPU."""
 
-    def __init__(self, python: PythonStacks, named: _Lru, merged: _Described):
+    def __init__(self, python: PythonStacks, named: _Lru, merged: _Described, by_content: _Lru):
         self._python = python
         self._detected = python.begin_window()
         self._named = named
         self._merged = merged
+        self._by_content = by_content
         self.unsupported_samples = 0
         self.merged_samples = 0
 
@@ -547,8 +552,16 @@ class _PythonWindow:
         mkey = (*key, native_id)
         merged = self._merged.lookup(mkey, proc.mappings)
         if merged is None:
-            merged = self._python.merged(native, named)
-            if not _unnamed(named):
+            # The merge is a function of the frames alone, and stacks whose raw ids differ (where the CPU
+            # was inside a function or a line) often have equal frames: those are merged once.
+            unnamed = _unnamed(named)
+            content = (native, named)
+            merged = self._by_content.get(content)
+            if merged is None:
+                merged = self._python.merged(native, named)
+                if not unnamed:
+                    self._by_content.put(content, merged)
+            if not unnamed:
                 self._merged.keep(mkey, proc.mappings, merged)
         self.merged_samples += count
         return merged

@@ -47,12 +47,20 @@ class CodeInfo:
     # instruction index -> its frame: a hot code object is sampled at a few instructions thousands of times
     # (decoding the line table from its start each time was a quarter of a busy node's drain time)
     frames: dict[int, Frame] = field(default_factory=dict, compare=False, repr=False)
+    # line -> its one Frame: the instructions of a line share it (as a function's addresses share one in
+    # the symbolizer), so stacks that differ only in the instruction are equal tuples of the same objects
+    lines: dict[int, Frame] = field(default_factory=dict, compare=False, repr=False)
     # the line table decoded (line_ranges), once a second instruction of the code object is met: a large
     # function of a deep PyTorch stack is sampled at many instructions, and each walked the whole table
     ranges: list[tuple[list[int], list[int]]] = field(default_factory=list, compare=False, repr=False)
 
     def frame(self, line: int) -> Frame:
-        return Frame(f"{self.qualname} ({os.path.basename(self.filename)}:{line})", self.filename)
+        f = self.lines.get(line)
+        if f is None:
+            f = self.lines[line] = Frame(
+                f"{self.qualname} ({os.path.basename(self.filename)}:{line})", self.filename
+            )
+        return f
 
     def frame_at(self, index: int) -> Frame:
         """The frame of instruction `index` (code units from the start of its bytecode)."""

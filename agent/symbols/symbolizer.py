@@ -95,7 +95,18 @@ def module_runs(frames: Sequence[Frame]) -> tuple[tuple[str, int, bool], ...]:
 class _CachedFile:
     """Symbols of one ELF file (or the record that loading it failed), shared by every pid mapping it."""
 
-    __slots__ = ("name", "table", "segments", "retry_at", "memo", "nbytes", "build_id", "source", "ask_at")
+    __slots__ = (
+        "name",
+        "table",
+        "segments",
+        "retry_at",
+        "memo",
+        "frames",
+        "nbytes",
+        "build_id",
+        "source",
+        "ask_at",
+    )
 
     def __init__(
         self,
@@ -112,6 +123,10 @@ class _CachedFile:
         self.retry_at = retry_at
         # Per-file memo keyed by ELF address, so it is valid for every process mapping the file.
         self.memo: dict[int, Frame] = {}
+        # Function name -> its one Frame: the addresses of a function share it, so stacks that differ only
+        # in where the CPU was inside a function come out as equal tuples of the same objects (the
+        # resolver's caches and the encoder compare them by identity first).
+        self.frames: dict[str, Frame] = {}
         self.nbytes = table.nbytes if table is not None else 0
         self.build_id = build_id
         self.source = source  # where the table came from (debuginfo.SOURCES); "" for none
@@ -341,11 +356,17 @@ class Symbolizer:
             self._counts["memo_hits"] += 1
             return frame, True
         hit = cached.table.lookup(vaddr)
-        frame = Frame(hit[0], cached.name) if hit is not None else unknown_frame(cached.name, file_offset)
         if len(cached.memo) >= _MEMO_MAX:
             self._bytes -= len(cached.memo) * _MEMO_ENTRY_BYTES
             cached.nbytes -= len(cached.memo) * _MEMO_ENTRY_BYTES
             cached.memo.clear()
+            cached.frames.clear()
+        if hit is None:
+            frame = unknown_frame(cached.name, file_offset)
+        else:
+            frame = cached.frames.get(hit[0])
+            if frame is None:
+                frame = cached.frames[hit[0]] = Frame(hit[0], cached.name)
         cached.memo[vaddr] = frame
         self._bytes += _MEMO_ENTRY_BYTES
         cached.nbytes += _MEMO_ENTRY_BYTES

@@ -82,6 +82,23 @@ def test_line_table_decoding_matches_the_interpreter() -> None:
     assert checked > 400
 
 
+def test_the_instructions_of_one_line_share_one_frame() -> None:
+    """As a function's addresses do (test_symbols): samples at two instructions of one line name it with
+    one Frame object, and other lines with others."""
+    code = compile("x = 1\ny = [i * x for i in range(3)] + [x]\n", "two_lines.py", "exec")
+    info = CodeInfo(code.co_qualname, "two_lines.py", code.co_firstlineno, code.co_linetable, b"", 0)
+    by_line: dict[int, list[int]] = {}
+    for index, (line, *_cols) in enumerate(code.co_positions()):
+        if line is not None:
+            by_line.setdefault(line, []).append(index)
+    first, second = by_line[1], by_line[2]
+    assert len(second) >= 2
+    frames = [info.frame_at(i) for i in second]
+    assert all(f is frames[0] for f in frames)
+    assert frames[0].function == "<module> (two_lines.py:2)"
+    assert info.frame_at(first[0]) is not frames[0]
+
+
 def test_merge_puts_python_frames_in_place_of_the_interpreter() -> None:
     f = Frame
     py = ((f("outer (a.py:3)", "a.py"), f("middle (a.py:7)", "a.py")),)  # one C call into the interpreter

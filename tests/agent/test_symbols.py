@@ -204,6 +204,19 @@ def test_two_processes_of_one_binary_share_one_loaded_table(builds, running):
 
 
 @needs_gcc
+def test_the_addresses_of_one_function_share_one_frame(builds, running):
+    """Stacks that differ only in where the CPU was inside a function must come out as equal tuples of the
+    same frames: the resolver's content caches and the encoder compare frames by identity first."""
+    r = running(builds["pie"])
+    sym = Symbolizer()
+    beta = r.addrs["fleetprof_beta"]
+    a, b, alpha = sym.user_frames(r.pid, r.mappings, [beta + 1, beta + 4, r.addrs["fleetprof_alpha"]])
+    assert a.function == b.function == "fleetprof_beta"
+    assert a is b
+    assert alpha.function == "fleetprof_alpha" and alpha is not a
+
+
+@needs_gcc
 def test_process_that_exited_is_still_symbolized_from_captured_mappings(builds):
     r = start(builds["nopie"])
     r.stop()
