@@ -18,9 +18,10 @@ the largest .eh_frame sections a node sees), its threads and its Python are what
 
 Per frequency (19 Hz, the default, and the 64-CPU node's rate on this node: 19 x 64 / CPUs): a collector
 and a fresh agent start; the workload runs; after one drain interval (the agent describes the processes)
-and once the agent's start-up work is done (its gauges of unwind tables queued and symbol preloads pending
-read 0; at most --settle-max seconds), a window of --seconds is measured, with `perf record -F 99 -a
---call-graph dwarf` running through the same window. Reported:
+and once the agent's start-up work is done (unwind tables and symbol preloads queued: none; its unwind rows,
+tabled files and symbol files unchanged for a drain interval; at most --settle-max seconds), a window of
+--seconds is measured; then `perf record -F 99 -a --call-graph dwarf` records the next --seconds (the agent
+profiles perf too: not in its window). Reported:
   * start-up: when the agent settled, and its CPU seconds until then (the steady state's figures below
     exclude it);
   * agent CPU as % of one core (all its threads, /proc/PID/task/*/schedstat) and µs per sample, split:
@@ -237,7 +238,9 @@ def fleetprof_stacks(collector: Collector, pids: list[int], since_s: float) -> d
         q = urllib.parse.urlencode(
             {"query": f'{{pid="{pid}"}}', "since": f"{int(since_s)}s", "format": "folded"}
         )
-        _, text = http_get(f"http://{collector.http}/api/v1/profile?{q}", timeout_s=120)
+        status, text = http_get(f"http://{collector.http}/api/v1/profile?{q}", timeout_s=120)
+        if status != 200:
+            raise BenchError(f"the collector answered {status} for pid {pid}: {text[:300]}")
         for stack, n in parse_folded(text).items():
             stacks[stack] += n
     return stacks
@@ -301,7 +304,7 @@ def one_run(
         agent.start()
         started = time.monotonic()
         job = children.start(
-            [str(python), str(workload), str(seconds + settle_max_s + interval + 15), str(stop_file),
+            [str(python), str(workload), str(2 * seconds + settle_max_s + interval + 15), str(stop_file),
              str(ready_file)],
             stdout=subprocess.PIPE,
         )  # fmt: skip
@@ -316,10 +319,6 @@ def one_run(
             time.sleep(0.5)
         settled_s, startup_cpu_s = settle(agent, started, interval, settle_max_s)
         pids = descendants(job.pid)
-        perf_data = work / f"perf-{frequency}.data"
-        perf = subprocess.Popen(["perf", "record", "-q", "-F", "99", "-a", "--call-graph", "dwarf", "-o",
-                                 str(perf_data), "--", "sleep", str(seconds)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         m0, u0, t0, c0 = (
             agent.metrics(),
             read_usage(agent.pid),
@@ -333,7 +332,12 @@ def one_run(
             time.monotonic(),
             thread_cpu_by_name(agent.pid),
         )
-        perf.wait()
+        # perf's window follows the agent's: the agent profiles every process on the node, perf too (its
+        # libraries' symbols read, its stacks named), which is no cost of profiling the job.
+        perf_data = work / f"perf-{frequency}.data"
+        subprocess.run(["perf", "record", "-q", "-F", "99", "-a", "--call-graph", "dwarf", "-o",
+                        str(perf_data), "--", "sleep", str(seconds)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         pids = sorted(set(pids) | set(descendants(job.pid)))
         stop_file.touch()
         out, _ = job.communicate(timeout=120)
@@ -342,7 +346,7 @@ def one_run(
         while agent.metrics().get("fleetprof_agent_drains_total", 0) < drains + 1:
             time.sleep(0.2)
         time.sleep(1)
-        stacks = fleetprof_stacks(collector, pids, seconds + 2 * interval + 30)
+        stacks = fleetprof_stacks(collector, pids, seconds + 2 * interval + 30)  # perf's window, and before
         gauges = agent.metrics()
         maps = bpf_maps(agent.pid)
         status = proc_status(agent.pid)
