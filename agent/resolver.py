@@ -215,8 +215,8 @@ class Resolver:
             self._py_by_content.clear()
         samples: list[ResolvedSample] = []
         # The window's processes as first looked up (or remapped, or renamed) in it: a window's rows name
-        # few processes thousands of times, and each table lookup took the table's lock (9% of the agent's
-        # CPU on a PyTorch job).
+        # few processes thousands of times, and each table lookup takes the table's lock, which the process
+        # events' thread holds while it captures a process.
         self._window_processes = {}
         unknown_process = 0
         remapped: set[int] = set()

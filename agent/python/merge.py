@@ -36,10 +36,6 @@ EVAL_FUNCTIONS = frozenset(
 )
 
 
-def is_eval_frame(frame: Frame) -> bool:
-    return frame.function in EVAL_FUNCTIONS
-
-
 # Where complete native stacks start: a process's main thread, or a thread created by glibc.
 ENTRY_FUNCTIONS = frozenset(
     {"_start", "__libc_start_main", "__libc_start_call_main", "start_thread", "clone", "clone3", "__clone"}
@@ -59,8 +55,8 @@ def merge(native: Sequence[Frame], python: PythonFrames) -> tuple[Frame, ...]:
     if not flat:
         return tuple(native)
     complete = bool(native) and native[0].function in ENTRY_FUNCTIONS
-    # Names tested inline, not through is_eval_frame: every new stack of a Python process is merged, and a
-    # call a frame was the agent's largest single cost on a PyTorch job (bench/README.md).
+    # Each frame's name read once and tested inline (no call a frame): every new stack of a Python process
+    # is merged.
     functions = [f.function for f in native]
     at = [i for i, name in enumerate(functions) if name in EVAL_FUNCTIONS]
     evaluators = [i for i in at if functions[i] in _EVALUATOR]
