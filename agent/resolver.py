@@ -542,19 +542,20 @@ class _PythonWindow:
             return native
         key = (proc.pid, proc.start_ticks, stack_id)
         named = self._named.get(key)
+        unnamed = False  # the cache holds only named frames
         if named is None:
             if stack_id == STACK_LOST or stack_id not in stacks:
                 named = ((LOST_PYTHON_STACK,),)
             else:
                 named = self._python.frames(p, stacks[stack_id], count)
-            if not _unnamed(named):
+            unnamed = _unnamed(named)
+            if not unnamed:
                 self._named.put(key, named)
         mkey = (*key, native_id)
         merged = self._merged.lookup(mkey, proc.mappings)
         if merged is None:
             # The merge is a function of the frames alone, and stacks whose raw ids differ (where the CPU
             # was inside a function or a line) often have equal frames: those are merged once.
-            unnamed = _unnamed(named)
             content = (native, named)
             merged = self._by_content.get(content)
             if merged is None:

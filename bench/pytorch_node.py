@@ -311,8 +311,8 @@ def one_run(
         time.sleep(interval + 5)  # the agent describes the job and drains once
         # Then the job's first step (torch imported, the DataLoader's workers started), and the agent's
         # start-up work: the unwind tables of the job's libraries (libtorch_cpu.so's 2.5 M rows) and their
-        # symbol tables. On a slow VM that outlasted the first drain by ~40 s, and the window charged it to
-        # the steady state (bench/README.md).
+        # symbol tables. On a slow VM that outlasted the first drain, and the window charged it to the
+        # steady state (bench/README.md).
         while not ready_file.exists() and time.monotonic() - started < settle_max_s:
             if job.poll() is not None:
                 raise BenchError(f"the PyTorch job exited with {job.returncode} before its first step")
